@@ -1,0 +1,186 @@
+#pragma once
+// Bytes -> RGB pixels. The format is sniffed from the first bytes, never from a file name.
+// JPEG goes through libjpeg-turbo (its libjpeg API: DCT-domain scaling, jpeg_crop_scanline and
+// jpeg_skip_scanlines, a per-image error manager that never prints); PNG through libpng and WebP
+// through libwebp (OpenCV's use of both prints to stderr on bad data); BMP, PNM and TIFF through
+// OpenCV's imdecode; GIF (first frame, as PIL composes it) through giflib, because OpenCV 4.6
+// reads no GIF.
+//
+// Policy (the same for every format):
+//  - output is always 3-channel RGB uint8, rows contiguous ([H, W, 3]): grayscale replicated,
+//    alpha dropped (as torchvision's ImageFolder does with PIL's convert("RGB")), CMYK/YCCK
+//    converted, 16-bit scaled to 8-bit;
+//  - the pixel limit (DecodeOptions::max_pixels, default 178,956,970 = Pillow's error threshold)
+//    is checked from the header before anything is allocated;
+//  - every failure is a DecodeError naming the source and the reason;
+//  - libjpeg warnings are counted per image, never printed; data-loss warnings (premature end of
+//    data, corrupt entropy data) are errors unless allow_truncated is set. "Extraneous bytes
+//    before a marker" is benign (scanners and cameras write such files) except before a restart
+//    marker while image rows are decoded, where it means the interval's data was garbled.
+//    Damage that leaves the Huffman stream decodable is invisible to libjpeg (without restart
+//    markers it shows at most as extraneous bytes before EOI): such files decode, the warning
+//    counted in DecodeResult::warnings; `strict` rejects them;
+//  - a JPEG decoded down to its last row is read on to EOI, so one that ends without EOI is
+//    kTruncated; a crop that stops higher never reads the rest.
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "gpufeed/decode/error.h"
+
+namespace gpufeed::decode {
+
+/// Container format, detected from content.
+enum class ImageFormat { kUnknown, kJpeg, kPng, kBmp, kWebp, kGif, kPnm, kTiff };
+
+/// "jpeg", "png", "bmp", "webp", "gif", "pnm", "tiff" or "unknown".
+std::string_view to_string(ImageFormat format);
+
+/// JPEG chroma subsampling, as TurboJPEG names it. kNone for non-JPEG or unrecognised layouts.
+enum class Subsampling { kNone, k444, k422, k420, kGray, k440, k411 };
+
+/// "4:4:4", "4:2:2", "4:2:0", "gray", "4:4:0", "4:1:1" or "none".
+std::string_view to_string(Subsampling subsampling);
+
+/// What a header says, read without decoding any pixel data.
+struct ImageInfo {
+  ImageFormat format = ImageFormat::kUnknown;
+  int width = 0;        ///< pixels, as stored (EXIF orientation not applied)
+  int height = 0;       ///< pixels
+  int components = 0;   ///< channels as stored: 1 gray, 3 colour, 4 CMYK/RGBA, ...
+  int bits_per_sample = 8;  ///< 8 for baseline JPEG; 12 for 12-bit JPEG; 16 for 16-bit PNG
+  Subsampling subsampling = Subsampling::kNone;  ///< JPEG only
+  bool progressive = false;  ///< JPEG SOF2/SOF6/SOF10/SOF14, or interlaced PNG
+  bool arithmetic = false;   ///< JPEG arithmetic coding (SOF9..SOF15)
+  bool lossless = false;     ///< JPEG lossless (SOF3, SOF7, SOF11, SOF15)
+  /// EXIF orientation tag, 1..8 (1 = as stored). Read from a JPEG's APP1 Exif segment; 1 for
+  /// every other format and when the tag is absent or invalid.
+  int orientation = 1;
+};
+
+/// DCT scale factor num/8 for JPEG (libjpeg-turbo supports 1/8 ... 8/8, and 9/8 ... 16/8 which
+/// gpufeed never requests). An image of width w decodes to ceil(w * num / 8) columns.
+struct ScaleFactor {
+  int num = 8;  ///< 1..8
+  friend bool operator==(ScaleFactor, ScaleFactor) = default;
+};
+
+/// Size of a dimension after DCT scaling: ceil(dim * scale.num / 8), libjpeg's rounding.
+int scaled_size(int dim, ScaleFactor scale);
+
+/// A rectangle in source (unscaled) pixels; x/y are the left/top column/row.
+struct CropRect {
+  int x = 0;
+  int y = 0;
+  int width = 0;
+  int height = 0;
+  friend bool operator==(const CropRect&, const CropRect&) = default;
+};
+
+/// Options for one decode. Defaults decode the whole image at full size.
+struct DecodeOptions {
+  /// JPEG only: DCT-domain downscale. Other formats ignore it (DecodeResult::scale says 8/8).
+  ScaleFactor scale{};
+  /// Decode only this region (source pixels; clamped to the image). For JPEG only the needed
+  /// scanlines are entropy-decoded: rows below the crop are never read, rows above are skipped
+  /// with jpeg_skip_scanlines, columns beside it with jpeg_crop_scanline. The output covers the
+  /// scaled region [floor(x*s), ceil((x+width)*s)) x [floor(y*s), ceil((y+height)*s)), s=num/8.
+  /// width == 0 means the whole image.
+  CropRect crop{};
+  /// Largest width*height accepted, checked from the header before any allocation.
+  int64_t max_pixels = 178'956'970;
+  /// Accept JPEGs whose data ends early or is corrupt (missing rows are filled grey by libjpeg)
+  /// instead of throwing kTruncated/kCorrupt; the warnings are counted. Other formats ignore it.
+  bool allow_truncated = false;
+  /// Treat every libjpeg warning, even benign ones, as an error (kCorrupt, or kTruncated for
+  /// premature end of data); libpng warnings too. Takes precedence over allow_truncated.
+  bool strict = false;
+  /// Apply the EXIF orientation (ImageInfo::orientation) so the output is upright, as PIL's
+  /// ImageOps.exif_transpose does. Off by default, as in torchvision's ImageFolder. When on,
+  /// `crop`, DecodeResult::region and DecodeResult::scaled_region are in the displayed
+  /// (rotated) frame, whose width and height are swapped for orientations 5..8.
+  bool apply_exif_orientation = false;
+};
+
+/// A reusable RGB pixel buffer. Its storage grows to the largest image seen and is reused, so a
+/// thread-local ImageBuffer makes steady-state decoding allocation-free.
+struct ImageBuffer {
+  std::vector<uint8_t> pixels;  ///< [height, width, 3] uint8, rows contiguous (stride = width*3)
+  int width = 0;
+  int height = 0;
+  /// Resizes to [h, w, 3] without shrinking capacity; contents are unspecified afterwards.
+  void reshape(int w, int h);
+  uint8_t* row(int y) { return pixels.data() + static_cast<size_t>(y) * width * 3; }
+  const uint8_t* row(int y) const { return pixels.data() + static_cast<size_t>(y) * width * 3; }
+};
+
+/// What a decode produced besides the pixels.
+struct DecodeResult {
+  ImageInfo info;          ///< the header, as probe() would report it
+  ScaleFactor scale{};     ///< the DCT scale actually applied (always 8/8 for non-JPEG)
+  /// The region of the source (unscaled pixels) the output covers: the smallest integer
+  /// rectangle containing the footprints of the output pixels, clamped to the image. With
+  /// s = scale.num / 8 and the output at scaled_region [xs0, xs1) x [ys0, ys1):
+  /// x = floor(xs0 / s), x + width = min(image width, ceil(xs1 / s)), same for y. It contains
+  /// the requested crop; at 8/8 it equals the clamped crop (the whole image without a crop).
+  CropRect region{};
+  /// Where the output lies in the whole image scaled by `scale` (libjpeg's output grid, whose
+  /// pixel i covers source columns [i / s, (i + 1) / s)); width/height equal the output's.
+  /// xs0 = floor(crop.x * s), xs1 = ceil((crop.x + crop.width) * s), same for y.
+  CropRect scaled_region{};
+  /// libjpeg/libpng warnings accepted (e.g. extraneous bytes before a marker, or any data-loss
+  /// warning when allow_truncated is set).
+  int warnings = 0;
+};
+
+/// Detects the format from the first bytes (magic numbers). Never throws.
+ImageFormat sniff(std::span<const uint8_t> bytes);
+
+/// Reads only the header. Throws DecodeError: kEmpty (no bytes), kUnsupported (unknown format),
+/// kTruncated (header cut short), kCorrupt (zero width/height, malformed markers).
+ImageInfo probe(std::span<const uint8_t> bytes, std::string_view source);
+
+/// Decodes bytes to RGB. Holds per-thread state (libjpeg decompressor, scratch rows), so keep one
+/// per thread and reuse it; not thread-safe itself.
+class Decoder {
+ public:
+  Decoder();
+  ~Decoder();
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
+
+  /// Decodes `bytes` into `out` ([H, W, 3] uint8 RGB). `source` names the input in errors.
+  /// Throws DecodeError (any kind but kIo); `out` is unspecified after a throw. Throws
+  /// std::invalid_argument for options no image could satisfy (scale.num outside 1..8, a
+  /// negative crop size, a crop that lies wholly outside the image).
+  DecodeResult decode(std::span<const uint8_t> bytes, std::string_view source,
+                      const DecodeOptions& options, ImageBuffer& out);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Reads a whole file into `out` (reusing its capacity). Throws DecodeError kIo naming the path
+/// and the OS reason when the file is missing or unreadable.
+void read_file(const std::filesystem::path& path, std::vector<uint8_t>& out);
+
+/// Encodes [height, width, 3] RGB uint8 rows (stride width*3) as a baseline JPEG through
+/// TurboJPEG. quality 1..100; subsampling k444, k422 or k420 (also k440, k411 and kGray, which
+/// stores luminance only). Used by make-dataset and tests.
+/// Throws std::invalid_argument for a null image, a non-positive size, a quality outside 1..100
+/// or kNone; std::runtime_error if TurboJPEG fails.
+std::vector<uint8_t> encode_jpeg(const uint8_t* rgb, int width, int height, int quality = 90,
+                                 Subsampling subsampling = Subsampling::k420);
+
+/// Picks the smallest power-of-two DCT scale (1/8, 2/8, 4/8, 8/8: libjpeg-turbo's fast IDCTs;
+/// 3/8, 5/8..7/8 are slower than a full decode) at which the crop, scaled, is still at least
+/// out_width x out_height. Returns 8/8 for non-JPEG formats.
+ScaleFactor choose_scale(const ImageInfo& info, const CropRect& crop, int out_width, int out_height);
+
+}  // namespace gpufeed::decode

@@ -1,0 +1,358 @@
+// Everything that is not JPEG. GIF goes through giflib (OpenCV 4.6 reads no GIF), PNG through
+// libpng (png.cpp) and WebP through libwebp, because OpenCV reports their failures by printing to
+// stderr; BMP, PNM and TIFF, rare in datasets, through OpenCV's imdecode, after checks that turn
+// their commonest failure (truncation) into an error before OpenCV sees the data. Each decodes the
+// whole image at full size and copies the requested crop out, so the API's crop contract holds for
+// every format (PNG and GIF stop after the crop's last row).
+
+#include <fmt/format.h>
+#include <gif_lib.h>
+#include <webp/decode.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <memory>
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#include <string>
+
+#include "internal.h"
+
+namespace gpufeed::decode::detail {
+
+struct FallbackDecoder::CvState {
+  cv::Mat decoded;    // imdecode's output, reused while the size and type repeat
+  cv::Mat converted;  // 16-bit samples scaled to 8 bits
+};
+
+FallbackDecoder::FallbackDecoder() : cv_(std::make_unique<CvState>()) {}
+FallbackDecoder::~FallbackDecoder() = default;
+
+void FallbackDecoder::decode(std::span<const uint8_t> bytes, std::string_view source,
+                             const ImageInfo& info, const DecodeOptions& options,
+                             const CropRect& crop, ImageBuffer& out, DecodeResult& result) {
+  switch (info.format) {
+    case ImageFormat::kGif:
+      decode_gif(bytes, source, info, options, crop, out);
+      break;
+    case ImageFormat::kPng:
+      decode_png(bytes, source, info, options, crop, out, result);
+      break;
+    case ImageFormat::kWebp:
+      decode_webp(bytes, source, info, crop, out);
+      break;
+    default:
+      decode_opencv(bytes, source, info, crop, out);
+      break;
+  }
+}
+
+// --- GIF ----------------------------------------------------------------------------------------
+
+namespace {
+
+struct GifSource {
+  const uint8_t* data;
+  size_t size;
+  size_t pos;
+};
+
+int gif_read(GifFileType* gif, GifByteType* buffer, int length) {
+  auto* src = static_cast<GifSource*>(gif->UserData);
+  const size_t n = std::min(static_cast<size_t>(std::max(length, 0)), src->size - src->pos);
+  std::memcpy(buffer, src->data + src->pos, n);
+  src->pos += n;
+  return static_cast<int>(n);
+}
+
+struct GifCloser {
+  void operator()(GifFileType* gif) const {
+    int error = 0;
+    DGifCloseFile(gif, &error);
+  }
+};
+
+[[noreturn]] void gif_fail(int error, std::string_view source, std::string_view doing) {
+  const char* text = GifErrorString(error);
+  const ErrorKind kind = error == D_GIF_ERR_READ_FAILED || error == D_GIF_ERR_EOF_TOO_SOON
+                             ? ErrorKind::kTruncated
+                             : ErrorKind::kCorrupt;
+  fail(kind, source, fmt::format("giflib: {}: {}", doing, text ? text : "unknown error"));
+}
+
+}  // namespace
+
+// The first frame as Pillow's Image.open(gif).convert("RGB") shows it (torchvision's path): the
+// logical screen starts filled with the frame's transparent index if it has one, else index 0;
+// the frame's indices are drawn over it; every index maps through the frame's colour table
+// (local, else global), so transparent pixels take their index's colour, as convert("RGB") drops
+// alpha. Later frames are never read.
+void FallbackDecoder::decode_gif(std::span<const uint8_t> bytes, std::string_view source,
+                                 const ImageInfo& info, const DecodeOptions& options,
+                                 const CropRect& crop, ImageBuffer& out) {
+  GifSource src{bytes.data(), bytes.size(), 0};
+  int error = 0;
+  std::unique_ptr<GifFileType, GifCloser> gif(DGifOpen(&src, gif_read, &error));
+  if (!gif) gif_fail(error, source, "reading the screen descriptor");
+  const int sw = gif->SWidth, sh = gif->SHeight;
+  if (sw != info.width || sh != info.height)
+    fail(ErrorKind::kCorrupt, source, "giflib read a different screen size than the header's");
+
+  int transparent = -1;
+  for (;;) {
+    GifRecordType type = UNDEFINED_RECORD_TYPE;
+    if (DGifGetRecordType(gif.get(), &type) == GIF_ERROR)
+      gif_fail(gif->Error, source, "reading a record");
+    if (type == TERMINATE_RECORD_TYPE) fail(ErrorKind::kCorrupt, source, "GIF contains no image");
+    if (type == EXTENSION_RECORD_TYPE) {
+      int code = 0;
+      GifByteType* ext = nullptr;
+      if (DGifGetExtension(gif.get(), &code, &ext) == GIF_ERROR)
+        gif_fail(gif->Error, source, "reading an extension");
+      // Graphic control extension: ext[0] = 4, ext[1] flags (bit 0: transparency), ext[4] index.
+      if (code == GRAPHICS_EXT_FUNC_CODE && ext && ext[0] >= 4)
+        transparent = (ext[1] & 1) ? ext[4] : -1;
+      while (ext) {
+        if (DGifGetExtensionNext(gif.get(), &ext) == GIF_ERROR)
+          gif_fail(gif->Error, source, "reading an extension");
+      }
+      continue;
+    }
+    if (type != IMAGE_DESC_RECORD_TYPE) continue;
+
+    if (DGifGetImageDesc(gif.get()) == GIF_ERROR)
+      gif_fail(gif->Error, source, "reading the image descriptor");
+    const GifImageDesc& desc = gif->Image;
+    const ColorMapObject* map = desc.ColorMap ? desc.ColorMap : gif->SColorMap;
+    if (!map) fail(ErrorKind::kCorrupt, source, "GIF frame has no colour table");
+    const int fw = desc.Width, fh = desc.Height;
+    if (fw <= 0 || fh <= 0)
+      fail(ErrorKind::kCorrupt, source, fmt::format("GIF frame has size {}x{}", fw, fh));
+    // The frame may claim more than the screen; its rows are decoded one at a time, but the LZW
+    // work is still bounded by the same pixel limit.
+    if (int64_t{fw} * fh > options.max_pixels)
+      fail(ErrorKind::kTooLarge, source,
+           fmt::format("GIF frame {}x{} = {} pixels exceeds max_pixels {}", fw, fh,
+                       int64_t{fw} * fh, options.max_pixels));
+
+    indices_.assign(static_cast<size_t>(sw) * sh,
+                    static_cast<uint8_t>(transparent >= 0 ? transparent : 0));
+    if (scratch_.size() < static_cast<size_t>(fw)) scratch_.resize(static_cast<size_t>(fw));
+    uint8_t* line = scratch_.data();
+    const auto put_row = [&](int y) {
+      const int sy = desc.Top + y;
+      if (sy < 0 || sy >= sh) return;
+      const int x0 = std::max(0, -desc.Left);
+      const int x1 = std::min(fw, sw - desc.Left);
+      if (x1 > x0)
+        std::memcpy(indices_.data() + static_cast<size_t>(sy) * sw + desc.Left + x0, line + x0,
+                    static_cast<size_t>(x1 - x0));
+    };
+    if (desc.Interlace) {
+      static constexpr int kStart[4] = {0, 4, 2, 1};
+      static constexpr int kStep[4] = {8, 8, 4, 2};
+      for (int pass = 0; pass < 4; ++pass) {
+        for (int y = kStart[pass]; y < fh; y += kStep[pass]) {
+          if (DGifGetLine(gif.get(), line, fw) == GIF_ERROR)
+            gif_fail(gif->Error, source, "decoding the first frame");
+          put_row(y);
+        }
+      }
+    } else {
+      // Rows below the screen (or the crop) are never shown: stop decoding there.
+      const int last = std::min(fh, crop.y + crop.height - desc.Top);
+      for (int y = 0; y < last; ++y) {
+        if (DGifGetLine(gif.get(), line, fw) == GIF_ERROR)
+          gif_fail(gif->Error, source, "decoding the first frame");
+        put_row(y);
+      }
+    }
+
+    out.reshape(crop.width, crop.height);
+    const int colors = map->ColorCount;
+    for (int y = 0; y < crop.height; ++y) {
+      const uint8_t* idx = indices_.data() + static_cast<size_t>(crop.y + y) * sw + crop.x;
+      uint8_t* d = out.row(y);
+      for (int x = 0; x < crop.width; ++x, d += 3) {
+        const int i = idx[x];
+        if (i < colors) {
+          d[0] = map->Colors[i].Red;
+          d[1] = map->Colors[i].Green;
+          d[2] = map->Colors[i].Blue;
+        } else {
+          d[0] = d[1] = d[2] = 0;  // index past the table: black, as a zero-padded palette gives
+        }
+      }
+    }
+    return;
+  }
+}
+
+// --- WebP ---------------------------------------------------------------------------------------
+
+namespace {
+
+ErrorKind webp_kind(VP8StatusCode status) {
+  switch (status) {
+    case VP8_STATUS_NOT_ENOUGH_DATA:
+      return ErrorKind::kTruncated;
+    case VP8_STATUS_UNSUPPORTED_FEATURE:
+      return ErrorKind::kUnsupported;
+    default:
+      return ErrorKind::kCorrupt;
+  }
+}
+
+const char* webp_status_text(VP8StatusCode status) {
+  switch (status) {
+    case VP8_STATUS_OUT_OF_MEMORY:
+      return "out of memory";
+    case VP8_STATUS_INVALID_PARAM:
+      return "invalid parameter";
+    case VP8_STATUS_BITSTREAM_ERROR:
+      return "bitstream error";
+    case VP8_STATUS_UNSUPPORTED_FEATURE:
+      return "unsupported feature";
+    case VP8_STATUS_NOT_ENOUGH_DATA:
+      return "data ends early";
+    default:
+      return "decode failed";
+  }
+}
+
+}  // namespace
+
+void FallbackDecoder::decode_webp(std::span<const uint8_t> bytes, std::string_view source,
+                                  const ImageInfo& info, const CropRect& crop, ImageBuffer& out) {
+  WebPDecoderConfig config;
+  if (!WebPInitDecoderConfig(&config))
+    fail(ErrorKind::kUnsupported, source, "libwebp version mismatch");
+  VP8StatusCode status = WebPGetFeatures(bytes.data(), bytes.size(), &config.input);
+  if (status != VP8_STATUS_OK)
+    fail(webp_kind(status), source, fmt::format("libwebp: {}", webp_status_text(status)));
+  // Animated files would need the demux API; reading the first frame silently is not on offer.
+  if (config.input.has_animation) fail(ErrorKind::kUnsupported, source, "animated WebP");
+  if (config.input.width != info.width || config.input.height != info.height)
+    fail(ErrorKind::kCorrupt, source, "libwebp read a different size than the header's");
+
+  // MODE_RGB: alpha dropped, colour as stored (not premultiplied), as convert("RGB") shows it.
+  // The whole image is decoded (libwebp's own cropping rounds the origin to even pixels), into
+  // `out` directly when no crop is asked for.
+  const bool whole = crop.width == info.width && crop.height == info.height;
+  const size_t stride = static_cast<size_t>(info.width) * 3;
+  const size_t bytes_needed = stride * static_cast<size_t>(info.height);
+  uint8_t* target;
+  if (whole) {
+    out.reshape(info.width, info.height);
+    target = out.pixels.data();
+  } else {
+    if (scratch_.size() < bytes_needed) scratch_.resize(bytes_needed);
+    target = scratch_.data();
+  }
+  config.output.colorspace = MODE_RGB;
+  config.output.is_external_memory = 1;
+  config.output.u.RGBA.rgba = target;
+  config.output.u.RGBA.stride = static_cast<int>(stride);
+  config.output.u.RGBA.size = bytes_needed;
+  status = WebPDecode(bytes.data(), bytes.size(), &config);
+  WebPFreeDecBuffer(&config.output);  // external memory: frees nothing of ours, but pairs the call
+  if (status != VP8_STATUS_OK)
+    fail(webp_kind(status), source, fmt::format("libwebp: {}", webp_status_text(status)));
+  if (!whole) copy_region(target, stride, crop, out);
+}
+
+// --- OpenCV: BMP, PNM, TIFF
+// -----------------------------------------------------------------------
+
+namespace {
+
+/// Bytes an uncompressed BMP's pixel rows need, or 0 when it cannot be told (RLE and others).
+size_t bmp_needed_bytes(std::span<const uint8_t> b, const ImageInfo& info) {
+  if (b.size() < 30) return 0;
+  const auto le = [&](size_t pos, int n) {
+    uint32_t v = 0;
+    for (int i = n - 1; i >= 0; --i) v = (v << 8) | b[pos + static_cast<size_t>(i)];
+    return v;
+  };
+  const uint32_t offset = le(10, 4);
+  const uint32_t dib = le(14, 4);
+  const uint32_t bpp = dib == 12 ? le(24, 2) : le(28, 2);
+  const uint32_t compression = dib >= 40 && b.size() >= 34 ? le(30, 4) : 0;
+  if (compression != 0 && compression != 3 && compression != 6)
+    return 0;  // BI_RGB, (ALPHA)BITFIELDS
+  if (bpp == 0 || bpp > 32) return 0;
+  const uint64_t row =
+      (static_cast<uint64_t>(info.width) * bpp + 31) / 32 * 4;  // rows pad to 4 bytes
+  return static_cast<size_t>(offset + row * static_cast<uint64_t>(info.height));
+}
+
+/// Bytes a binary PNM (P4, P5, P6) needs, or 0 for the text variants.
+size_t pnm_needed_bytes(std::span<const uint8_t> b, std::string_view source,
+                        const ImageInfo& info) {
+  const char kind = static_cast<char>(b[1]);
+  if (kind != '4' && kind != '5' && kind != '6') return 0;
+  const uint64_t w = static_cast<uint64_t>(info.width), h = static_cast<uint64_t>(info.height);
+  const uint64_t sample_bytes = info.bits_per_sample > 8 ? 2 : 1;
+  const uint64_t data =
+      kind == '4' ? (w + 7) / 8 * h : w * h * sample_bytes * (kind == '6' ? 3 : 1);
+  return static_cast<size_t>(pnm_data_offset(b, source) + data);
+}
+
+}  // namespace
+
+void FallbackDecoder::decode_opencv(std::span<const uint8_t> bytes, std::string_view source,
+                                    const ImageInfo& info, const CropRect& crop, ImageBuffer& out) {
+  // OpenCV's stream reader throws on data that ends early, and imdecode then logs the exception
+  // to stderr through OpenCV's logger; say "truncated" ourselves instead, before OpenCV runs.
+  size_t needed = 0;
+  if (info.format == ImageFormat::kBmp) needed = bmp_needed_bytes(bytes, info);
+  if (info.format == ImageFormat::kPnm) needed = pnm_needed_bytes(bytes, source, info);
+  if (needed > bytes.size())
+    fail(ErrorKind::kTruncated, source,
+         fmt::format("{} pixel data needs {} bytes, the input has {}", to_string(info.format),
+                     needed, bytes.size()));
+  if (bytes.size() > static_cast<size_t>(INT_MAX))
+    fail(ErrorKind::kUnsupported, source, "input larger than 2 GiB");
+
+  const cv::Mat buffer(1, static_cast<int>(bytes.size()), CV_8U,
+                       const_cast<uint8_t*>(bytes.data()));
+  cv::Mat& decoded = cv_->decoded;
+  try {
+    // IMREAD_COLOR: 3-channel BGR, grey replicated and alpha dropped; ANYDEPTH: keep 16 bits so
+    // we scale (OpenCV would shift, i.e. truncate); IGNORE_ORIENTATION: EXIF is our decision.
+    cv::imdecode(buffer, cv::IMREAD_COLOR | cv::IMREAD_ANYDEPTH | cv::IMREAD_IGNORE_ORIENTATION,
+                 &decoded);
+  } catch (const cv::Exception& e) {
+    const bool too_large = e.err.find("CV_IO_MAX_IMAGE") != std::string::npos;
+    fail(too_large ? ErrorKind::kTooLarge : ErrorKind::kCorrupt, source,
+         fmt::format("OpenCV: {}", e.err));
+  }
+  // imdecode returns an empty Mat, without saying why, for data its codec rejects.
+  if (decoded.empty())
+    fail(ErrorKind::kCorrupt, source,
+         fmt::format("OpenCV could not decode the {} data", to_string(info.format)));
+  if (decoded.cols != info.width || decoded.rows != info.height)
+    fail(ErrorKind::kCorrupt, source,
+         fmt::format("OpenCV decoded {}x{} where the header says {}x{}", decoded.cols, decoded.rows,
+                     info.width, info.height));
+  if (decoded.channels() != 3)
+    fail(ErrorKind::kUnsupported, source, fmt::format("{}-channel decode", decoded.channels()));
+
+  cv::Mat region = decoded(cv::Rect(crop.x, crop.y, crop.width, crop.height));
+  if (region.depth() == CV_16U) {
+    // v / 257 rounded maps 0..65535 onto 0..255 exactly (65535 / 257 = 255).
+    region.convertTo(cv_->converted, CV_8U, 1.0 / 257.0);
+    region = cv_->converted;
+  } else if (region.depth() != CV_8U) {
+    fail(ErrorKind::kUnsupported, source, fmt::format("OpenCV sample depth {}", region.depth()));
+  }
+  out.reshape(crop.width, crop.height);
+  cv::Mat rgb(crop.height, crop.width, CV_8UC3, out.pixels.data());
+  cv::cvtColor(region, rgb, cv::COLOR_BGR2RGB);
+  // Same size and type, so cvtColor writes into out's storage; should it ever reallocate, copy.
+  if (rgb.data != out.pixels.data()) std::memcpy(out.pixels.data(), rgb.data, out.pixels.size());
+}
+
+}  // namespace gpufeed::decode::detail

@@ -1,0 +1,101 @@
+#pragma once
+// Pieces of gpufeed_decode shared between its .cpp files. Not part of the public API.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpufeed/decode/decoder.h"
+#include "gpufeed/decode/error.h"
+
+namespace gpufeed::decode::detail {
+
+/// Throws DecodeError(kind, source, reason).
+[[noreturn]] void fail(ErrorKind kind, std::string_view source, std::string reason);
+
+/// The crop clamped to a width x height image; the whole image when crop.width == 0.
+/// Throws std::invalid_argument for a negative size or a crop that misses the image entirely,
+/// because the caller computed it from the header and such a crop is a programming error.
+CropRect clamp_crop(const CropRect& crop, int width, int height);
+
+/// Where a binary PNM's samples start (the header was already probed successfully).
+size_t pnm_data_offset(std::span<const uint8_t> bytes, std::string_view source);
+
+/// Dimensions as seen after EXIF orientation `orientation` (1..8): 5..8 swap width and height.
+bool orientation_swaps_axes(int orientation);
+
+/// Maps a rectangle given in the displayed frame of an image (after EXIF orientation) to the
+/// stored frame. `stored_width`/`stored_height` are the stored image's dimensions.
+CropRect display_to_stored(const CropRect& rect, int orientation, int stored_width,
+                           int stored_height);
+
+/// Maps a rectangle in the stored frame to the displayed frame (inverse of display_to_stored).
+CropRect stored_to_display(const CropRect& rect, int orientation, int stored_width,
+                           int stored_height);
+
+/// Writes `src` (stored orientation) into `dst` rotated/flipped for display. dst is reshaped.
+void apply_orientation(const ImageBuffer& src, int orientation, ImageBuffer& dst);
+
+/// Copies rect (which must lie inside the src_width x src_height packed RGB image whose rows are
+/// src_stride bytes apart) into `out`, reshaped to rect's size.
+void copy_region(const uint8_t* src, size_t src_stride, const CropRect& rect, ImageBuffer& out);
+
+struct JpegState;  // libjpeg's decompressor and error manager (jpeg.cpp)
+
+/// libjpeg-turbo decoding with DCT scaling, crop and skip. One per Decoder (it owns a
+/// jpeg_decompress_struct that is created once and reused across images).
+class JpegDecoder {
+ public:
+  JpegDecoder();
+  ~JpegDecoder();
+  JpegDecoder(const JpegDecoder&) = delete;
+  JpegDecoder& operator=(const JpegDecoder&) = delete;
+
+  /// Decodes `crop` (stored source pixels, already clamped) of a JPEG whose header is `info`.
+  /// Fills result.scale, result.region, result.scaled_region and result.warnings.
+  void decode(std::span<const uint8_t> bytes, std::string_view source, const ImageInfo& info,
+              const DecodeOptions& options, const CropRect& crop, ImageBuffer& out,
+              DecodeResult& result);
+
+ private:
+  std::unique_ptr<JpegState> state_;
+  std::vector<uint8_t> row_;  // one decoded scanline (RGB or CMYK), reused across images
+};
+
+/// Everything that is not JPEG: GIF (giflib, first frame), PNG (libpng), WebP (libwebp),
+/// BMP/PNM/TIFF (OpenCV). Full-resolution decode, then `crop` (stored source pixels, clamped)
+/// copied out.
+class FallbackDecoder {
+ public:
+  FallbackDecoder();
+  ~FallbackDecoder();
+  FallbackDecoder(const FallbackDecoder&) = delete;
+  FallbackDecoder& operator=(const FallbackDecoder&) = delete;
+
+  /// Decodes into `out`; fills result.warnings (libpng warnings), the rest is set by the caller.
+  void decode(std::span<const uint8_t> bytes, std::string_view source, const ImageInfo& info,
+              const DecodeOptions& options, const CropRect& crop, ImageBuffer& out,
+              DecodeResult& result);
+
+ private:
+  void decode_gif(std::span<const uint8_t> bytes, std::string_view source, const ImageInfo& info,
+                  const DecodeOptions& options, const CropRect& crop, ImageBuffer& out);
+  void decode_png(std::span<const uint8_t> bytes, std::string_view source, const ImageInfo& info,
+                  const DecodeOptions& options, const CropRect& crop, ImageBuffer& out,
+                  DecodeResult& result);
+  void decode_webp(std::span<const uint8_t> bytes, std::string_view source, const ImageInfo& info,
+                   const CropRect& crop, ImageBuffer& out);
+  void decode_opencv(std::span<const uint8_t> bytes, std::string_view source, const ImageInfo& info,
+                     const CropRect& crop, ImageBuffer& out);
+
+  struct CvState;
+  std::unique_ptr<CvState> cv_;   // OpenCV Mats reused across images
+  std::vector<uint8_t> scratch_;  // decoded rows / whole images, reused across images
+  std::vector<uint8_t> indices_;  // GIF palette indices of the logical screen
+};
+
+}  // namespace gpufeed::decode::detail

@@ -1,0 +1,469 @@
+// JPEG through libjpeg-turbo's libjpeg API: DCT-domain scaling, jpeg_crop_scanline and
+// jpeg_skip_scanlines, and a per-image error manager that never prints.
+//
+// libjpeg reports fatal errors by calling error_exit, which must not return; ours longjmps back to
+// a setjmp. A longjmp skips destructors, so every setjmp lives in a small guarded_* function that
+// holds nothing but raw pointers to state owned elsewhere (the decoder's State and the caller's
+// buffers), and the callbacks libjpeg runs (error_exit, emit_message, progress_monitor) hold no
+// C++ objects either. The guarded_* functions return false after a longjmp; the C++ caller then
+// throws a DecodeError built from what the callbacks recorded, and its RAII guard aborts the
+// decompressor (jpeg_abort_decompress frees the image's pools, so nothing leaks).
+
+// clang-format off
+#include <cstdio>  // jpeglib.h needs FILE and size_t declared before it
+#include <jpeglib.h>
+#include <jerror.h>
+// clang-format on
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <csetjmp>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "gpufeed/log.h"
+#include "internal.h"
+
+namespace gpufeed::decode::detail {
+
+namespace {
+
+/// More scans than any sane progressive encoder writes (libjpeg's simple progression uses 10;
+/// TurboJPEG 3's TJPARAM_SCANLIMIT suggests 500). Crafted files with thousands of tiny scans make
+/// a progressive decode quadratic; this bounds it.
+constexpr int kMaxScans = 500;
+
+/// Why a guarded call came back false.
+enum Outcome : int {
+  kOutcomeNone = 0,
+  kOutcomeError,       ///< libjpeg called error_exit
+  kOutcomeWarning,     ///< a warning the options make fatal
+  kOutcomeScanLimit,   ///< more than kMaxScans scans
+  kOutcomeNoProgress,  ///< jpeg_read_scanlines returned no row (cannot happen with a memory source)
+};
+
+/// Which libjpeg call was running when a guarded call failed (decides whether a retry without
+/// crop or skip can help).
+enum Phase : int { kPhaseHeader, kPhaseStart, kPhaseCrop, kPhaseSkip, kPhaseRead, kPhaseFinish };
+
+/// libjpeg's error manager plus what our callbacks record. Plain data: it lives inside State and
+/// is written by callbacks that may longjmp.
+struct ErrorManager {
+  jpeg_error_mgr pub;  // first member: libjpeg hands &pub back as cinfo->err
+  std::jmp_buf jump;
+  // Policy for the current image.
+  bool allow_data_loss;
+  bool strict;
+  // Results of the current attempt.
+  int warnings;
+  bool saw_eof;  // premature end of data was seen, even if tolerated
+  int outcome;
+  int phase;
+  int code;  // libjpeg message code of the failure
+  ErrorKind kind;
+  char message[JMSG_LENGTH_MAX];
+};
+
+ErrorManager* manager(j_common_ptr cinfo) { return reinterpret_cast<ErrorManager*>(cinfo->err); }
+
+[[noreturn]] void on_error_exit(j_common_ptr cinfo) {
+  ErrorManager* err = manager(cinfo);
+  err->outcome = kOutcomeError;
+  err->code = err->pub.msg_code;
+  (*err->pub.format_message)(cinfo, err->message);
+  std::longjmp(err->jump, 1);
+}
+
+/// How a libjpeg warning is treated.
+enum class WarningClass { kBenign, kTruncated, kCorrupt };
+
+WarningClass classify_warning(const ErrorManager& err) {
+  switch (err.code) {
+    case JWRN_EXTRANEOUS_DATA: {
+      // Bytes left over before a marker. Before EOI, SOS or DHT, or anywhere after the last pixel
+      // row (scanners write data past the declared height), the pixels are intact. Before a
+      // restart marker while image rows are being decoded it means the interval's entropy data
+      // decoded to fewer bits than it holds: those MCUs are garbage.
+      const int marker = err.pub.msg_parm.i[1];
+      const bool restart = marker >= 0xD0 && marker <= 0xD7;
+      const bool decoding_rows =
+          err.phase == kPhaseStart || err.phase == kPhaseSkip || err.phase == kPhaseRead;
+      return restart && decoding_rows ? WarningClass::kCorrupt : WarningClass::kBenign;
+    }
+    case JWRN_JFIF_MAJOR:   // unknown JFIF version
+    case JWRN_ADOBE_XFORM:  // unknown Adobe transform code; libjpeg guesses the colour space
+    case JWRN_BOGUS_ICC:    // bad ICC chunk; the profile is not used
+      return WarningClass::kBenign;
+    case JWRN_JPEG_EOF:  // premature end of data: the rest of the image is grey
+      return WarningClass::kTruncated;
+    default:  // HIT_MARKER, MUST_RESYNC, HUFF/ARITH_BAD_CODE, NOT_SEQUENTIAL, BOGUS_PROGRESSION...
+      return WarningClass::kCorrupt;  // lost or garbled entropy data, or a code we do not know
+  }
+}
+
+void on_emit_message(j_common_ptr cinfo, int msg_level) {
+  if (msg_level >= 0) return;  // trace messages
+  ErrorManager* err = manager(cinfo);
+  ++err->warnings;
+  ++err->pub.num_warnings;
+  err->code = err->pub.msg_code;
+  const WarningClass cls = classify_warning(*err);
+  if (cls == WarningClass::kTruncated) err->saw_eof = true;
+  bool fatal = err->strict;
+  if (cls != WarningClass::kBenign && !err->allow_data_loss) fatal = true;
+  if (!fatal) return;
+  err->outcome = kOutcomeWarning;
+  err->kind = cls == WarningClass::kTruncated ? ErrorKind::kTruncated : ErrorKind::kCorrupt;
+  (*err->pub.format_message)(cinfo, err->message);
+  // Stop at the first fatal warning instead of decoding the rest of a broken image
+  // (TurboJPEG's TJFLAG_STOPONWARNING does the same).
+  std::longjmp(err->jump, 1);
+}
+
+void on_output_message(j_common_ptr) {}  // libjpeg never prints
+
+void on_progress(j_common_ptr cinfo) {
+  if (!cinfo->is_decompressor) return;
+  auto* dinfo = reinterpret_cast<j_decompress_ptr>(cinfo);
+  if (dinfo->input_scan_number <= kMaxScans) return;
+  ErrorManager* err = manager(cinfo);
+  err->outcome = kOutcomeScanLimit;
+  std::snprintf(err->message, sizeof(err->message), "more than %d progressive scans", kMaxScans);
+  std::longjmp(err->jump, 1);
+}
+
+/// Pillow's CMYK -> RGB (Convert.c cmyk2rgb): R = (255 - K) - (C * (255 - K)) / 255, rounded.
+inline uint8_t muldiv255(int a, int b) {
+  const int t = a * b + 128;
+  return static_cast<uint8_t>(((t >> 8) + t) >> 8);
+}
+
+/// Converts n CMYK pixels to RGB. Adobe APP14 files store inverted values (Pillow's "CMYK;I"),
+/// and libjpeg returns them as stored.
+void cmyk_to_rgb(const uint8_t* in, uint8_t* out, size_t n, bool inverted) {
+  for (size_t i = 0; i < n; ++i, in += 4, out += 3) {
+    if (inverted) {
+      const int nk = in[3];  // 255 - K with K = 255 - stored
+      out[0] = static_cast<uint8_t>(nk - muldiv255(255 - in[0], nk));
+      out[1] = static_cast<uint8_t>(nk - muldiv255(255 - in[1], nk));
+      out[2] = static_cast<uint8_t>(nk - muldiv255(255 - in[2], nk));
+    } else {
+      const int nk = 255 - in[3];
+      out[0] = static_cast<uint8_t>(nk - muldiv255(in[0], nk));
+      out[1] = static_cast<uint8_t>(nk - muldiv255(in[1], nk));
+      out[2] = static_cast<uint8_t>(nk - muldiv255(in[2], nk));
+    }
+  }
+}
+
+/// Which rows to produce and where to put them. Plain data, passed by pointer into the guarded
+/// row loop.
+struct RowPlan {
+  JDIMENSION skip_rows;  // output rows above the region
+  JDIMENSION rows;       // output rows in the region
+  bool use_skip;         // jpeg_skip_scanlines, or read and discard
+  uint8_t* scratch;      // one decoded row (decoded width x components)
+  uint8_t* out;          // first row of the region in the output
+  size_t out_stride;     // bytes
+  size_t col_offset;     // decoded pixels left of the region (jpeg_crop_scanline widens left)
+  size_t width;          // region pixels per row
+  bool direct;           // decode straight into out (RGB and no column offset)
+  bool cmyk;
+  bool inverted;  // Adobe CMYK
+};
+
+}  // namespace
+
+struct JpegState {
+  jpeg_decompress_struct cinfo;
+  ErrorManager err;
+  jpeg_progress_mgr progress;
+  bool created;
+};
+
+namespace {
+
+using State = JpegState;
+
+// --- guarded calls: setjmp and libjpeg only; see the file comment ------------------------------
+
+bool guarded_create(State* s) {
+  if (setjmp(s->err.jump) != 0) return false;
+  jpeg_create_decompress(&s->cinfo);
+  return true;
+}
+
+bool guarded_header(State* s, const uint8_t* data, size_t size) {
+  s->err.phase = kPhaseHeader;
+  if (setjmp(s->err.jump) != 0) return false;
+  jpeg_mem_src(&s->cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&s->cinfo, TRUE);
+  return true;
+}
+
+bool guarded_start(State* s) {
+  s->err.phase = kPhaseStart;
+  if (setjmp(s->err.jump) != 0) return false;
+  jpeg_start_decompress(&s->cinfo);
+  return true;
+}
+
+bool guarded_crop(State* s, JDIMENSION* xoffset, JDIMENSION* width) {
+  s->err.phase = kPhaseCrop;
+  if (setjmp(s->err.jump) != 0) return false;
+  jpeg_crop_scanline(&s->cinfo, xoffset, width);
+  return true;
+}
+
+// The row loop is its own function so the setjmp frame below has no locals that change after
+// setjmp (which -Wclobbered rightly distrusts).
+[[gnu::noinline]] bool read_rows(State* s, const RowPlan* plan) {
+  j_decompress_ptr cinfo = &s->cinfo;
+  if (plan->skip_rows > 0) {
+    s->err.phase = kPhaseSkip;
+    if (plan->use_skip) {
+      if (jpeg_skip_scanlines(cinfo, plan->skip_rows) != plan->skip_rows) {
+        s->err.outcome = kOutcomeNoProgress;
+        std::snprintf(s->err.message, sizeof(s->err.message), "jpeg_skip_scanlines fell short");
+        return false;
+      }
+    } else {
+      for (JDIMENSION y = 0; y < plan->skip_rows; ++y) {
+        JSAMPROW row = plan->scratch;
+        if (jpeg_read_scanlines(cinfo, &row, 1) != 1) {
+          s->err.outcome = kOutcomeNoProgress;
+          std::snprintf(s->err.message, sizeof(s->err.message), "libjpeg returned no scanline");
+          return false;
+        }
+      }
+    }
+  }
+  s->err.phase = kPhaseRead;
+  for (JDIMENSION y = 0; y < plan->rows; ++y) {
+    uint8_t* dst = plan->out + y * plan->out_stride;
+    JSAMPROW row = plan->direct ? dst : plan->scratch;
+    if (jpeg_read_scanlines(cinfo, &row, 1) != 1) {
+      s->err.outcome = kOutcomeNoProgress;
+      std::snprintf(s->err.message, sizeof(s->err.message), "libjpeg returned no scanline");
+      return false;
+    }
+    if (plan->direct) continue;
+    if (plan->cmyk)
+      cmyk_to_rgb(plan->scratch + plan->col_offset * 4, dst, plan->width, plan->inverted);
+    else
+      std::memcpy(dst, plan->scratch + plan->col_offset * 3, plan->width * 3);
+  }
+  return true;
+}
+
+bool guarded_rows(State* s, const RowPlan* plan) {
+  if (setjmp(s->err.jump) != 0) return false;
+  return read_rows(s, plan);
+}
+
+bool guarded_finish(State* s) {
+  s->err.phase = kPhaseFinish;
+  if (setjmp(s->err.jump) != 0) return false;
+  jpeg_finish_decompress(&s->cinfo);
+  return true;
+}
+
+// --- C++ side ----------------------------------------------------------------------------------
+
+ErrorKind kind_for_error(int code) {
+  switch (code) {
+    case JERR_INPUT_EMPTY:
+    case JERR_INPUT_EOF:
+      return ErrorKind::kTruncated;
+    case JERR_SOF_UNSUPPORTED:  // hierarchical (differential) JPEG
+    case JERR_NOT_COMPILED:
+    case JERR_NOTIMPL:
+    case JERR_BAD_PRECISION:
+    case JERR_CONVERSION_NOTIMPL:
+    case JERR_ARITH_NOTIMPL:
+    case JERR_IMAGE_TOO_BIG:  // sides over 65500 pixels
+      return ErrorKind::kUnsupported;
+    default:
+      return ErrorKind::kCorrupt;
+  }
+}
+
+/// Throws the DecodeError for the failure the callbacks recorded.
+[[noreturn]] void throw_failure(const ErrorManager& err, std::string_view source) {
+  std::string reason = err.message;
+  ErrorKind kind = ErrorKind::kCorrupt;
+  switch (err.outcome) {
+    case kOutcomeWarning:
+      kind = err.kind;
+      if (err.strict && classify_warning(err) == WarningClass::kBenign)
+        reason += " (warning treated as an error: strict)";
+      break;
+    case kOutcomeError:
+      // An error after tolerated premature end of data is a consequence of the truncation.
+      kind = err.saw_eof ? ErrorKind::kTruncated : kind_for_error(err.code);
+      break;
+    default:
+      break;
+  }
+  fail(kind, source, "libjpeg: " + reason);
+}
+
+}  // namespace
+
+JpegDecoder::JpegDecoder() : state_(std::make_unique<JpegState>()) {
+  State& s = *state_;
+  s.created = false;
+  jpeg_std_error(&s.err.pub);
+  s.err.pub.error_exit = on_error_exit;
+  s.err.pub.emit_message = on_emit_message;
+  s.err.pub.output_message = on_output_message;
+  s.cinfo.err = &s.err.pub;
+  if (!guarded_create(&s)) throw std::bad_alloc();  // only an allocation can fail here
+  s.created = true;
+  // jpeg_create_decompress clears everything but err and client_data, so hook progress after.
+  s.progress = {};
+  s.progress.progress_monitor = on_progress;
+  s.cinfo.progress = &s.progress;
+}
+
+JpegDecoder::~JpegDecoder() {
+  if (state_ && state_->created) jpeg_destroy_decompress(&state_->cinfo);
+}
+
+void JpegDecoder::decode(std::span<const uint8_t> bytes, std::string_view source,
+                         const ImageInfo& info, const DecodeOptions& options, const CropRect& crop,
+                         ImageBuffer& out, DecodeResult& result) {
+  State& s = *state_;
+  ErrorManager& err = s.err;
+  jpeg_decompress_struct& cinfo = s.cinfo;
+  err.allow_data_loss = options.allow_truncated;
+  err.strict = options.strict;
+  const int64_t num = options.scale.num;
+  // However decode() leaves (return, DecodeError, bad_alloc from a buffer), the decompressor goes
+  // back to its idle state and frees this image's pools, ready for the next image. Aborting an
+  // idle or finished decompressor is a no-op.
+  struct AbortOnExit {
+    j_decompress_ptr cinfo;
+    ~AbortOnExit() { jpeg_abort_decompress(cinfo); }
+  } abort_on_exit{&cinfo};
+
+  // The region in the scaled image: [xs0, xs1) x [ys0, ys1).
+  const int xs0 = static_cast<int>(crop.x * num / 8);
+  const int ys0 = static_cast<int>(crop.y * num / 8);
+  const int xs1 = static_cast<int>(((crop.x + int64_t{crop.width}) * num + 7) / 8);
+  const int ys1 = static_cast<int>(((crop.y + int64_t{crop.height}) * num + 7) / 8);
+  const int want_w = xs1 - xs0, want_h = ys1 - ys0;
+
+  // jpeg_crop_scanline and jpeg_skip_scanlines refuse some layouts in libjpeg-turbo 2.1; when a
+  // libjpeg error follows their use, decode again without them (whole rows, read-and-discard).
+  // Both only save work. Warnings made fatal by the options are never retried.
+  bool use_crop = true, use_skip = true;
+  for (;;) {
+    err.warnings = 0;
+    err.saw_eof = false;
+    err.outcome = kOutcomeNone;
+    err.code = 0;
+    err.message[0] = '\0';
+    const auto give_up = [&] { throw_failure(err, source); };
+
+    if (!guarded_header(&s, bytes.data(), bytes.size())) give_up();
+    if (cinfo.image_width != static_cast<JDIMENSION>(info.width) ||
+        cinfo.image_height != static_cast<JDIMENSION>(info.height)) {
+      fail(ErrorKind::kCorrupt, source,
+           fmt::format("libjpeg read a {}x{} frame where the header says {}x{}", cinfo.image_width,
+                       cinfo.image_height, info.width, info.height));
+    }
+    const bool cmyk = cinfo.num_components == 4;
+    // Grayscale, YCbCr and RGB all convert to RGB inside libjpeg-turbo; CMYK/YCCK come out as
+    // CMYK (YCCK converted) and are turned into RGB below as Pillow does.
+    cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_EXT_RGB;
+    cinfo.scale_num = static_cast<unsigned int>(num);
+    cinfo.scale_denom = 8;
+    if (!guarded_start(&s)) give_up();
+
+    const auto out_width = static_cast<int>(cinfo.output_width);
+    if (out_width != scaled_size(info.width, options.scale) ||
+        static_cast<int>(cinfo.output_height) != scaled_size(info.height, options.scale)) {
+      fail(ErrorKind::kCorrupt, source,
+           fmt::format("libjpeg scaled {}x{} by {}/8 to {}x{}", info.width, info.height, num,
+                       cinfo.output_width, cinfo.output_height));
+    }
+
+    JDIMENSION xoffset = 0, width = cinfo.output_width;
+    const bool cropped = use_crop && want_w < out_width;
+    const bool skipped = use_skip && ys0 > 0;
+    if (cropped) {
+      xoffset = static_cast<JDIMENSION>(xs0);
+      width = static_cast<JDIMENSION>(want_w);
+      if (!guarded_crop(&s, &xoffset, &width)) {
+        if (err.outcome != kOutcomeError) give_up();
+        log()->debug("{}: jpeg_crop_scanline failed ({}); decoding whole rows", source,
+                     err.message);
+        jpeg_abort_decompress(&cinfo);
+        use_crop = false;
+        continue;
+      }
+      // The decoded rows must start at or left of the region and end exactly at its right edge.
+      if (xoffset > static_cast<JDIMENSION>(xs0) ||
+          xoffset + width != static_cast<JDIMENSION>(xs1)) {
+        log()->debug("{}: jpeg_crop_scanline returned [{}, {}) for [{}, {}); decoding whole rows",
+                     source, xoffset, xoffset + width, xs0, xs1);
+        jpeg_abort_decompress(&cinfo);
+        use_crop = false;
+        continue;
+      }
+    }
+
+    const size_t components = cmyk ? 4 : 3;
+    const size_t row_bytes = static_cast<size_t>(width) * components;
+    if (row_.size() < row_bytes) row_.resize(row_bytes);
+    out.reshape(want_w, want_h);
+
+    RowPlan plan{};
+    plan.skip_rows = static_cast<JDIMENSION>(ys0);
+    plan.rows = static_cast<JDIMENSION>(want_h);
+    plan.use_skip = use_skip;
+    plan.scratch = row_.data();
+    plan.out = out.pixels.data();
+    plan.out_stride = static_cast<size_t>(want_w) * 3;
+    plan.col_offset = static_cast<size_t>(xs0) - xoffset;
+    plan.width = static_cast<size_t>(want_w);
+    plan.cmyk = cmyk;
+    plan.inverted = cmyk && cinfo.saw_Adobe_marker;
+    plan.direct = !cmyk && plan.col_offset == 0 && width == static_cast<JDIMENSION>(want_w);
+    if (!guarded_rows(&s, &plan)) {
+      if (err.outcome != kOutcomeError || (!cropped && !skipped)) give_up();
+      log()->debug("{}: libjpeg failed after {} ({}); decoding again without it", source,
+                   cropped ? "jpeg_crop_scanline" : "jpeg_skip_scanlines", err.message);
+      jpeg_abort_decompress(&cinfo);
+      (cropped ? use_crop : use_skip) = false;
+      continue;
+    }
+    if (ys1 == static_cast<int>(cinfo.output_height)) {
+      // The region reaches the last row: read on to EOI as well, so a file that ends without
+      // one is reported, and warnings about bytes after the scan are counted.
+      if (!guarded_finish(&s)) give_up();
+    }
+    // Otherwise rows below the region are never decoded: abort_on_exit ends the decompression.
+    break;
+  }
+
+  result.warnings = err.warnings;
+  result.scale = options.scale;
+  result.scaled_region = CropRect{xs0, ys0, want_w, want_h};
+  // Output pixel i covers source [i * 8 / num, (i + 1) * 8 / num): report the integer rectangle
+  // that contains all of them, clamped to the image (see DecodeResult::region).
+  const int x0 = static_cast<int>(int64_t{xs0} * 8 / num);
+  const int y0 = static_cast<int>(int64_t{ys0} * 8 / num);
+  const int x1 =
+      static_cast<int>(std::min<int64_t>((int64_t{xs1} * 8 + num - 1) / num, info.width));
+  const int y1 =
+      static_cast<int>(std::min<int64_t>((int64_t{ys1} * 8 + num - 1) / num, info.height));
+  result.region = CropRect{x0, y0, x1 - x0, y1 - y0};
+}
+
+}  // namespace gpufeed::decode::detail

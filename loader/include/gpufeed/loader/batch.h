@@ -1,0 +1,38 @@
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gpufeed::loader {
+
+/// A sample the skip error policy replaced, and why.
+struct SkippedSample {
+  int64_t index = -1;          ///< dataset index that failed
+  int64_t replaced_by = -1;    ///< dataset index decoded in its place
+  std::string path;            ///< the failing file
+  std::string reason;          ///< the error's what()
+};
+
+/// One batch, as plain data over a slot of the loader's ring: no torch, no copy. The slot goes
+/// back to the ring when the last copy of this Batch (or of its `lease`) is destroyed, so hold a
+/// Batch exactly as long as its memory is needed (the CUDA prefetcher holds it until its copy's
+/// event completed).
+struct Batch {
+  uint8_t* images = nullptr;   ///< [size, height, width, 3] uint8 RGB, NHWC, contiguous
+  int64_t* labels = nullptr;   ///< [size] int64 class indices
+  int64_t size = 0;            ///< samples in this batch (<= batch_size; the last may be short)
+  int64_t height = 0;          ///< pixels
+  int64_t width = 0;           ///< pixels
+  int64_t epoch = 0;           ///< the epoch this batch belongs to
+  int64_t batch_index = 0;     ///< position within the epoch, 0-based, in sampler order
+  std::vector<int64_t> indices;          ///< [size] dataset indices, in sampler order
+  std::vector<SkippedSample> skipped;    ///< samples the skip policy replaced
+  bool pinned = false;         ///< images/labels live in page-locked memory
+  std::shared_ptr<void> lease;  ///< keeps the slot out of the ring while held
+
+  /// Bytes of `images`: size * height * width * 3.
+  int64_t image_bytes() const { return size * height * width * 3; }
+};
+
+}  // namespace gpufeed::loader

@@ -1,0 +1,145 @@
+#include "gpufeed/loader/transform.h"
+
+#include <cfenv>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace gpufeed::loader {
+namespace {
+
+constexpr uint32_t kPhiloxM0 = 0xD2511F53u;
+constexpr uint32_t kPhiloxM1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxW0 = 0x9E3779B9u;
+constexpr uint32_t kPhiloxW1 = 0xBB67AE85u;
+
+inline void mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+  const uint64_t p = static_cast<uint64_t>(a) * b;
+  hi = static_cast<uint32_t>(p >> 32);
+  lo = static_cast<uint32_t>(p);
+}
+
+// Python's round(): half to even, which std::nearbyint gives in the default rounding mode.
+inline int py_round(double v) { return static_cast<int>(std::nearbyint(v)); }
+
+}  // namespace
+
+SampleRng::SampleRng(uint64_t seed, int64_t epoch, int64_t index)
+    : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)},
+      counter_{0u, 0u, static_cast<uint32_t>(index), static_cast<uint32_t>(epoch)} {
+  // The upper halves of index and epoch fold into the key; indices beyond 2^32 stay distinct.
+  key_[0] ^= static_cast<uint32_t>(static_cast<uint64_t>(index) >> 32);
+  key_[1] ^= static_cast<uint32_t>(static_cast<uint64_t>(epoch) >> 32) * kPhiloxW0;
+}
+
+void SampleRng::refill() {
+  std::array<uint32_t, 4> c = counter_;
+  std::array<uint32_t, 2> k = key_;
+  for (int round = 0; round < 10; ++round) {
+    uint32_t hi0, lo0, hi1, lo1;
+    mulhilo(kPhiloxM0, c[0], hi0, lo0);
+    mulhilo(kPhiloxM1, c[2], hi1, lo1);
+    c = {hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0};
+    k[0] += kPhiloxW0;
+    k[1] += kPhiloxW1;
+  }
+  block_ = c;
+  used_ = 0;
+  if (++counter_[0] == 0) ++counter_[1];  // the draw number within this sample
+}
+
+uint32_t SampleRng::next_u32() {
+  if (used_ == 4) refill();
+  return block_[static_cast<size_t>(used_++)];
+}
+
+float SampleRng::uniform(float lo, float hi) {
+  const float u = static_cast<float>(next_u32() & ((1u << 24) - 1)) * (1.0f / (1u << 24));
+  return u * (hi - lo) + lo;
+}
+
+int64_t SampleRng::randint(int64_t lo, int64_t hi) {
+  const auto range = static_cast<uint64_t>(hi - lo);
+  return lo + static_cast<int64_t>(next_u32() % range);
+}
+
+CropRect random_resized_crop_box(int width, int height, const RandomResizedCropOptions& o,
+                                 DrawSource& draws) {
+  const double area = static_cast<double>(width) * height;
+  // torchvision: log_ratio = torch.log(torch.tensor(ratio)), float32.
+  const float log_lo = std::log(o.ratio_min);
+  const float log_hi = std::log(o.ratio_max);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target_area = area * static_cast<double>(draws.uniform(o.scale_min, o.scale_max));
+    // torch.exp on a float32 tensor: the exponential is taken in float.
+    const double aspect = static_cast<double>(std::exp(draws.uniform(log_lo, log_hi)));
+    const int w = py_round(std::sqrt(target_area * aspect));
+    const int h = py_round(std::sqrt(target_area / aspect));
+    if (0 < w && w <= width && 0 < h && h <= height) {
+      const auto i = static_cast<int>(draws.randint(0, height - h + 1));
+      const auto j = static_cast<int>(draws.randint(0, width - w + 1));
+      return {j, i, w, h};
+    }
+  }
+  // Fallback to a central crop, as torchvision does.
+  const double in_ratio = static_cast<double>(width) / height;
+  int w, h;
+  if (in_ratio < std::min(o.ratio_min, o.ratio_max)) {
+    w = width;
+    h = py_round(w / static_cast<double>(std::min(o.ratio_min, o.ratio_max)));
+  } else if (in_ratio > std::max(o.ratio_min, o.ratio_max)) {
+    h = height;
+    w = py_round(h * static_cast<double>(std::max(o.ratio_min, o.ratio_max)));
+  } else {
+    w = width;
+    h = height;
+  }
+  // Python floor division on non-negative values; the box never exceeds the image.
+  return {(width - w) / 2, (height - h) / 2, w, h};
+}
+
+CropRect center_crop_box(int width, int height, const ResizeCenterCropOptions& o) {
+  if (o.crop > o.resize) {
+    throw std::invalid_argument("center_crop_box: crop " + std::to_string(o.crop) +
+                                " larger than resize " + std::to_string(o.resize));
+  }
+  // torchvision _compute_resized_output_size for an int size.
+  const bool wide = width >= height;
+  const int shorter = wide ? height : width;
+  const int longer = wide ? width : height;
+  const int new_long = static_cast<int>(static_cast<int64_t>(o.resize) * longer / shorter);
+  const int new_w = wide ? new_long : o.resize;
+  const int new_h = wide ? o.resize : new_long;
+  // CenterCrop: int(round((h - crop) / 2.0)).
+  const int top = py_round((new_h - o.crop) / 2.0);
+  const int left = py_round((new_w - o.crop) / 2.0);
+  const double sx = static_cast<double>(width) / new_w;
+  const double sy = static_cast<double>(height) / new_h;
+  int x0 = static_cast<int>(std::lround(left * sx));
+  int y0 = static_cast<int>(std::lround(top * sy));
+  int x1 = static_cast<int>(std::lround((left + o.crop) * sx));
+  int y1 = static_cast<int>(std::lround((top + o.crop) * sy));
+  x1 = std::min(std::max(x1, x0 + 1), width);
+  y1 = std::min(std::max(y1, y0 + 1), height);
+  x0 = std::min(x0, x1 - 1);
+  y0 = std::min(y0, y1 - 1);
+  return {x0, y0, x1 - x0, y1 - y0};
+}
+
+SamplePlan plan_sample(const TransformOptions& options, int width, int height, uint64_t seed,
+                       int64_t epoch, int64_t index) {
+  SamplePlan plan;
+  plan.output_size = options.output_size();
+  if (options.kind == TransformOptions::Kind::kEval) {
+    plan.box = center_crop_box(width, height, options.eval);
+    return plan;
+  }
+  SampleRng rng(seed, epoch, index);
+  RngDrawSource draws(rng);
+  plan.box = random_resized_crop_box(width, height, options.rrc, draws);
+  // RandomHorizontalFlip: torch.rand(1) < p.
+  plan.flip = rng.uniform(0.0f, 1.0f) < options.flip_probability;
+  return plan;
+}
+
+}  // namespace gpufeed::loader

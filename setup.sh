@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One idempotent set-up for a fresh Debian 12 machine: system libraries, the Python venv with
+# torch/torchvision (LibTorch comes from the torch wheel), then a Release build in build/release.
+#   ./setup.sh            install + configure + build
+#   ./setup.sh --no-build install only
+set -euo pipefail
+cd "$(dirname "$0")"
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libturbojpeg0-dev libjpeg62-turbo-dev libgif-dev libpng-dev libwebp-dev libopencv-dev libtbb-dev
+  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  python3-venv
+)
+TORCH_SPEC="torch==2.11.0 torchvision==0.26.0"
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c "import torch, torchvision, PIL, numpy; assert torch.__version__.startswith('2.11.0'), torch.__version__" 2>/dev/null; then
+  echo "setup: installing $TORCH_SPEC into .venv"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q $TORCH_SPEC pillow numpy
+fi
+
+[ "${1:-}" = "--no-build" ] && exit 0
+
+BUILD_DIR=${GPUFEED_BUILD_DIR:-build/release}
+if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
+fi
+cmake --build "$BUILD_DIR" -j "$(nproc)"
+echo "setup: built $BUILD_DIR"

@@ -1,0 +1,407 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <set>
+
+#include "golden.h"
+#include "gpufeed/decode/decoder.h"
+#include "gpufeed/loader/dataset.h"
+#include "gpufeed/loader/loader.h"
+#include "gpufeed/loader/synthetic.h"
+#include "gpufeed/loader/transform.h"
+
+namespace fs = std::filesystem;
+using namespace gpufeed::loader;
+using gpufeed::sampler::DistributedSampler;
+using gpufeed::sampler::DistributedSamplerOptions;
+using gpufeed::sampler::SequentialSampler;
+
+namespace {
+
+// Replays the draws torchvision made.
+class RecordedDraws : public DrawSource {
+ public:
+  explicit RecordedDraws(const nlohmann::json& draws) : draws_(draws) {}
+  float uniform(float lo, float hi) override {
+    const auto& d = next("uniform");
+    EXPECT_FLOAT_EQ(lo, d["lo"].get<float>());
+    EXPECT_FLOAT_EQ(hi, d["hi"].get<float>());
+    return d["value"].get<float>();
+  }
+  int64_t randint(int64_t lo, int64_t hi) override {
+    const auto& d = next("randint");
+    EXPECT_EQ(lo, d["lo"].get<int64_t>());
+    EXPECT_EQ(hi, d["hi"].get<int64_t>());
+    return d["value"].get<int64_t>();
+  }
+  size_t used() const { return pos_; }
+
+ private:
+  const nlohmann::json& next(const char* kind) {
+    if (pos_ >= draws_.size()) throw std::runtime_error("plan drew more than torchvision did");
+    const auto& d = draws_[pos_++];
+    if (d["kind"] != kind) throw std::runtime_error(std::string("expected a ") + kind + " draw");
+    return d;
+  }
+  const nlohmann::json& draws_;
+  size_t pos_ = 0;
+};
+
+// A temporary synthetic ImageFolder, written once per test binary.
+const fs::path& synthetic_root() {
+  static const fs::path root = [] {
+    fs::path r = fs::temp_directory_path() / ("gpufeed_test_loader_" + std::to_string(::getpid()));
+    SyntheticOptions o;
+    o.num_classes = 3;
+    o.images_per_class = 7;
+    o.min_size = 40;
+    o.max_size = 90;
+    write_synthetic_image_folder(r, o);
+    return r;
+  }();
+  return root;
+}
+
+struct Cleanup {
+  ~Cleanup() {
+    std::error_code ec;
+    fs::remove_all(fs::temp_directory_path() / ("gpufeed_test_loader_" + std::to_string(::getpid())), ec);
+  }
+} cleanup;
+
+LoaderOptions small_options(int workers) {
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.num_workers = workers;
+  o.prefetch_depth = 2;
+  o.seed = 7;
+  o.transform.rrc.size = 32;
+  return o;
+}
+
+struct Collected {
+  std::vector<std::vector<uint8_t>> images;
+  std::vector<std::vector<int64_t>> labels, indices;
+};
+
+Collected run_epoch(Loader& loader, int64_t epoch, int64_t start = 0) {
+  Collected c;
+  loader.start_epoch(epoch, start);
+  while (auto b = loader.next()) {
+    c.images.emplace_back(b->images, b->images + b->image_bytes());
+    c.labels.emplace_back(b->labels, b->labels + b->size);
+    c.indices.push_back(b->indices);
+  }
+  return c;
+}
+
+class CountingAllocator : public HostAllocator {
+ public:
+  void* allocate(size_t bytes) override {
+    ++live;
+    ++total;
+    return default_host_allocator()->allocate(bytes);
+  }
+  void deallocate(void* p, size_t bytes) noexcept override {
+    --live;
+    default_host_allocator()->deallocate(p, bytes);
+  }
+  std::atomic<int> live{0}, total{0};
+};
+
+}  // namespace
+
+TEST(RandomResizedCrop, BoxesMatchTorchvisionGivenTheSameDraws) {
+  const auto g = gpufeed::test::load_golden("transform.json");
+  const auto& cases = g.at("random_resized_crop");
+  ASSERT_GT(cases.size(), 1000u);
+  int fallbacks = 0;
+  for (const auto& c : cases) {
+    RandomResizedCropOptions o;
+    o.scale_min = c["scale"][0].get<float>();
+    o.scale_max = c["scale"][1].get<float>();
+    o.ratio_min = c["ratio"][0].get<float>();
+    o.ratio_max = c["ratio"][1].get<float>();
+    RecordedDraws draws(c["draws"]);
+    const CropRect box = random_resized_crop_box(c["width"], c["height"], o, draws);
+    const auto& e = c["box"];
+    ASSERT_EQ(box, (CropRect{e[0], e[1], e[2], e[3]}))
+        << c["width"] << "x" << c["height"] << " draws " << c["draws"].dump();
+    EXPECT_EQ(draws.used(), c["draws"].size());
+    if (c["draws"].size() == 20) ++fallbacks;
+  }
+  EXPECT_GT(fallbacks, 0) << "the grid must exercise the center-crop fallback";
+}
+
+TEST(ResizeCenterCrop, BoxIsTorchvisionsCropMappedToSourcePixels) {
+  const auto g = gpufeed::test::load_golden("transform.json");
+  for (const auto& c : g.at("center_crop")) {
+    const int w = c["width"], h = c["height"], crop = c["crop"];
+    const int new_w = c["resized"][0], new_h = c["resized"][1];
+    const CropRect box = center_crop_box(w, h, {c["resize"], crop});
+    const double sx = static_cast<double>(w) / new_w, sy = static_cast<double>(h) / new_h;
+    // The box edges are torchvision's crop edges in source pixels, rounded to whole pixels.
+    EXPECT_NEAR(box.x, c["left"].get<int>() * sx, 0.5 + 1e-9) << c.dump();
+    EXPECT_NEAR(box.y, c["top"].get<int>() * sy, 0.5 + 1e-9) << c.dump();
+    EXPECT_NEAR(box.x + box.width, (c["left"].get<int>() + crop) * sx, std::max(0.5, sx) + 1e-9) << c.dump();
+    EXPECT_NEAR(box.y + box.height, (c["top"].get<int>() + crop) * sy, std::max(0.5, sy) + 1e-9) << c.dump();
+    EXPECT_GE(box.width, 1);
+    EXPECT_LE(box.x + box.width, w);
+    EXPECT_LE(box.y + box.height, h);
+  }
+}
+
+TEST(ImageFolder, ClassesAndSampleOrderMatchTorchvision) {
+  const auto g = gpufeed::test::load_golden("transform.json");
+  ASSERT_GE(g.at("image_folder").size(), 1u);
+  for (const auto& c : g.at("image_folder")) {
+    ImageFolder folder(c["root"].get<std::string>());
+    EXPECT_EQ(folder.classes(), c["classes"].get<std::vector<std::string>>());
+    ASSERT_EQ(folder.size(), static_cast<int64_t>(c["samples"].size())) << c["root"];
+    for (int64_t i = 0; i < folder.size(); ++i) {
+      EXPECT_EQ(folder.at(i).path.string(), c["samples"][i][0].get<std::string>());
+      EXPECT_EQ(folder.at(i).label, c["samples"][i][1].get<int64_t>());
+    }
+  }
+}
+
+TEST(ImageFolder, MissingRootNamesTheFolder) {
+  try {
+    ImageFolder("/nonexistent/gpufeed");
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/gpufeed"), std::string::npos);
+  }
+}
+
+TEST(FileList, ParsesPathsWithSpacesRelativeToRoot) {
+  const fs::path dir = fs::temp_directory_path() / "gpufeed_filelist_test";
+  fs::create_directories(dir);
+  std::ofstream(dir / "list.txt") << "# comment\na/b c.jpg 3\n\n/abs/x.png 0\r\n";
+  FileList list(dir / "list.txt", "/data");
+  ASSERT_EQ(list.size(), 2);
+  EXPECT_EQ(list.at(0).path, fs::path("/data/a/b c.jpg"));
+  EXPECT_EQ(list.at(0).label, 3);
+  EXPECT_EQ(list.at(1).path, fs::path("/abs/x.png"));
+  EXPECT_EQ(list.classes().size(), 4u);
+  std::ofstream(dir / "bad.txt") << "a.jpg x\n";
+  EXPECT_THROW(FileList(dir / "bad.txt", "/data"), std::runtime_error);
+  fs::remove_all(dir);
+}
+
+TEST(SampleRng, IsAPureFunctionOfSeedEpochAndIndex) {
+  SampleRng a(1, 2, 3), b(1, 2, 3), c(1, 2, 4), d(1, 3, 3);
+  std::vector<uint32_t> va, vb, vc, vd;
+  for (int k = 0; k < 9; ++k) {
+    va.push_back(a.next_u32());
+    vb.push_back(b.next_u32());
+    vc.push_back(c.next_u32());
+    vd.push_back(d.next_u32());
+  }
+  EXPECT_EQ(va, vb);
+  EXPECT_NE(va, vc);
+  EXPECT_NE(va, vd);
+  // Uniform draws cover [0, 1) evenly enough: mean of 20k draws within 1%.
+  SampleRng r(0, 0, 0);
+  double sum = 0;
+  for (int k = 0; k < 20000; ++k) sum += r.uniform(0.0f, 1.0f);
+  EXPECT_NEAR(sum / 20000, 0.5, 0.01);
+}
+
+TEST(Loader, BatchesAreIdenticalWithOneAndTwoThreads) {
+  auto ds = std::make_shared<ImageFolder>(synthetic_root());
+  ASSERT_EQ(ds->size(), 21);
+  DistributedSamplerOptions so;
+  so.seed = 3;
+  Loader one(ds, std::make_shared<DistributedSampler>(ds->size(), so), small_options(1));
+  Loader two(ds, std::make_shared<DistributedSampler>(ds->size(), so), small_options(2));
+  for (int64_t epoch : {0, 1}) {
+    const Collected a = run_epoch(one, epoch), b = run_epoch(two, epoch);
+    ASSERT_EQ(a.images.size(), 6u);  // ceil(21 / 4)
+    EXPECT_EQ(a.indices, b.indices);
+    EXPECT_EQ(a.labels, b.labels);
+    EXPECT_EQ(a.images, b.images) << "epoch " << epoch;
+  }
+}
+
+TEST(Loader, YieldsSamplerOrderWithCorrectLabels) {
+  auto ds = std::make_shared<ImageFolder>(synthetic_root());
+  DistributedSamplerOptions so;
+  so.num_replicas = 2;
+  so.rank = 1;
+  so.seed = 11;
+  auto sampler = std::make_shared<DistributedSampler>(ds->size(), so);
+  Loader loader(ds, sampler, small_options(2));
+  const Collected c = run_epoch(loader, 4);
+  sampler->set_epoch(4);
+  std::vector<int64_t> flat;
+  for (const auto& b : c.indices) flat.insert(flat.end(), b.begin(), b.end());
+  EXPECT_EQ(flat, sampler->indices());
+  for (size_t b = 0; b < c.indices.size(); ++b) {
+    for (size_t k = 0; k < c.indices[b].size(); ++k) {
+      EXPECT_EQ(c.labels[b][k], ds->at(c.indices[b][k]).label);
+    }
+  }
+}
+
+TEST(Loader, EpochsDifferAndAugmentationDependsOnEpoch) {
+  auto ds = std::make_shared<ImageFolder>(synthetic_root());
+  auto opts = small_options(2);
+  Loader loader(ds, std::make_shared<SequentialSampler>(ds->size()), opts);
+  const Collected e0 = run_epoch(loader, 0), e1 = run_epoch(loader, 1), e0again = run_epoch(loader, 0);
+  EXPECT_EQ(e0.indices, e1.indices);  // sequential order
+  EXPECT_NE(e0.images, e1.images);    // different crops
+  EXPECT_EQ(e0.images, e0again.images);
+}
+
+TEST(Loader, ResumeMidEpochGivesTheRemainingBatchesOfAnUninterruptedRun) {
+  auto ds = std::make_shared<ImageFolder>(synthetic_root());
+  DistributedSamplerOptions so;
+  so.seed = 5;
+  Loader loader(ds, std::make_shared<DistributedSampler>(ds->size(), so), small_options(2));
+  const Collected full = run_epoch(loader, 2);
+  const Collected tail = run_epoch(loader, 2, 3);
+  ASSERT_EQ(tail.images.size(), full.images.size() - 3);
+  for (size_t k = 0; k < tail.images.size(); ++k) {
+    EXPECT_EQ(tail.images[k], full.images[k + 3]);
+    EXPECT_EQ(tail.indices[k], full.indices[k + 3]);
+  }
+}
+
+TEST(Loader, AllocatesExactlyPrefetchDepthSlotsUpFront) {
+  auto ds = std::make_shared<ImageFolder>(synthetic_root());
+  auto alloc = std::make_shared<CountingAllocator>();
+  {
+    auto opts = small_options(2);
+    opts.prefetch_depth = 2;
+    Loader loader(ds, std::make_shared<SequentialSampler>(ds->size()), opts, alloc);
+    EXPECT_EQ(alloc->live.load(), 2);
+    run_epoch(loader, 0);
+    run_epoch(loader, 1);
+    EXPECT_EQ(alloc->total.load(), 2);
+    // Holding every slot and asking for more is a clear error, not a hang.
+    loader.start_epoch(2);
+    auto a = loader.next();
+    auto b = loader.next();
+    ASSERT_TRUE(a && b);
+    EXPECT_THROW(loader.next(), std::logic_error);
+    a.reset();
+    EXPECT_TRUE(loader.next().has_value());
+  }
+  EXPECT_EQ(alloc->live.load(), 0);
+}
+
+TEST(Loader, BatchOutlivingTheLoaderKeepsItsMemory) {
+  auto ds = std::make_shared<ImageFolder>(synthetic_root());
+  auto alloc = std::make_shared<CountingAllocator>();
+  std::optional<Batch> kept;
+  {
+    Loader loader(ds, std::make_shared<SequentialSampler>(ds->size()), small_options(2), alloc);
+    loader.start_epoch(0);
+    kept = loader.next();
+    // Destroyed mid-epoch with work in flight: must return promptly and not free a held slot.
+  }
+  ASSERT_TRUE(kept);
+  EXPECT_EQ(alloc->live.load(), 2);
+  uint64_t sum = std::accumulate(kept->images, kept->images + kept->image_bytes(), uint64_t{0});
+  EXPECT_GT(sum, 0u);
+  kept.reset();
+  EXPECT_EQ(alloc->live.load(), 0);
+}
+
+TEST(Loader, RaisePolicyNamesTheBadFile) {
+  const fs::path root = fs::temp_directory_path() / ("gpufeed_bad_" + std::to_string(::getpid()));
+  fs::create_directories(root / "a");
+  fs::copy_file(synthetic_root() / "class_000" / "img_00000.jpg", root / "a" / "good.jpg",
+                fs::copy_options::overwrite_existing);
+  std::ofstream(root / "a" / "broken.jpg") << "this is not a jpeg";
+  auto ds = std::make_shared<ImageFolder>(root);
+  Loader loader(ds, std::make_shared<SequentialSampler>(ds->size()), small_options(2));
+  loader.start_epoch(0);
+  try {
+    loader.next();
+    FAIL() << "expected a decode error";
+  } catch (const gpufeed::decode::DecodeError& e) {
+    EXPECT_NE(std::string(e.what()).find("broken.jpg"), std::string::npos) << e.what();
+  }
+  // Skip policy: the same epoch completes, the bad file is reported and replaced.
+  auto opts = small_options(2);
+  opts.error_policy = ErrorPolicy::kSkip;
+  Loader skipping(ds, std::make_shared<SequentialSampler>(ds->size()), opts);
+  skipping.start_epoch(0);
+  auto b = skipping.next();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->size, 2);
+  ASSERT_EQ(b->skipped.size(), 1u);
+  EXPECT_NE(b->skipped[0].path.find("broken.jpg"), std::string::npos);
+  EXPECT_EQ(skipping.epoch_skips(), 1);
+  fs::remove_all(root);
+}
+
+TEST(Loader, EvalTransformIsCloseToTorchvisionPixels) {
+  const auto g = gpufeed::test::load_golden("transform.json");
+  const auto& cases = g.at("pixels");
+  ASSERT_GE(cases.size(), 1u);
+  LoaderOptions o;
+  o.transform.kind = TransformOptions::Kind::kEval;
+  for (const auto& c : cases) {
+    const fs::path list = fs::temp_directory_path() / "gpufeed_pixels.txt";
+    std::ofstream(list) << c["path"].get<std::string>() << " 0\n";
+    FileList ds(list, "/");
+    std::vector<uint8_t> ours(224 * 224 * 3);
+    load_sample(ds, 0, 0, o, ours.data());
+    std::ifstream ref_in(c["reference"].get<std::string>(), std::ios::binary);
+    std::vector<uint8_t> ref((std::istreambuf_iterator<char>(ref_in)), std::istreambuf_iterator<char>());
+    ASSERT_EQ(ref.size(), ours.size());
+    double diff = 0;
+    for (size_t k = 0; k < ref.size(); ++k) diff += std::abs(int(ref[k]) - int(ours[k]));
+    diff /= static_cast<double>(ref.size());
+    EXPECT_LE(diff, 3.0) << c["path"];
+  }
+}
+
+TEST(Loader, LoadsTheRealHymenopteraFolderIncludingGifAndSpaces) {
+  const fs::path shared = gpufeed::test::shared_dir();
+  if (shared.empty() || !fs::exists(shared / "data/hymenoptera/train")) {
+    GTEST_SKIP() << "../shared/data/hymenoptera is absent in this checkout";
+  }
+  auto ds = std::make_shared<ImageFolder>(shared / "data/hymenoptera/train");
+  EXPECT_EQ(ds->size(), 245);
+  LoaderOptions o;
+  o.batch_size = 64;
+  o.num_workers = 2;
+  o.transform.rrc.size = 64;
+  Loader loader(ds, std::make_shared<SequentialSampler>(ds->size()), o);
+  loader.start_epoch(0);
+  int64_t n = 0;
+  while (auto b = loader.next()) n += b->size;
+  EXPECT_EQ(n, 245);
+  EXPECT_EQ(loader.stats().samples, 245);
+}
+
+TEST(OpenDataset, FlatFolderTakesTheClassFromTheFileNamePrefix) {
+  const fs::path root = fs::temp_directory_path() / ("gpufeed_flat_" + std::to_string(::getpid()));
+  fs::create_directories(root);
+  for (const char* n : {"n02_b.JPEG", "n01_tench.JPEG", "n02_a.jpg", "plain.png", "notes.txt"}) {
+    std::ofstream(root / n) << "x";
+  }
+  auto ds = open_dataset(root);
+  ASSERT_EQ(ds->size(), 4);
+  EXPECT_EQ(ds->classes(), (std::vector<std::string>{"n01", "n02", "plain"}));
+  EXPECT_EQ(ds->at(0).path.filename(), "n01_tench.JPEG");
+  EXPECT_EQ(ds->at(0).label, 0);
+  EXPECT_EQ(ds->at(1).path.filename(), "n02_a.jpg");
+  EXPECT_EQ(ds->at(2).label, 1);
+  EXPECT_EQ(ds->at(3).label, 2);
+  // A folder with class subfolders is an ImageFolder; a file is a FileList.
+  EXPECT_NE(dynamic_cast<ImageFolder*>(open_dataset(synthetic_root()).get()), nullptr);
+  std::ofstream(root / "list.txt") << "n01_tench.JPEG 5\n";
+  auto list = open_dataset(root / "list.txt");
+  EXPECT_EQ(list->at(0).path, root / "n01_tench.JPEG");
+  EXPECT_EQ(list->at(0).label, 5);
+  fs::remove_all(root);
+}

@@ -1,0 +1,110 @@
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+
+#include "gpufeed/loader/synthetic.h"
+#include "gpufeed/prefetch/prefetcher.h"
+
+using namespace gpufeed;
+namespace fs = std::filesystem;
+
+namespace {
+
+// torchvision.transforms.Normalize applied to ToTensor's output, written with plain torch ops.
+at::Tensor reference(const at::Tensor& nhwc, const prefetch::NormalizeOptions& n) {
+  auto x = nhwc.permute({0, 3, 1, 2}).to(at::kDouble).div(255.0);
+  auto mean = at::tensor(std::vector<double>(n.mean.begin(), n.mean.end()), at::kDouble).view({1, 3, 1, 1});
+  auto std = at::tensor(std::vector<double>(n.std.begin(), n.std.end()), at::kDouble).view({1, 3, 1, 1});
+  return (x - mean) / std;
+}
+
+}  // namespace
+
+TEST(ConvertImages, Float32MatchesNormalizeWithinOneMillionth) {
+  at::manual_seed(0);
+  const at::Tensor u8 = at::randint(0, 256, {3, 5, 7, 3}, at::kByte);
+  const prefetch::NormalizeOptions n;
+  const at::Tensor out = prefetch::convert_images(u8, at::kFloat, false, n);
+  EXPECT_EQ(out.sizes(), (at::IntArrayRef{3, 3, 5, 7}));
+  EXPECT_TRUE(out.is_contiguous());
+  EXPECT_EQ(out.scalar_type(), at::kFloat);
+  EXPECT_LT((out.to(at::kDouble) - reference(u8, n)).abs().max().item<double>(), 1e-6);
+}
+
+TEST(ConvertImages, ChannelsLastHasNhwcStridesAndSameValues) {
+  at::manual_seed(1);
+  const at::Tensor u8 = at::randint(0, 256, {2, 4, 6, 3}, at::kByte);
+  const prefetch::NormalizeOptions n;
+  const at::Tensor cl = prefetch::convert_images(u8, at::kFloat, true, n);
+  EXPECT_TRUE(cl.is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_FALSE(cl.is_contiguous());
+  EXPECT_TRUE(at::equal(cl.contiguous(), prefetch::convert_images(u8, at::kFloat, false, n)));
+}
+
+TEST(ConvertImages, ReducedPrecisionDtypesRoundTheFloat32Result) {
+  at::manual_seed(2);
+  const at::Tensor u8 = at::randint(0, 256, {2, 3, 3, 3}, at::kByte);
+  const prefetch::NormalizeOptions n;
+  const at::Tensor f32 = prefetch::convert_images(u8, at::kFloat, false, n);
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    const at::Tensor r = prefetch::convert_images(u8, dtype, false, n);
+    EXPECT_EQ(r.scalar_type(), dtype);
+    EXPECT_TRUE(at::equal(r, f32.to(dtype)));
+  }
+  const at::Tensor raw = prefetch::convert_images(u8, at::kByte, false, n);
+  EXPECT_TRUE(at::equal(raw, u8.permute({0, 3, 1, 2})));
+}
+
+TEST(CpuPrefetcher, YieldsTheLoadersBatchesConverted) {
+  const fs::path root = fs::temp_directory_path() / ("gpufeed_prefetch_" + std::to_string(::getpid()));
+  loader::SyntheticOptions so;
+  so.num_classes = 2;
+  so.images_per_class = 5;
+  so.min_size = so.max_size = 48;
+  loader::write_synthetic_image_folder(root, so);
+  auto ds = std::make_shared<loader::ImageFolder>(root);
+  loader::LoaderOptions lo;
+  lo.batch_size = 4;
+  lo.num_workers = 2;
+  lo.transform.rrc.size = 32;
+  auto sampler = std::make_shared<sampler::SequentialSampler>(ds->size());
+  auto l = std::make_shared<loader::Loader>(ds, sampler, lo);
+  // The same batches straight from a second loader, for reference.
+  loader::Loader ref(ds, sampler, lo);
+  auto p = prefetch::make_prefetcher(l, {});
+  p->start_epoch(0);
+  ref.start_epoch(0);
+  int batches = 0;
+  while (auto b = p->next()) {
+    auto host = ref.next();
+    ASSERT_TRUE(host);
+    auto [images, labels] = prefetch::as_tensors(*host);
+    EXPECT_EQ(b->images.sizes(), (at::IntArrayRef{host->size, 3, 32, 32}));
+    EXPECT_TRUE(at::equal(b->labels, labels));
+    EXPECT_LT((b->images.to(at::kDouble) - reference(images, {})).abs().max().item<double>(), 1e-6);
+    EXPECT_EQ(b->indices, host->indices);
+    ++batches;
+  }
+  EXPECT_EQ(batches, 3);
+  fs::remove_all(root);
+}
+
+TEST(CudaPrefetcher, FailsClearlyOrMatchesCpuPath) {
+  if (!prefetch::cuda_available()) {
+    prefetch::PrefetchOptions o;
+    o.device = c10::Device("cuda:0");
+    auto ds = std::make_shared<loader::FileList>("/dev/null", "/");
+    auto l = std::make_shared<loader::Loader>(ds, std::make_shared<sampler::SequentialSampler>(0),
+                                              loader::LoaderOptions{});
+    EXPECT_THROW(prefetch::make_prefetcher(l, o), std::runtime_error);
+    GTEST_SKIP() << "no CUDA device visible: the CUDA prefetcher's pixel checks run on the GPU machine "
+                    "(tools/gpu_check.sh)";
+  }
+  at::manual_seed(3);
+  const at::Tensor u8 = at::randint(0, 256, {2, 8, 8, 3}, at::kByte);
+  const at::Tensor cpu = prefetch::convert_images(u8, at::kFloat, false, {});
+  const at::Tensor gpu = prefetch::convert_images(u8.to(at::kCUDA), at::kFloat, false, {});
+  EXPECT_LT((gpu.cpu() - cpu).abs().max().item<float>(), 1e-6);
+}

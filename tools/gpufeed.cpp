@@ -1,0 +1,42 @@
+// gpufeed: train, bench and make-dataset in one executable.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <exception>
+#include <iostream>
+#include <map>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  // Library logs go to stderr; results go to stdout.
+  spdlog::stderr_color_mt("gpufeed");  // creates and registers the library's logger
+  spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+
+  CLI::App app{"gpufeed: keep GPUs fed while they train image models"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "gpufeed 0.1.0");
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  std::map<CLI::App*, gpufeed::tools::Run> runs;
+  auto add = [&](const char* name, const char* help, auto adder) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    runs[sub] = adder(*sub);
+  };
+  add("train", "train a ResNet on an ImageFolder, fed by gpufeed", gpufeed::tools::add_train);
+  add("bench", "measure the loader alone: images/s", gpufeed::tools::add_bench);
+  add("make-dataset", "write a synthetic ImageFolder of learnable JPEGs",
+      gpufeed::tools::add_make_dataset);
+  CLI11_PARSE(app, argc, argv);
+  spdlog::get("gpufeed")->set_level(spdlog::level::from_str(log_level));
+  try {
+    for (auto& [sub, run] : runs) {
+      if (sub->parsed()) return run();
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "gpufeed: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 2;
+}
