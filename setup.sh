@@ -8,7 +8,7 @@ cd "$(dirname "$0")"
 
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
-  libturbojpeg0-dev libjpeg62-turbo-dev libgif-dev libpng-dev libwebp-dev libopencv-dev libtbb-dev
+  libturbojpeg0-dev libjpeg62-turbo-dev libgif-dev libpng-dev libwebp-dev libtiff-dev libopencv-dev libtbb-dev
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3-venv
@@ -31,10 +31,17 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import torch, torchvision, PIL, numpy; assert torch.__version__.startswith('2.11.0'), torch.__version__" 2>/dev/null; then
+if ! .venv/bin/python -c "import torch, torchvision, PIL, numpy, matplotlib; assert torch.__version__.startswith('2.11.0'), torch.__version__" 2>/dev/null; then
   echo "setup: installing $TORCH_SPEC into .venv"
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q $TORCH_SPEC pillow numpy
+  .venv/bin/pip install -q $TORCH_SPEC pillow numpy matplotlib
+fi
+# NVIDIA DALI's CPU pipeline (device_id=None runs without a GPU): a baseline of
+# tools/bench_compare.py. Best effort: without it the comparison leaves DALI out and says why.
+DALI_SPEC="nvidia-dali-cuda130==2.4.0"
+if ! .venv/bin/python -c "import nvidia.dali" 2>/dev/null; then
+  echo "setup: installing $DALI_SPEC into .venv"
+  .venv/bin/pip install -q "$DALI_SPEC" || echo "setup: $DALI_SPEC did not install; bench_compare.py will skip DALI"
 fi
 
 [ "${1:-}" = "--no-build" ] && exit 0

@@ -28,7 +28,7 @@ if(GPUFEED_WITH_CUDA AND CUDAToolkit_FOUND AND TORCH_CUDA_LIBRARIES)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     enable_language(CUDA)
-    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 knows no CUDA20 flags for nvcc
     set(GPUFEED_CUDA_ENABLED ON)
   endif()
 endif()

@@ -6,6 +6,7 @@
 // torchvision's ImageFolder sees: Image.open(f).convert("RGB")), the venv's Python computes it at
 // test time; those tests skip, saying why, when it is not there.
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -28,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "bugkinds.h"
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/decode/error.h"
 #include "gpufeed/log.h"
@@ -1706,6 +1708,18 @@ TEST(EncodeJpeg, RejectsInvalidArguments) {
   EXPECT_EQ(probe(j, "x").subsampling, Subsampling::k422);
 }
 
+TEST(EncodePng, RoundTripsExactlyAndRejectsInvalidArguments) {
+  const Bytes px = test_pattern(37, 21);
+  const Bytes png = encode_png(px.data(), 37, 21);
+  ImageBuffer out;
+  const DecodeResult r = decode(png, out);
+  EXPECT_EQ(r.info.format, ImageFormat::kPng);
+  EXPECT_EQ(max_abs_diff(out, from_rgb(px, 37, 21)), 0);
+  EXPECT_THROW(encode_png(nullptr, 8, 8), std::invalid_argument);
+  EXPECT_THROW(encode_png(px.data(), 0, 8), std::invalid_argument);
+  EXPECT_THROW(encode_png(px.data(), 8, -1), std::invalid_argument);
+}
+
 // ==================================================================================================
 // ../shared/bugcases: each file's outcome as bugcases/EXPECTED.md states it
 // ==================================================================================================
@@ -1998,6 +2012,247 @@ TEST(Bugcases, LoopingEveryFileLeaksNothing) {
     }
   }
   EXPECT_GT(errors, 0);
+}
+
+// ==================================================================================================
+// Every kind of ../shared/bugcases from generated variants (bugkinds.h): each kind is tested on a
+// fresh clone, without the shared files, on more than one variant
+// ==================================================================================================
+
+namespace kinds = gpufeed::test;
+
+TEST(BugKinds, TheKindListIsExpectedMdsTable) {
+  const std::set<std::string> listed(kinds::bug_kinds().begin(), kinds::bug_kinds().end());
+  std::set<std::string> expected;
+  for (const auto& [name, want] : bugcase_expectations()) expected.insert(name);
+  EXPECT_EQ(listed.size(), 30u);
+  EXPECT_EQ(listed, expected);
+  for (const std::string& kind : kinds::bug_kinds())
+    EXPECT_EQ(kinds::expected_outcome(kind).error, bugcase_expectations().at(kind).error) << kind;
+  // When ../shared is mounted, its files are exactly these kinds.
+  const auto files = bugcase_files();
+  if (files.empty()) GTEST_SKIP() << bugcase_dir() << " is absent: compared with EXPECTED.md only";
+  std::set<std::string> shared;
+  for (const fs::path& f : files) shared.insert(f.filename().string());
+  EXPECT_EQ(shared, listed);
+}
+
+TEST(BugKinds, EveryKindHasGeneratedVariantsWithUniqueNames) {
+  const auto variants = kinds::make_kind_variants();
+  std::map<std::string, int> per_kind;
+  std::set<std::string> names;
+  for (const auto& v : variants) {
+    ++per_kind[v.kind];
+    EXPECT_TRUE(names.insert(v.name).second) << "duplicate variant name " << v.name;
+    EXPECT_TRUE(std::count(kinds::bug_kinds().begin(), kinds::bug_kinds().end(), v.kind))
+        << v.kind << " is not a kind";
+  }
+  for (const std::string& kind : kinds::bug_kinds()) {
+    EXPECT_GE(per_kind[kind], kind == "empty_0_bytes.jpg" ? 1 : 2) << kind;
+  }
+}
+
+/// Decodes a variant with default options and checks everything the variant promises.
+void check_variant(Decoder& decoder, const kinds::Variant& v) {
+  SCOPED_TRACE(v.kind + " / " + v.name);
+  ImageBuffer out;
+  try {
+    const DecodeResult r = decoder.decode(v.bytes, v.name, {}, out);
+    ASSERT_FALSE(v.expect.error) << "decoded; expected " << to_string(*v.expect.error);
+    EXPECT_EQ(out.width, v.width);
+    EXPECT_EQ(out.height, v.height);
+    EXPECT_EQ(r.info.width, v.width);
+    EXPECT_GE(r.warnings, v.min_warnings);
+    if (!v.twin.empty()) {
+      ImageBuffer twin;
+      decoder.decode(v.twin, "twin", {}, twin);
+      EXPECT_EQ(max_abs_diff(out, twin), 0) << "differs from its twin";
+    }
+    if (!v.reference.empty()) {
+      const ImageBuffer ref = from_rgb(v.reference, v.width, v.height);
+      if (v.tolerance == 0) {
+        EXPECT_EQ(max_abs_diff(out, ref), 0) << "differs from the reference pixels";
+      } else {
+        EXPECT_LE(mean_abs_diff(out, ref), v.tolerance) << "too far from the reference pixels";
+      }
+    }
+    if (v.gray) {
+      EXPECT_TRUE(all_gray(out));
+    }
+  } catch (const DecodeError& e) {
+    ASSERT_TRUE(v.expect.error) << "unexpected error: " << e.what();
+    EXPECT_EQ(e.kind(), *v.expect.error) << e.what();
+    EXPECT_NE(e.reason().find(v.expect.reason), std::string::npos) << e.what();
+    EXPECT_EQ(e.source(), v.name);
+  }
+}
+
+TEST(BugKinds, EachGeneratedVariantMeetsItsKindsOutcome) {
+  // One decoder for all, in order: every error path leaves it ready for the next image.
+  Decoder decoder;
+  for (const kinds::Variant& v : kinds::make_kind_variants()) check_variant(decoder, v);
+}
+
+TEST(BugKinds, BmpPnmAndTiffDecodeOrFailTyped) {
+  Decoder decoder;
+  for (const kinds::Variant& v : kinds::make_fallback_variants()) check_variant(decoder, v);
+}
+
+TEST(BugKinds, ErrorsComeFromTheHeaderAloneForBombsAndBadHeaders) {
+  // Bombs, zero sizes, 12-bit and lossless are refused before libjpeg/libpng allocate anything:
+  // probe() alone (no pixel data read) already knows. The decoder's limit is the same for all.
+  for (const kinds::Variant& v : kinds::make_kind_variants()) {
+    if (v.expect.error != ErrorKind::kTooLarge) continue;
+    const ImageInfo info = probe(v.bytes, v.name);
+    EXPECT_GT(int64_t{info.width} * info.height, DecodeOptions{}.max_pixels) << v.name;
+    DecodeOptions roomy;
+    roomy.max_pixels = int64_t{info.width} * info.height;
+    // A real deflate bomb decodes once allowed (slowly: 192 M pixels); the patched headers fail
+    // on their missing or inconsistent data instead.
+    if (v.name.find("deflate_bomb") != std::string::npos) continue;
+    ImageBuffer out;
+    const auto e = error_of([&] { Decoder().decode(v.bytes, v.name, roomy, out); });
+    ASSERT_TRUE(e) << v.name;
+    EXPECT_NE(e->kind(), ErrorKind::kTooLarge) << v.name;
+  }
+}
+
+TEST(BugKinds, GeneratedJpegsCropAndScaleLikeTheirFullDecode) {
+  // Scale < 1 and crop-decode for every decodable JPEG variant (411/440, progressive, restart,
+  // arithmetic, CMYK/YCCK, RGB, SOF1, 1x1, 30000x2...): the crop equals the full decode's region.
+  Decoder decoder;
+  for (const kinds::Variant& v : kinds::make_kind_variants()) {
+    if (v.expect.error || sniff(v.bytes) != ImageFormat::kJpeg) continue;
+    for (int num : {1, 2, 4, 8}) {
+      SCOPED_TRACE(v.name + " scale " + std::to_string(num));
+      DecodeOptions o;
+      o.scale.num = num;
+      ImageBuffer full, out;
+      decoder.decode(v.bytes, v.name, o, full);
+      EXPECT_EQ(full.width, scaled_size(v.width, o.scale));
+      EXPECT_EQ(full.height, scaled_size(v.height, o.scale));
+      o.crop = {v.width / 4, v.height / 4, std::max(1, v.width / 2), std::max(1, v.height / 2)};
+      const DecodeResult r = decoder.decode(v.bytes, v.name, o, out);
+      EXPECT_LT(mean_abs_diff(out, cut(full, r.scaled_region)), 1.0);
+    }
+  }
+}
+
+TEST(BugKinds, GeneratedVariantsMatchPilConvertRgb) {
+  // PIL's Image.open(f).convert("RGB") is what torchvision's ImageFolder sees. Not for 16-bit
+  // PNGs and PNMs (PIL clips I;16 to 255 where EXPECTED.md asks for scaling).
+  std::vector<kinds::Variant> variants;
+  for (auto& v : kinds::make_kind_variants())
+    if (!v.expect.error && v.kind != "png_16bit_gray.png") variants.push_back(std::move(v));
+  for (auto& v : kinds::make_fallback_variants())  // our own BMP and PNM readers, and libtiff
+    if (!v.expect.error && v.name != "rgb16.ppm") variants.push_back(std::move(v));
+  const fs::path dir = fs::temp_directory_path() / ("gpufeed_kinds_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::vector<fs::path> files;
+  for (const auto& v : variants) {
+    files.push_back(dir / v.name);
+    std::ofstream(files.back(), std::ios::binary)
+        .write(reinterpret_cast<const char*>(v.bytes.data()),
+               static_cast<std::streamsize>(v.bytes.size()));
+  }
+  std::string why;
+  const auto pil = pil_rgb(files, why);
+  fs::remove_all(dir);
+  if (!pil) GTEST_SKIP() << why;
+  Decoder decoder;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    ImageBuffer out;
+    decoder.decode(variants[i].bytes, variants[i].name, {}, out);
+    const ImageBuffer& ref = pil->at(files[i].string());
+    // EXPECTED.md: CMYK within 2 levels (mean) of Pillow; everything else is bit-exact.
+    if (variants[i].kind == "jpeg_cmyk_adobe_app14.jpg") {
+      EXPECT_LE(mean_abs_diff(out, ref), 2.0) << variants[i].name;
+    } else {
+      EXPECT_EQ(max_abs_diff(out, ref), 0) << variants[i].name;
+    }
+  }
+}
+
+/// Redirects the process's stdout and stderr (file descriptors 1 and 2) into a file while alive.
+class CaptureStdio {
+ public:
+  CaptureStdio() : path_(fs::temp_directory_path() / ("gpufeed_stdio_" + std::to_string(::getpid()))) {
+    std::fflush(nullptr);
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    for (int i = 0; i < 2; ++i) {
+      saved_[i] = ::dup(i + 1);
+      ::dup2(fd, i + 1);
+    }
+    ::close(fd);
+  }
+  /// Restores stdout/stderr and returns what was written meanwhile.
+  std::string finish() {
+    std::fflush(nullptr);
+    for (int i = 0; i < 2; ++i) {
+      ::dup2(saved_[i], i + 1);
+      ::close(saved_[i]);
+    }
+    std::ifstream in(path_, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    fs::remove(path_);
+    return text;
+  }
+
+ private:
+  fs::path path_;
+  int saved_[2] = {-1, -1};
+};
+
+TEST(BugKinds, NothingIsPrintedForAnyVariantOrItsDamage) {
+  // The library never prints: not libjpeg, libpng, giflib, libwebp, OpenCV or libtiff on any
+  // kind, nor on random truncations and byte flips of each (BMP, PNM and TIFF included).
+  std::vector<kinds::Variant> all = kinds::make_kind_variants();
+  for (auto& v : kinds::make_fallback_variants()) all.push_back(std::move(v));
+  std::mt19937 rng(5);
+  std::vector<Bytes> inputs;
+  for (const auto& v : all) {
+    if (v.bytes.size() > 200'000) continue;  // the deflate bomb and ICC giants once is enough
+    inputs.push_back(v.bytes);
+    for (int k = 0; k < 6 && !v.bytes.empty(); ++k) {
+      Bytes b = v.bytes;
+      if (k % 2 == 0) b.resize(rng() % b.size());
+      for (int e = 0; e < 1 + k; ++e)
+        if (!b.empty()) b[rng() % b.size()] = static_cast<uint8_t>(rng());
+      inputs.push_back(std::move(b));
+    }
+  }
+  DecodeOptions strict, lenient;
+  strict.strict = true;
+  lenient.allow_truncated = true;
+  Decoder decoder;
+  ImageBuffer out;
+  int decoded = 0, failed = 0, other = 0;
+  CaptureStdio capture;
+  for (const Bytes& b : inputs) {
+    for (const DecodeOptions* o : {&strict, &lenient}) {
+      try {
+        decoder.decode(b, "quiet", *o, out);
+        ++decoded;
+      } catch (const DecodeError&) {
+        ++failed;
+      } catch (...) {
+        ++other;
+      }
+    }
+    try {
+      decoder.decode(b, "quiet", {}, out);
+      ++decoded;
+    } catch (const DecodeError&) {
+      ++failed;
+    } catch (...) {
+      ++other;
+    }
+  }
+  const std::string printed = capture.finish();
+  EXPECT_EQ(printed, "") << "the decoders printed";
+  EXPECT_EQ(other, 0) << "a failure other than DecodeError escaped";
+  EXPECT_GT(decoded, 100);
+  EXPECT_GT(failed, 100);
 }
 
 }  // namespace

@@ -1,7 +1,29 @@
-// gpufeed bench: the loader alone, decoding and augmenting into slots as fast as it can.
+// gpufeed bench: the loader alone, decoding and augmenting into slots as fast as it can; and the
+// decode floors it is measured against (tools/bench_compare.py runs them side by side).
+//
+//   --mode loader  the Loader over --data: read, probe, plan, decode, resize into batch slots
+//   --mode floor   libjpeg-turbo doing exactly the decode work the loader does (same files, same
+//                  plans, scale factors and crop windows, via loader::decode_options_for) and
+//                  nothing else: files preloaded into memory, no resize, no slots
+//   --mode full    whole-image decode of the same files at each --scales factor (8 = full size):
+//                  the reference rate, and the measurement behind decode::choose_scale's costs
+#include <sys/resource.h>
+#include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cmath>
+#include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -9,76 +31,423 @@
 #include "gpufeed/loader/loader.h"
 
 namespace gpufeed::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+/// A field of /proc/self/status in bytes ("VmRSS", "VmHWM"); 0 where unavailable.
+int64_t proc_status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
+  }
+  return 0;
+}
+
+/// CPU time this process has used (user + system, all threads), seconds.
+double process_cpu_s() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  const auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
+  return sec(ru.ru_utime) + sec(ru.ru_stime);
+}
+
+int resolve_threads(int workers) {
+  return workers > 0 ? workers : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+struct Args {
+  std::string data;
+  std::vector<int> workers{0};
+  int64_t batch_size = 256;
+  int image_size = 224;
+  std::string transform = "train";
+  int epochs = 1;
+  int warmup = 0;
+  int prefetch_depth = 3;
+  uint64_t seed = 0;
+  std::string mode = "loader";
+  std::vector<int> scales{8};
+  std::string dump;
+  bool json = false;
+};
+
+loader::LoaderOptions loader_options(const Args& a, int workers) {
+  loader::LoaderOptions o;
+  o.batch_size = a.batch_size;
+  o.num_workers = workers;
+  o.prefetch_depth = a.prefetch_depth;
+  o.seed = a.seed;
+  if (a.transform == "train") {
+    o.transform.kind = loader::TransformOptions::Kind::kTrain;
+    o.transform.rrc.size = a.image_size;
+  } else {
+    o.transform.kind = loader::TransformOptions::Kind::kEval;
+    o.transform.eval.crop = a.image_size;
+    o.transform.eval.resize = static_cast<int>(std::lround(a.image_size * 256.0 / 224.0));
+  }
+  return o;
+}
+
+// One sample's plan as the loader makes it (the file's header, the transform's box and flip, the
+// decode's scale and crop), for the floor and for --dump.
+struct PlannedSample {
+  loader::SamplePlan plan;
+  decode::DecodeOptions decode;
+};
+
+PlannedSample plan_for(const std::vector<uint8_t>& bytes, const std::string& source,
+                       const loader::LoaderOptions& o, int64_t epoch, int64_t index) {
+  const decode::ImageInfo info = decode::probe(bytes, source);
+  PlannedSample p;
+  p.plan = loader::plan_sample(o.transform, info.width, info.height, o.seed, epoch, index);
+  p.decode = loader::decode_options_for(p.plan, info, o.decode);
+  return p;
+}
+
+// The stage times of a timed window, per sample, microseconds. `other` is what the threads spent
+// outside read/decode/resize (scheduling, waiting for a free slot, idling at epoch ends).
+nlohmann::json stage_breakdown(const loader::LoaderStats& before, const loader::LoaderStats& after,
+                               double seconds, int threads, int64_t samples) {
+  const double n = std::max<int64_t>(samples, 1);
+  const double read = after.read_s - before.read_s;
+  const double dec = after.decode_s - before.decode_s;
+  const double res = after.resize_s - before.resize_s;
+  const double other = std::max(0.0, seconds * threads - read - dec - res);
+  return {{"read", read / n * 1e6}, {"decode", dec / n * 1e6}, {"resize", res / n * 1e6},
+          {"other", other / n * 1e6}};
+}
+
+// Writes the first pass's samples ([N, S, S, 3] uint8, sampler order) to `path` and their plans
+// to `path`.json, for tools/bench_compare.py's quality report.
+class Dumper {
+ public:
+  Dumper(const std::string& path, const loader::Dataset& ds, const loader::LoaderOptions& o,
+         int64_t epoch)
+      : out_(path, std::ios::binary), meta_path_(path + ".json"), ds_(ds), o_(o), epoch_(epoch) {
+    if (!out_) throw std::runtime_error("bench: cannot write --dump file " + path);
+  }
+  void add(const loader::Batch& b) {
+    out_.write(reinterpret_cast<const char*>(b.images), b.image_bytes());
+    std::vector<uint8_t> bytes;
+    for (int64_t k = 0; k < b.size; ++k) {
+      const int64_t index = b.indices[static_cast<size_t>(k)];
+      const auto& ref = ds_.at(index);
+      decode::read_file(ref.path, bytes);
+      const PlannedSample p = plan_for(bytes, ref.path.string(), o_, epoch_, index);
+      const auto& r = p.plan.region;
+      const auto& c = p.decode.crop;
+      samples_.push_back({{"index", index}, {"path", ref.path.string()}, {"label", b.labels[k]},
+                          {"box", {p.plan.box.x, p.plan.box.y, p.plan.box.width, p.plan.box.height}},
+                          {"region", {r.x0, r.y0, r.x1, r.y1}}, {"flip", p.plan.flip},
+                          {"scale", p.decode.scale.num},
+                          {"decode_crop", {c.x, c.y, c.width, c.height}}});
+    }
+  }
+  ~Dumper() {
+    std::ofstream meta(meta_path_);
+    meta << nlohmann::json{{"epoch", epoch_}, {"size", o_.transform.output_size()},
+                           {"transform", o_.transform.kind == loader::TransformOptions::Kind::kTrain
+                                             ? "train"
+                                             : "eval"},
+                           {"samples", samples_}}
+                .dump(1);
+  }
+
+ private:
+  std::ofstream out_;
+  std::string meta_path_;
+  const loader::Dataset& ds_;
+  loader::LoaderOptions o_;
+  int64_t epoch_;
+  nlohmann::json samples_ = nlohmann::json::array();
+};
+
+nlohmann::json run_loader(const Args& a, std::shared_ptr<const loader::Dataset> ds, int workers,
+                          bool dump) {
+  const loader::LoaderOptions o = loader_options(a, workers);
+  const int threads = resolve_threads(workers);
+  loader::Loader loader(ds, std::make_shared<sampler::SequentialSampler>(ds->size()), o);
+  std::unique_ptr<Dumper> dumper;
+  if (dump) dumper = std::make_unique<Dumper>(a.dump, *ds, o, 0);
+  int64_t samples = 0, batches = 0;
+  uint64_t checksum = 0;
+  std::vector<int64_t> rss;          // after every pass, warm-up included
+  std::vector<double> pass_per_s;    // every pass
+  loader::LoaderStats before{};
+  Clock::time_point t0 = Clock::now();
+  double cpu0 = process_cpu_s();
+  for (int e = 0; e < a.warmup + a.epochs; ++e) {
+    if (e == a.warmup) {
+      before = loader.stats();
+      t0 = Clock::now();
+      cpu0 = process_cpu_s();
+    }
+    const auto tp = Clock::now();
+    int64_t pass_samples = 0;
+    loader.start_epoch(e);
+    while (auto b = loader.next()) {
+      pass_samples += b->size;
+      if (e >= a.warmup) {
+        samples += b->size;
+        ++batches;
+      }
+      // Touch the batch as a consumer would, and make the run's output checkable.
+      for (int64_t k = 0; k < b->size; ++k) checksum += b->images[k * b->height * b->width * 3];
+      if (dumper && e == 0) dumper->add(*b);
+    }
+    if (e == 0) dumper.reset();
+    pass_per_s.push_back(static_cast<double>(pass_samples) / seconds_since(tp));
+    rss.push_back(proc_status_bytes("VmRSS"));
+  }
+  const double seconds = seconds_since(t0);
+  const double cpu_s = process_cpu_s() - cpu0;
+  const auto st = loader.stats();
+  return {{"mode", "loader"},
+          {"data", a.data},
+          {"files", ds->size()},
+          {"samples", samples},
+          {"batches", batches},
+          {"seconds", seconds},
+          {"images_per_s", static_cast<double>(samples) / seconds},
+          {"cpu_us_per_sample", cpu_s / static_cast<double>(std::max<int64_t>(samples, 1)) * 1e6},
+          {"workers", workers},
+          {"threads", threads},
+          {"batch_size", a.batch_size},
+          {"image_size", a.image_size},
+          {"transform", a.transform},
+          {"epochs", a.epochs},
+          {"warmup", a.warmup},
+          {"skipped", st.skipped},
+          {"read_s", st.read_s - before.read_s},
+          {"decode_s", st.decode_s - before.decode_s},
+          {"resize_s", st.resize_s - before.resize_s},
+          {"bytes_read", st.bytes_read - before.bytes_read},
+          {"decoded_pixels", st.decoded_pixels - before.decoded_pixels},
+          {"per_sample_us", stage_breakdown(before, st, seconds, threads, samples)},
+          {"pass_images_per_s", pass_per_s},
+          {"rss_after_pass_bytes", rss},
+          {"peak_rss_bytes", proc_status_bytes("VmHWM")},
+          {"checksum", checksum}};
+}
+
+// What a set of decodes did, summed: pixels produced, and (JPEG) rows of the scaled images
+// skipped above crops, never read below them, and columns produced per row, against the scaled
+// images' rows and columns.
+struct DecodeTotals {
+  std::atomic<int64_t> pixels{0}, skipped_rows{0}, unread_rows{0}, rows{0}, columns{0},
+      image_columns{0};
+  nlohmann::json fractions() const {
+    const auto frac = [](int64_t a, int64_t b) { return b > 0 ? static_cast<double>(a) / b : 0.0; };
+    return {{"rows_skipped", frac(skipped_rows, rows)},
+            {"rows_unread", frac(unread_rows, rows)},
+            {"columns_decoded", frac(columns, image_columns)}};
+  }
+};
+
+// Decodes `jobs` (file, options) on `threads` threads; returns wall seconds, and the process's
+// CPU seconds in `cpu_s`.
+double timed_decodes(const std::vector<std::vector<uint8_t>>& files,
+                     const std::vector<std::pair<size_t, decode::DecodeOptions>>& jobs,
+                     const std::vector<std::string>& names, int threads, DecodeTotals& totals,
+                     double& cpu_s) {
+  tbb::task_arena arena(threads, /*reserved_for_masters=*/1);
+  const double cpu0 = process_cpu_s();
+  const auto t0 = Clock::now();
+  arena.execute([&] {
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, jobs.size(), 1),
+                      [&](const tbb::blocked_range<size_t>& r) {
+                        thread_local decode::Decoder decoder;
+                        thread_local decode::ImageBuffer image;
+                        for (size_t k = r.begin(); k < r.end(); ++k) {
+                          const auto& [file, options] = jobs[k];
+                          const auto d = decoder.decode(files[file], names[file], options, image);
+                          totals.pixels += int64_t{image.width} * image.height;
+                          if (d.info.format != decode::ImageFormat::kJpeg) continue;
+                          totals.skipped_rows += d.skipped_rows;
+                          totals.unread_rows += d.unread_rows;
+                          totals.rows += decode::scaled_size(d.info.height, d.scale);
+                          totals.columns += d.decoded_columns;
+                          totals.image_columns += decode::scaled_size(d.info.width, d.scale);
+                        }
+                      });
+  });
+  const double seconds = seconds_since(t0);
+  cpu_s = process_cpu_s() - cpu0;
+  return seconds;
+}
+
+nlohmann::json run_decode_floor(const Args& a, const loader::Dataset& ds, int workers,
+                                const std::vector<std::vector<uint8_t>>& files,
+                                const std::vector<std::string>& names) {
+  const loader::LoaderOptions o = loader_options(a, workers);
+  const int threads = resolve_threads(workers);
+  std::vector<std::pair<size_t, decode::DecodeOptions>> warm, timed;
+  std::map<int, int64_t> scales;
+  for (int e = 0; e < a.warmup + a.epochs; ++e) {
+    for (size_t i = 0; i < files.size(); ++i) {
+      const PlannedSample p = plan_for(files[i], names[i], o, e, static_cast<int64_t>(i));
+      (e < a.warmup ? warm : timed).emplace_back(i, p.decode);
+      if (e >= a.warmup) ++scales[p.decode.scale.num];
+    }
+  }
+  DecodeTotals warm_totals, totals;
+  double cpu_s = 0;
+  if (!warm.empty()) timed_decodes(files, warm, names, threads, warm_totals, cpu_s);
+  const double seconds = timed_decodes(files, timed, names, threads, totals, cpu_s);
+  nlohmann::json hist = nlohmann::json::object();
+  for (const auto& [num, n] : scales) hist[fmt::format("{}/8", num)] = n;
+  return {{"mode", "floor"},
+          {"data", a.data},
+          {"files", ds.size()},
+          {"samples", timed.size()},
+          {"seconds", seconds},
+          {"images_per_s", static_cast<double>(timed.size()) / seconds},
+          {"cpu_us_per_sample", cpu_s / static_cast<double>(std::max<size_t>(timed.size(), 1)) * 1e6},
+          {"workers", workers},
+          {"threads", threads},
+          {"image_size", a.image_size},
+          {"transform", a.transform},
+          {"epochs", a.epochs},
+          {"warmup", a.warmup},
+          {"decoded_pixels", totals.pixels.load()},
+          {"decode_work", totals.fractions()},
+          {"scale_histogram", hist}};
+}
+
+nlohmann::json run_full_decode(const Args& a, const loader::Dataset& ds, int workers, int scale,
+                               const std::vector<std::vector<uint8_t>>& files,
+                               const std::vector<std::string>& names) {
+  const int threads = resolve_threads(workers);
+  decode::DecodeOptions d;
+  d.scale = decode::ScaleFactor{scale};
+  std::vector<std::pair<size_t, decode::DecodeOptions>> warm, timed;
+  for (int e = 0; e < a.warmup + a.epochs; ++e)
+    for (size_t i = 0; i < files.size(); ++i) (e < a.warmup ? warm : timed).emplace_back(i, d);
+  DecodeTotals warm_totals, totals;
+  double cpu_s = 0;
+  if (!warm.empty()) timed_decodes(files, warm, names, threads, warm_totals, cpu_s);
+  const double seconds = timed_decodes(files, timed, names, threads, totals, cpu_s);
+  int64_t source_pixels = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const auto info = decode::probe(files[i], names[i]);
+    source_pixels += int64_t{info.width} * info.height;
+  }
+  return {{"mode", "full"},
+          {"data", a.data},
+          {"files", ds.size()},
+          {"samples", timed.size()},
+          {"seconds", seconds},
+          {"images_per_s", static_cast<double>(timed.size()) / seconds},
+          {"cpu_us_per_sample", cpu_s / static_cast<double>(std::max<size_t>(timed.size(), 1)) * 1e6},
+          {"source_megapixels_per_s",
+           static_cast<double>(source_pixels) * a.epochs / seconds * 1e-6},
+          {"workers", workers},
+          {"threads", threads},
+          {"scale", scale},
+          {"epochs", a.epochs},
+          {"warmup", a.warmup},
+          {"decoded_pixels", totals.pixels.load()}};
+}
+
+std::string describe(const nlohmann::json& r) {
+  const std::string mode = r["mode"];
+  std::string s = fmt::format(
+      "bench {}: {} samples in {:.2f} s = {:.1f} images/s, {} threads, {:.0f} CPU us/sample", mode,
+      r["samples"].get<int64_t>(), r["seconds"].get<double>(), r["images_per_s"].get<double>(),
+      r["threads"].get<int>(), r["cpu_us_per_sample"].get<double>());
+  if (mode == "loader") {
+    const auto& p = r["per_sample_us"];
+    const auto& rss = r["rss_after_pass_bytes"];
+    s += fmt::format(
+        "; per sample: read {:.0f} us, decode {:.0f} us, resize {:.0f} us, other {:.0f} us; "
+        "RSS after last pass {:.1f} MiB, peak {:.1f} MiB",
+        p["read"].get<double>(), p["decode"].get<double>(), p["resize"].get<double>(),
+        p["other"].get<double>(), rss.back().get<double>() / (1 << 20),
+        r["peak_rss_bytes"].get<double>() / (1 << 20));
+  } else if (mode == "floor") {
+    const auto& w = r["decode_work"];
+    s += fmt::format(
+        "; scales {}; of the scaled images' rows {:.0f}% skipped above crops, {:.0f}% never read "
+        "below them; {:.0f}% of columns decoded",
+        r["scale_histogram"].dump(), w["rows_skipped"].get<double>() * 100,
+        w["rows_unread"].get<double>() * 100, w["columns_decoded"].get<double>() * 100);
+  } else {
+    s += fmt::format(" at {}/8 ({:.1f} source MP/s)", r["scale"].get<int>(),
+                     r["source_megapixels_per_s"].get<double>());
+  }
+  return s;
+}
+
+}  // namespace
 
 Run add_bench(CLI::App& app) {
-  struct Args {
-    std::string data;
-    int workers = 0;
-    int64_t batch_size = 256;
-    int image_size = 224;
-    std::string transform = "train";
-    int epochs = 1;
-    int prefetch_depth = 3;
-    uint64_t seed = 0;
-    bool json = false;
-  };
   auto a = std::make_shared<Args>();
   app.add_option("--data", a->data, "ImageFolder root, flat image folder or file list")->required();
-  app.add_option("--workers", a->workers, "loader threads (0 = all)")->capture_default_str();
+  app.add_option("--workers", a->workers,
+                 "loader threads (0 = all); a list such as 1,2,4 runs once per count: a thread-scaling "
+                 "curve (--json, then tools/plot.py --bench)")
+      ->delimiter(',')->capture_default_str();
   app.add_option("--batch-size", a->batch_size)->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--image-size", a->image_size, "output side, pixels")->capture_default_str();
   app.add_option("--transform", a->transform, "train (RandomResizedCrop+flip) or eval (Resize+CenterCrop)")
       ->capture_default_str()->check(CLI::IsMember({"train", "eval"}));
-  app.add_option("--epochs", a->epochs, "passes over the data")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--epochs", a->epochs, "timed passes over the data")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--warmup", a->warmup, "untimed passes before them (epochs 0..warmup-1)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--prefetch-depth", a->prefetch_depth)->capture_default_str();
   app.add_option("--seed", a->seed)->capture_default_str();
+  app.add_option("--mode", a->mode,
+                 "loader: the Loader; floor: only the loader's decode work (same plans, scales and "
+                 "crops; files preloaded, no resize); full: whole-image decodes at each --scales")
+      ->capture_default_str()->check(CLI::IsMember({"loader", "floor", "full"}));
+  app.add_option("--scales", a->scales, "--mode full: DCT scale numerators (n/8), e.g. 8,4,2,1")
+      ->delimiter(',')->capture_default_str()->check(CLI::Range(1, 8));
+  app.add_option("--dump", a->dump,
+                 "--mode loader: write the first pass's samples ([N, S, S, 3] uint8, sampler order) "
+                 "to this file and their plans to FILE.json (first --workers count only)");
   app.add_flag("--json", a->json, "print one JSON object instead of text");
   return [a] {
     std::shared_ptr<const loader::Dataset> ds = loader::open_dataset(a->data);
-    loader::LoaderOptions o;
-    o.batch_size = a->batch_size;
-    o.num_workers = a->workers;
-    o.prefetch_depth = a->prefetch_depth;
-    o.seed = a->seed;
-    if (a->transform == "train") {
-      o.transform.kind = loader::TransformOptions::Kind::kTrain;
-      o.transform.rrc.size = a->image_size;
-    } else {
-      o.transform.kind = loader::TransformOptions::Kind::kEval;
-      o.transform.eval.crop = a->image_size;
-      o.transform.eval.resize = static_cast<int>(std::lround(a->image_size * 256.0 / 224.0));
-    }
-    loader::Loader loader(ds, std::make_shared<sampler::SequentialSampler>(ds->size()), o);
-    int64_t samples = 0, batches = 0;
-    uint64_t checksum = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int e = 0; e < a->epochs; ++e) {
-      loader.start_epoch(e);
-      while (auto b = loader.next()) {
-        samples += b->size;
-        ++batches;
-        // Touch the batch as a consumer would, and make the run's output checkable.
-        for (int64_t k = 0; k < b->size; ++k) checksum += b->images[k * b->height * b->width * 3];
+    // The floors decode from memory: read every file once, before any timing.
+    std::vector<std::vector<uint8_t>> files;
+    std::vector<std::string> names;
+    if (a->mode != "loader") {
+      files.resize(static_cast<size_t>(ds->size()));
+      for (int64_t i = 0; i < ds->size(); ++i) {
+        names.push_back(ds->at(i).path.string());
+        decode::read_file(ds->at(i).path, files[static_cast<size_t>(i)]);
       }
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const auto st = loader.stats();
-    const double per_s = samples / seconds;
+    // Let the floors' arenas have as many threads as asked for (oneTBB defaults to the cores).
+    int most = 1;
+    for (const int w : a->workers) most = std::max(most, resolve_threads(w));
+    tbb::global_control parallelism(tbb::global_control::max_allowed_parallelism,
+                                    static_cast<size_t>(most) + 1);
+    nlohmann::json results = nlohmann::json::array();
+    bool dumped = false;
+    const auto add = [&](nlohmann::json r) {
+      if (!a->json) std::cout << describe(r) << "\n" << std::flush;
+      results.push_back(std::move(r));
+    };
+    for (const int workers : a->workers) {
+      if (a->mode == "loader") {
+        add(run_loader(*a, ds, workers, !a->dump.empty() && !dumped));
+        dumped = true;
+      } else if (a->mode == "floor") {
+        add(run_decode_floor(*a, *ds, workers, files, names));
+      } else {
+        for (const int scale : a->scales) add(run_full_decode(*a, *ds, workers, scale, files, names));
+      }
+    }
     if (a->json) {
-      nlohmann::json j = {{"data", a->data}, {"files", ds->size()}, {"samples", samples},
-                          {"batches", batches}, {"seconds", seconds}, {"images_per_s", per_s},
-                          {"workers", a->workers}, {"batch_size", a->batch_size},
-                          {"image_size", a->image_size}, {"transform", a->transform},
-                          {"skipped", st.skipped}, {"read_s", st.read_s}, {"decode_s", st.decode_s},
-                          {"resize_s", st.resize_s}, {"bytes_read", st.bytes_read},
-                          {"decoded_pixels", st.decoded_pixels}, {"checksum", checksum}};
-      std::cout << j.dump(2) << "\n";
-    } else {
-      std::cout << fmt::format(
-          "bench: {} samples ({} files, {} epochs) in {:.2f} s = {:.1f} images/s, {} threads; "
-          "thread time: read {:.2f} s, decode {:.2f} s, resize {:.2f} s\n",
-          samples, ds->size(), a->epochs, seconds, per_s, a->workers, st.read_s, st.decode_s,
-          st.resize_s);
+      std::cout << (results.size() == 1 ? results[0] : nlohmann::json{{"scaling", results}}).dump(2)
+                << "\n";
     }
     return 0;
   };

@@ -1,9 +1,21 @@
-// gpufeed train: a ResNet on an ImageFolder, fed by gpufeed, with per-epoch reports.
+// gpufeed train: a ResNet on an ImageFolder, fed by gpufeed, with per-epoch reports. Runs as one
+// process, as one rank of a distributed job (gpufeed launch, torchrun, srun), or DataParallel.
+// SIGINT/SIGTERM: finish the current step, write the training checkpoint, exit 130/143; a second
+// SIGINT exits at once.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <map>
+#include <sstream>
 
 #include "commands.h"
+#include "gpufeed/harness/torch_file.h"
 #include "gpufeed/harness/trainer.h"
 
 namespace gpufeed::tools {
@@ -19,53 +31,296 @@ std::string format(const char* f, ...) {
   return buf;
 }
 
+std::atomic<int> g_stop_signal{0};
+
+// First SIGINT/SIGTERM: ask the trainer to stop after this step. A second SIGINT: leave now.
+extern "C" void on_stop_signal(int sig) {
+  int expected = 0;
+  if (!g_stop_signal.compare_exchange_strong(expected, sig) && sig == SIGINT) {
+    static const char msg[] = "gpufeed: second SIGINT, exiting without a checkpoint\n";
+    [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+    ::_exit(128 + SIGINT);
+  }
+}
+
+void install_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  // A peer that exits closes its sockets; writing to them must fail with EPIPE, not kill us
+  // (Python ignores SIGPIPE at startup for the same reason).
+  signal(SIGPIPE, SIG_IGN);
+}
+
+// Test hooks, from GPUFEED_TEST_FAULT (comma-separated), for tests/test_distributed.cpp:
+//   kill-rank=R:step=K            rank R sends itself SIGKILL after optimizer step K (1-based);
+//   signal=INT|TERM:step=K[:rank=R]   raise the signal after step K (on rank R, default all);
+//                                 repeat the item to raise it twice;
+//   signal-launcher=INT|TERM:step=K:rank=R   rank R sends the signal to its parent (the launcher);
+//   abort-checkpoint-write=N      the N-th file write aborts the process after its first chunk.
+struct Faults {
+  struct Raise {
+    int sig = 0;
+    int64_t step = 0;
+    int rank = -1;  // -1: every rank
+    bool parent = false;  // send it to the parent process instead
+  };
+  int kill_rank = -1;
+  int64_t kill_step = 0;
+  std::vector<Raise> raises;
+  int abort_write = 0;
+  bool any_step_hook(int rank) const {
+    if (kill_rank == rank) return true;
+    for (const auto& r : raises) {
+      if (r.rank < 0 || r.rank == rank) return true;
+    }
+    return false;
+  }
+};
+
+Faults read_faults() {
+  Faults f;
+  const char* v = std::getenv("GPUFEED_TEST_FAULT");
+  if (!v) return f;
+  std::stringstream all(v);
+  std::string item;
+  while (std::getline(all, item, ',')) {
+    long long a = 0, b = 0;
+    char name[8] = {0};
+    if (std::sscanf(item.c_str(), "kill-rank=%lld:step=%lld", &a, &b) == 2) {
+      f.kill_rank = static_cast<int>(a);
+      f.kill_step = b;
+    } else if (std::sscanf(item.c_str(), "signal=%4[A-Z]:step=%lld", name, &b) == 2 ||
+               std::sscanf(item.c_str(), "signal-launcher=%4[A-Z]:step=%lld", name, &b) == 2) {
+      Faults::Raise r;
+      r.parent = item.rfind("signal-launcher=", 0) == 0;
+      r.sig = std::string(name) == "INT" ? SIGINT : std::string(name) == "TERM" ? SIGTERM : 0;
+      if (r.sig == 0) throw std::invalid_argument("GPUFEED_TEST_FAULT: signal must be INT or TERM");
+      r.step = b;
+      const auto at = item.find(":rank=");
+      if (at != std::string::npos) r.rank = std::stoi(item.substr(at + 6));
+      f.raises.push_back(r);
+    } else if (std::sscanf(item.c_str(), "abort-checkpoint-write=%lld", &a) == 1) {
+      f.abort_write = static_cast<int>(a);
+    } else {
+      throw std::invalid_argument("GPUFEED_TEST_FAULT: cannot parse '" + item + "'");
+    }
+  }
+  return f;
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// The step breakdown and the verdict, printed at the end of a run.
+std::string profile_report(const harness::RunProfile& p, const harness::TrainOptions& o) {
+  const harness::StepBreakdown& s = p.steps;
+  const double n = static_cast<double>(std::max<int64_t>(1, s.steps));
+  std::string out = format(
+      "steps: %lld, per step %.1f ms: data wait %.1f ms, %s %.2f ms, forward+backward %.1f ms, "
+      "all-reduce %.1f ms%s, optimizer %.1f ms (%s)\n",
+      static_cast<long long>(s.steps), s.wall_ms / n, s.data_wait_ms / n,
+      s.gpu ? "H2D copy" : "convert", s.h2d_ms / n, s.compute_ms / n, s.allreduce_ms / n,
+      p.allreduce_measured ? "" : " (single process)", s.optimizer_ms / n,
+      s.gpu ? "GPU times from CUDA events" : "wall clock");
+  if (auto busy = s.gpu_busy_fraction()) {
+    out += format("gpu: busy %.0f%% of step time (CUDA events)", 100 * *busy);
+    if (auto util = s.gpu_util_percent()) out += format(", NVML utilization %.0f%%", *util);
+    out += format("; NVML %s\n", p.nvml_status.c_str());
+  }
+  out += "verdict: " + p.verdict.text + "\n";
+  if (o.profile.metrics_path) out += "metrics: " + o.profile.metrics_path->string() + "\n";
+  if (o.profile.trace_path) {
+    out += format("trace: %s (%lld events", o.profile.trace_path->string().c_str(),
+                  static_cast<long long>(p.trace_events));
+    if (p.trace_dropped > 0) out += format(", %lld dropped", static_cast<long long>(p.trace_dropped));
+    out += ")\n";
+  }
+  return out;
+}
+
 }  // namespace
 
 Run add_train(CLI::App& app) {
   auto o = std::make_shared<harness::TrainOptions>();
-  auto data = std::make_shared<std::string>();
-  auto val = std::make_shared<std::string>();
-  auto ckpt = std::make_shared<std::string>();
-  app.add_option("--data", *data, "training ImageFolder root")->required();
-  app.add_option("--val-data", *val, "validation ImageFolder root (same classes)");
+  auto s = std::make_shared<std::map<std::string, std::string>>();  // string-valued options
+  auto str = [&](const char* name, const char* help, const char* def = "") {
+    (*s)[name] = def;
+    return app.add_option(name, (*s)[name], help);
+  };
+  str("--data", "training set: ImageFolder root, flat folder of <class>_*.jpg, or file list")->required();
+  str("--val-data", "validation set, same classes (evaluated after every epoch)");
   app.add_option("--arch", o->arch, "resnet18, resnet34, resnet50, resnet101, resnet152")->capture_default_str();
   app.add_option("--epochs", o->epochs)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", o->batch_size)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--lr", o->lr, "learning rate per 256 images (scaled by batch size / 256)")->capture_default_str();
+  app.add_option("--batch-size", o->batch_size, "per process and micro-batch")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--accum-steps", o->accum_steps, "micro-batches per optimizer step (gradient accumulation)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--lr", o->lr, "learning rate per 256 images, scaled by the global batch "
+                 "(batch size x accum steps x ranks) / 256")->capture_default_str();
   app.add_option("--momentum", o->momentum)->capture_default_str();
+  app.add_flag("--nesterov", o->nesterov, "Nesterov momentum");
   app.add_option("--weight-decay", o->weight_decay)->capture_default_str();
+  app.add_flag("--no-decay-norm-bias", o->no_decay_norm_bias, "no weight decay on BatchNorm parameters and biases");
+  app.add_option("--label-smoothing", o->label_smoothing)->capture_default_str()->check(CLI::Range(0.0, 0.999));
+  str("--lr-schedule", "constant, step, multistep, cosine or onecycle (per optimizer step)", "cosine")
+      ->check(CLI::IsMember({"constant", "step", "multistep", "cosine", "onecycle"}))->capture_default_str();
   app.add_option("--warmup-epochs", o->warmup_epochs, "linear LR warmup, epochs")->capture_default_str();
-  app.add_option("--workers", o->workers, "loader threads (0 = all)")->capture_default_str();
+  app.add_option("--warmup-start-factor", o->warmup_start_factor, "warmup starts at lr x this")->capture_default_str();
+  app.add_option("--lr-step-epochs", o->lr_step_epochs, "step: decay every N epochs")->capture_default_str();
+  str("--lr-milestones", "multistep: comma-separated epochs at which to decay, e.g. 30,60,80");
+  app.add_option("--lr-gamma", o->lr_gamma, "step, multistep: decay factor")->capture_default_str();
+  app.add_option("--min-lr", o->min_lr, "cosine: floor")->capture_default_str();
+  app.add_option("--onecycle-pct-start", o->onecycle_pct_start)->capture_default_str();
+  app.add_option("--onecycle-div-factor", o->onecycle_div_factor)->capture_default_str();
+  app.add_option("--onecycle-final-div-factor", o->onecycle_final_div_factor)->capture_default_str();
+  str("--precision", "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)", "fp32")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
+  app.add_option("--loss-scale-init", o->grad_scaler.init_scale, "fp16: initial loss scale")->capture_default_str();
+  app.add_option("--loss-scale-growth-interval", o->grad_scaler.growth_interval, "fp16: finite steps before growing")
+      ->capture_default_str();
+  app.add_option("--workers", o->workers, "loader threads per process (0 = all)")->capture_default_str();
   app.add_option("--image-size", o->image_size, "train crop side, pixels")->capture_default_str();
-  app.add_option("--device", o->device, "cpu or cuda:N")->capture_default_str();
+  app.add_option("--device", o->device, "cpu, cuda or cuda:N (distributed: cuda = cuda:LOCAL_RANK)")->capture_default_str();
+  str("--devices", "DataParallel over these devices: 0,1,... (CUDA indices) or full names");
+  str("--distributed", "auto (torchrun/Slurm environment), on or off", "auto")
+      ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
+  str("--dist-backend", "nccl, gloo or auto (NCCL on CUDA, Gloo on CPU)", "auto")
+      ->check(CLI::IsMember({"auto", "nccl", "gloo"}))->capture_default_str();
+  app.add_option("--dist-timeout", o->dist_timeout_s, "rendezvous and collective timeout, seconds")->capture_default_str();
+  app.add_option("--bucket-mb", o->ddp_bucket_mb, "DDP gradient bucket size, MiB")->capture_default_str();
+  auto no_benchmark = std::make_shared<bool>(false);
+  app.add_flag("--no-cudnn-benchmark", *no_benchmark, "turn cudnn.benchmark off");
   app.add_flag("--channels-last", o->channels_last, "model and inputs in channels_last");
+  app.add_flag("--zero-init-residual", o->zero_init_residual, "each block starts as the identity");
+  app.add_flag("--freeze-bn", o->freeze_bn, "BatchNorm in eval mode (running statistics, not updated)");
   app.add_option("--seed", o->seed)->capture_default_str();
   app.add_option("--prefetch-depth", o->prefetch_depth, "loader batch slots")->capture_default_str();
-  app.add_option("--checkpoint", *ckpt, "write the final state_dict here (torch.load-able)");
-  app.add_option("--max-steps-per-epoch", o->max_steps_per_epoch, "0 = whole epoch")->capture_default_str();
-  return [o, data, val, ckpt] {
-    o->data = *data;
-    if (!val->empty()) o->val_data = *val;
-    if (!ckpt->empty()) o->checkpoint = *ckpt;
+  str("--init-weights", "load this state_dict first (Python or gpufeed file): fine-tuning");
+  str("--checkpoint", "write the final state_dict here (torch.load-able); {rank}: every rank writes one");
+  str("--save-checkpoint", "training checkpoint (model, optimizer, schedule, sampler, RNG), written "
+      "every epoch and on SIGINT/SIGTERM (without it, a stopped run writes <--checkpoint>.train.pt "
+      "or ./gpufeed_train_checkpoint.pt)");
+  app.add_option("--checkpoint-every-steps", o->checkpoint_every_steps, "also every N optimizer steps")->capture_default_str();
+  str("--resume", "resume from this training checkpoint");
+  app.add_option("--max-steps-per-epoch", o->max_steps_per_epoch, "optimizer steps; 0 = whole epoch")->capture_default_str();
+  str("--metrics", "write JSON-lines metrics here (tools/plot.py draws them)");
+  app.add_option("--metrics-every", o->profile.metrics_every_steps, "steps per metrics record")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  str("--trace", "write a Chrome trace (Perfetto, chrome://tracing) here");
+  app.add_option("--trace-max-events", o->profile.trace_max_events,
+                 "trace size bound: first and last half of the run are kept")->capture_default_str();
+  str("--progress", "progress display: auto, bar, lines or off", "auto")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "plain", "off"}));
+  return [o, s, no_benchmark] {
+    auto get = [&](const char* k) -> const std::string& { return s->at(k); };
+    auto path = [&](const char* k) -> std::optional<std::filesystem::path> {
+      if (get(k).empty()) return std::nullopt;
+      return std::filesystem::path(get(k));
+    };
+    o->data = get("--data");
+    o->val_data = path("--val-data");
+    o->checkpoint = path("--checkpoint");
+    o->save_checkpoint = path("--save-checkpoint");
+    o->resume = path("--resume");
+    o->init_weights = path("--init-weights");
+    o->profile.metrics_path = path("--metrics");
+    o->profile.trace_path = path("--trace");
+    o->lr_schedule = harness::parse_lr_schedule_kind(get("--lr-schedule"));
+    for (const auto& m : split_list(get("--lr-milestones"))) o->lr_milestones.push_back(std::stod(m));
+    o->precision = harness::parse_precision(get("--precision"));
+    o->distributed = get("--distributed");
+    o->dist_backend = get("--dist-backend");
+    o->cudnn_benchmark = !*no_benchmark;
+    for (const auto& d : split_list(get("--devices"))) {
+      o->dp_devices.push_back(std::all_of(d.begin(), d.end(), ::isdigit) ? "cuda:" + d : d);
+    }
+    // Ctrl-C / SIGTERM: finish the step, checkpoint, exit 128 + signal.
+    install_signal_handlers();
+    o->stop_flag = &g_stop_signal;
+    if (!o->save_checkpoint) {
+      // A stopped run always leaves a checkpoint to resume from.
+      o->save_checkpoint = o->checkpoint ? std::filesystem::path(o->checkpoint->string() + ".train.pt")
+                                         : std::filesystem::path("gpufeed_train_checkpoint.pt");
+      o->save_checkpoint_only_on_stop = true;
+    }
+    const Faults faults = read_faults();
+    if (faults.abort_write > 0) {
+      auto writes = std::make_shared<int>(0);
+      const int n = faults.abort_write;
+      harness::set_write_fault_hook([writes, n](const std::filesystem::path&, int64_t done, int64_t total) {
+        if (done == std::min<int64_t>(total, int64_t{1} << 20) && ++*writes == n) {
+          std::cerr << "gpufeed: GPUFEED_TEST_FAULT: aborting in the middle of checkpoint write " << n << "\n";
+          std::abort();
+        }
+      });
+    }
+    auto main_rank = std::make_shared<bool>(false);
+    auto printer = std::make_shared<harness::ProgressPrinter>(
+        std::cout, harness::parse_progress_mode(get("--progress")), ::isatty(::fileno(stdout)) != 0);
+    o->profile.on_progress = [printer, main_rank](const harness::ProgressSnapshot& snap) {
+      if (*main_rank) printer->update(snap);
+    };
     harness::Trainer trainer(*o);
-    std::cout << format("train: %s on %s, %lld classes, batch %lld, lr %.4g (%g per 256)\n",
-                        o->arch.c_str(), o->device.c_str(),
-                        static_cast<long long>(trainer.num_classes()),
-                        static_cast<long long>(o->batch_size), trainer.scaled_lr(), o->lr)
-              << std::flush;
-    trainer.fit([&](const harness::EpochStats& s) {
+    *main_rank = trainer.rank() == 0;
+    if (faults.any_step_hook(trainer.rank())) {
+      const int rank = trainer.rank();
+      trainer.set_step_callback([faults, rank](const harness::StepStats& st) {
+        if (faults.kill_rank == rank && st.step + 1 == faults.kill_step) ::kill(::getpid(), SIGKILL);
+        for (const auto& r : faults.raises) {
+          if ((r.rank < 0 || r.rank == rank) && st.step + 1 == r.step) {
+            if (r.parent) ::kill(::getppid(), r.sig);
+            else ::raise(r.sig);
+          }
+        }
+      });
+    }
+    if (*main_rank) {
+      std::cout << format("train: %s on %s, %lld classes, world %d, global batch %lld "
+                          "(%lld x %lld accum x %d), lr %.4g (%g per 256)\n",
+                          o->arch.c_str(), trainer.device().c_str(),
+                          static_cast<long long>(trainer.num_classes()), trainer.world_size(),
+                          static_cast<long long>(trainer.global_batch()),
+                          static_cast<long long>(o->batch_size), static_cast<long long>(o->accum_steps),
+                          trainer.world_size(), trainer.scaled_lr(), o->lr)
+                << std::flush;
+    }
+    trainer.fit([&](const harness::EpochStats& st) {
+      if (!*main_rank) return;
+      printer->break_line();
       std::string line = format(
           "epoch %lld/%lld  loss %.4f  top1 %.1f%%  images/s %.1f  data_wait %.1f%%  lr %.4g  "
           "time %.1fs",
-          static_cast<long long>(s.epoch + 1), static_cast<long long>(o->epochs), s.loss,
-          100 * s.top1, s.images_per_s, 100 * s.data_wait_fraction, s.lr, s.seconds);
-      if (s.val_top1) {
-        line += format("  val_loss %.4f  val_top1 %.1f%%  val_top5 %.1f%%", *s.val_loss,
-                       100 * *s.val_top1, 100 * *s.val_top5);
+          static_cast<long long>(st.epoch + 1), static_cast<long long>(o->epochs), st.loss,
+          100 * st.top1, st.images_per_s, 100 * st.data_wait_fraction, st.lr, st.seconds);
+      if (st.skipped_steps > 0) line += format("  skipped_steps %lld", static_cast<long long>(st.skipped_steps));
+      if (st.val_top1) {
+        line += format("  val_loss %.4f  val_top1 %.1f%%  val_top5 %.1f%%", *st.val_loss,
+                       100 * *st.val_top1, 100 * *st.val_top5);
       }
       std::cout << line << "\n" << std::flush;
     });
-    if (o->checkpoint) std::cout << "checkpoint: " << o->checkpoint->string() << "\n";
+    if (const int sig = trainer.stopped(); sig != 0) {
+      if (*main_rank) {
+        std::cout << "stopped by signal " << sig << "; training checkpoint: "
+                  << trainer.last_checkpoint().string() << " (resume with --resume "
+                  << trainer.last_checkpoint().string() << ")\n" << std::flush;
+      }
+      return 128 + sig;
+    }
+    if (*main_rank) {
+      if (o->checkpoint) std::cout << "checkpoint: " << o->checkpoint->string() << "\n";
+      std::cout << profile_report(trainer.profile(), *o) << std::flush;
+    }
     return 0;
   };
 }

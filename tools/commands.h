@@ -11,5 +11,8 @@ using Run = std::function<int()>;
 Run add_train(CLI::App& app);
 Run add_bench(CLI::App& app);
 Run add_make_dataset(CLI::App& app);
+Run add_launch(CLI::App& app);
+Run add_ckpt(CLI::App& app);
+Run add_inspect(CLI::App& app);
 
 }  // namespace gpufeed::tools

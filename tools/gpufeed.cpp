@@ -1,4 +1,4 @@
-// gpufeed: train, bench and make-dataset in one executable.
+// gpufeed: train, launch, ckpt, bench, make-dataset and inspect in one executable.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -26,8 +26,14 @@ int main(int argc, char** argv) {
   };
   add("train", "train a ResNet on an ImageFolder, fed by gpufeed", gpufeed::tools::add_train);
   add("bench", "measure the loader alone: images/s", gpufeed::tools::add_bench);
+  add("launch", "start one worker per device with torchrun's environment: launch ... -- gpufeed train ...",
+      gpufeed::tools::add_launch);
+  add("ckpt", "list a checkpoint's state_dict, strip or add a key prefix, convert Python files",
+      gpufeed::tools::add_ckpt);
   add("make-dataset", "write a synthetic ImageFolder of learnable JPEGs",
       gpufeed::tools::add_make_dataset);
+  add("inspect", "what the decoder makes of image files: format, header, result, per-kind counts",
+      gpufeed::tools::add_inspect);
   CLI11_PARSE(app, argc, argv);
   spdlog::get("gpufeed")->set_level(spdlog::level::from_str(log_level));
   try {

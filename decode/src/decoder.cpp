@@ -181,6 +181,19 @@ int scaled_size(int dim, ScaleFactor scale) {
   return static_cast<int>((int64_t{dim} * scale.num + 7) / 8);
 }
 
+double scale_cost(ScaleFactor scale) {
+  // CPU time per image of whole-image decodes of the 900 files of ../shared/data/imagenet-sample
+  // (baseline 4:2:0 / gray, mean 470x402) at each scale, relative to 8/8: libjpeg-turbo 2.1.5 on
+  // an AMD EPYC (Zen 5) VM, `gpufeed bench --mode full --scales 8,7,6,5,4,3,2,1 --workers 1`
+  // (docs/PERFORMANCE.md). Entropy decoding, the same at every scale, is most of it; 1/8, 2/8 and
+  // 4/8 have SIMD IDCTs, the others scalar ones that cost more than a full-size decode.
+  static constexpr double kCost[9] = {0, 0.77, 0.83, 0.92, 0.88, 1.16, 1.27, 1.59, 1.00};
+  if (scale.num < 1 || scale.num > 8)
+    throw std::invalid_argument(
+        fmt::format("gpufeed::decode: scale {}/8 is outside 1/8..8/8", scale.num));
+  return kCost[scale.num];
+}
+
 ScaleFactor choose_scale(const ImageInfo& info, const CropRect& crop, int out_width,
                          int out_height) {
   if (info.format != ImageFormat::kJpeg) return ScaleFactor{8};
@@ -188,11 +201,14 @@ ScaleFactor choose_scale(const ImageInfo& info, const CropRect& crop, int out_wi
   const int64_t h = crop.width > 0 ? crop.height : info.height;
   // The scaled crop spans w * num / 8 output pixels (fractional at the edges); require that
   // span, not the rounded-up pixel count, to cover the output, so the resize never upsamples.
-  for (int num : {1, 2, 4}) {
-    if (w * num >= int64_t{out_width} * 8 && h * num >= int64_t{out_height} * 8)
-      return ScaleFactor{num};
+  // Among the scales that qualify (8/8 always does: the resize then upsamples, as torchvision
+  // does), the cheapest by scale_cost; on a tie the smaller, which leaves less to resize.
+  ScaleFactor best{8};
+  for (int num = 7; num >= 1; --num) {
+    if (w * num < int64_t{out_width} * 8 || h * num < int64_t{out_height} * 8) break;
+    if (scale_cost(ScaleFactor{num}) <= scale_cost(best)) best = ScaleFactor{num};
   }
-  return ScaleFactor{8};
+  return best;
 }
 
 void read_file(const std::filesystem::path& path, std::vector<uint8_t>& out) {
@@ -202,7 +218,9 @@ void read_file(const std::filesystem::path& path, std::vector<uint8_t>& out) {
         ErrorKind::kIo, path.string(),
         fmt::format("{}: {}", what, std::error_code(err, std::generic_category()).message()));
   };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO that has no writer would otherwise block forever (it has no
+  // effect on regular files, the only kind read below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) os_error("cannot open");
   struct Closer {
     int fd;
@@ -214,8 +232,15 @@ void read_file(const std::filesystem::path& path, std::vector<uint8_t>& out) {
     errno = EISDIR;
     os_error("cannot read");
   }
-  // Sized from fstat, but read to EOF regardless: the size can change under us, and pipes or
-  // /proc files report 0.
+  // A FIFO can hang and a device (/dev/zero) never ends: a dataset's samples are regular files.
+  if (!S_ISREG(st.st_mode))
+    detail::fail(ErrorKind::kIo, path.string(),
+                 S_ISFIFO(st.st_mode)  ? "not a regular file (a FIFO)"
+                 : S_ISCHR(st.st_mode) ? "not a regular file (a character device)"
+                 : S_ISBLK(st.st_mode) ? "not a regular file (a block device)"
+                                       : "not a regular file");
+  // Sized from fstat, but read to EOF regardless: the size can change under us, and /proc files
+  // report 0.
   size_t capacity = S_ISREG(st.st_mode) && st.st_size > 0 ? static_cast<size_t>(st.st_size) : 65536;
   out.resize(capacity);
   size_t total = 0;

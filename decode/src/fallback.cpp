@@ -1,9 +1,10 @@
 // Everything that is not JPEG. GIF goes through giflib (OpenCV 4.6 reads no GIF), PNG through
-// libpng (png.cpp) and WebP through libwebp, because OpenCV reports their failures by printing to
-// stderr; BMP, PNM and TIFF, rare in datasets, through OpenCV's imdecode, after checks that turn
-// their commonest failure (truncation) into an error before OpenCV sees the data. Each decodes the
+// libpng (png.cpp), WebP through libwebp, BMP and PNM through our own readers (raster.cpp) and
+// TIFF through libtiff (tiff.cpp): OpenCV's imdecode prints every failure of its codecs to stderr
+// ("imdecode_(''): can't read data: ..."), which the library must never do. Each decodes the
 // whole image at full size and copies the requested crop out, so the API's crop contract holds for
-// every format (PNG and GIF stop after the crop's last row).
+// every format (GIF stops after the crop's last row; PNG unfilters only the crop's rows and
+// inflates the rest to check it).
 
 #include <fmt/format.h>
 #include <gif_lib.h>
@@ -13,21 +14,13 @@
 #include <climits>
 #include <cstring>
 #include <memory>
-#include <opencv2/core.hpp>
-#include <opencv2/imgcodecs.hpp>
-#include <opencv2/imgproc.hpp>
 #include <string>
 
 #include "internal.h"
 
 namespace gpufeed::decode::detail {
 
-struct FallbackDecoder::CvState {
-  cv::Mat decoded;    // imdecode's output, reused while the size and type repeat
-  cv::Mat converted;  // 16-bit samples scaled to 8 bits
-};
-
-FallbackDecoder::FallbackDecoder() : cv_(std::make_unique<CvState>()) {}
+FallbackDecoder::FallbackDecoder() = default;
 FallbackDecoder::~FallbackDecoder() = default;
 
 void FallbackDecoder::decode(std::span<const uint8_t> bytes, std::string_view source,
@@ -43,9 +36,17 @@ void FallbackDecoder::decode(std::span<const uint8_t> bytes, std::string_view so
     case ImageFormat::kWebp:
       decode_webp(bytes, source, info, crop, out);
       break;
-    default:
-      decode_opencv(bytes, source, info, crop, out);
+    case ImageFormat::kBmp:
+      decode_bmp(bytes, source, info, crop, out);
       break;
+    case ImageFormat::kPnm:
+      decode_pnm(bytes, source, info, crop, out);
+      break;
+    case ImageFormat::kTiff:
+      decode_tiff(bytes, source, info, options, crop, out, result);
+      break;
+    default:
+      fail(ErrorKind::kUnsupported, source, fmt::format("no decoder for {}", to_string(info.format)));
   }
 }
 
@@ -261,98 +262,6 @@ void FallbackDecoder::decode_webp(std::span<const uint8_t> bytes, std::string_vi
   if (status != VP8_STATUS_OK)
     fail(webp_kind(status), source, fmt::format("libwebp: {}", webp_status_text(status)));
   if (!whole) copy_region(target, stride, crop, out);
-}
-
-// --- OpenCV: BMP, PNM, TIFF
-// -----------------------------------------------------------------------
-
-namespace {
-
-/// Bytes an uncompressed BMP's pixel rows need, or 0 when it cannot be told (RLE and others).
-size_t bmp_needed_bytes(std::span<const uint8_t> b, const ImageInfo& info) {
-  if (b.size() < 30) return 0;
-  const auto le = [&](size_t pos, int n) {
-    uint32_t v = 0;
-    for (int i = n - 1; i >= 0; --i) v = (v << 8) | b[pos + static_cast<size_t>(i)];
-    return v;
-  };
-  const uint32_t offset = le(10, 4);
-  const uint32_t dib = le(14, 4);
-  const uint32_t bpp = dib == 12 ? le(24, 2) : le(28, 2);
-  const uint32_t compression = dib >= 40 && b.size() >= 34 ? le(30, 4) : 0;
-  if (compression != 0 && compression != 3 && compression != 6)
-    return 0;  // BI_RGB, (ALPHA)BITFIELDS
-  if (bpp == 0 || bpp > 32) return 0;
-  const uint64_t row =
-      (static_cast<uint64_t>(info.width) * bpp + 31) / 32 * 4;  // rows pad to 4 bytes
-  return static_cast<size_t>(offset + row * static_cast<uint64_t>(info.height));
-}
-
-/// Bytes a binary PNM (P4, P5, P6) needs, or 0 for the text variants.
-size_t pnm_needed_bytes(std::span<const uint8_t> b, std::string_view source,
-                        const ImageInfo& info) {
-  const char kind = static_cast<char>(b[1]);
-  if (kind != '4' && kind != '5' && kind != '6') return 0;
-  const uint64_t w = static_cast<uint64_t>(info.width), h = static_cast<uint64_t>(info.height);
-  const uint64_t sample_bytes = info.bits_per_sample > 8 ? 2 : 1;
-  const uint64_t data =
-      kind == '4' ? (w + 7) / 8 * h : w * h * sample_bytes * (kind == '6' ? 3 : 1);
-  return static_cast<size_t>(pnm_data_offset(b, source) + data);
-}
-
-}  // namespace
-
-void FallbackDecoder::decode_opencv(std::span<const uint8_t> bytes, std::string_view source,
-                                    const ImageInfo& info, const CropRect& crop, ImageBuffer& out) {
-  // OpenCV's stream reader throws on data that ends early, and imdecode then logs the exception
-  // to stderr through OpenCV's logger; say "truncated" ourselves instead, before OpenCV runs.
-  size_t needed = 0;
-  if (info.format == ImageFormat::kBmp) needed = bmp_needed_bytes(bytes, info);
-  if (info.format == ImageFormat::kPnm) needed = pnm_needed_bytes(bytes, source, info);
-  if (needed > bytes.size())
-    fail(ErrorKind::kTruncated, source,
-         fmt::format("{} pixel data needs {} bytes, the input has {}", to_string(info.format),
-                     needed, bytes.size()));
-  if (bytes.size() > static_cast<size_t>(INT_MAX))
-    fail(ErrorKind::kUnsupported, source, "input larger than 2 GiB");
-
-  const cv::Mat buffer(1, static_cast<int>(bytes.size()), CV_8U,
-                       const_cast<uint8_t*>(bytes.data()));
-  cv::Mat& decoded = cv_->decoded;
-  try {
-    // IMREAD_COLOR: 3-channel BGR, grey replicated and alpha dropped; ANYDEPTH: keep 16 bits so
-    // we scale (OpenCV would shift, i.e. truncate); IGNORE_ORIENTATION: EXIF is our decision.
-    cv::imdecode(buffer, cv::IMREAD_COLOR | cv::IMREAD_ANYDEPTH | cv::IMREAD_IGNORE_ORIENTATION,
-                 &decoded);
-  } catch (const cv::Exception& e) {
-    const bool too_large = e.err.find("CV_IO_MAX_IMAGE") != std::string::npos;
-    fail(too_large ? ErrorKind::kTooLarge : ErrorKind::kCorrupt, source,
-         fmt::format("OpenCV: {}", e.err));
-  }
-  // imdecode returns an empty Mat, without saying why, for data its codec rejects.
-  if (decoded.empty())
-    fail(ErrorKind::kCorrupt, source,
-         fmt::format("OpenCV could not decode the {} data", to_string(info.format)));
-  if (decoded.cols != info.width || decoded.rows != info.height)
-    fail(ErrorKind::kCorrupt, source,
-         fmt::format("OpenCV decoded {}x{} where the header says {}x{}", decoded.cols, decoded.rows,
-                     info.width, info.height));
-  if (decoded.channels() != 3)
-    fail(ErrorKind::kUnsupported, source, fmt::format("{}-channel decode", decoded.channels()));
-
-  cv::Mat region = decoded(cv::Rect(crop.x, crop.y, crop.width, crop.height));
-  if (region.depth() == CV_16U) {
-    // v / 257 rounded maps 0..65535 onto 0..255 exactly (65535 / 257 = 255).
-    region.convertTo(cv_->converted, CV_8U, 1.0 / 257.0);
-    region = cv_->converted;
-  } else if (region.depth() != CV_8U) {
-    fail(ErrorKind::kUnsupported, source, fmt::format("OpenCV sample depth {}", region.depth()));
-  }
-  out.reshape(crop.width, crop.height);
-  cv::Mat rgb(crop.height, crop.width, CV_8UC3, out.pixels.data());
-  cv::cvtColor(region, rgb, cv::COLOR_BGR2RGB);
-  // Same size and type, so cvtColor writes into out's storage; should it ever reallocate, copy.
-  if (rgb.data != out.pixels.data()) std::memcpy(out.pixels.data(), rgb.data, out.pixels.size());
 }
 
 }  // namespace gpufeed::decode::detail

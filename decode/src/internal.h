@@ -22,8 +22,15 @@ namespace gpufeed::decode::detail {
 /// because the caller computed it from the header and such a crop is a programming error.
 CropRect clamp_crop(const CropRect& crop, int width, int height);
 
-/// Where a binary PNM's samples start (the header was already probed successfully).
-size_t pnm_data_offset(std::span<const uint8_t> bytes, std::string_view source);
+/// A PNM header's fields beyond ImageInfo.
+struct PnmHeader {
+  char kind = '6';          ///< '1'..'6' as in "P6"
+  uint32_t maxval = 255;    ///< 1 for P1/P4
+  size_t data_offset = 0;   ///< where the samples start
+};
+
+/// The PNM header of bytes that probe() accepted as PNM. Throws DecodeError like probe().
+PnmHeader pnm_header(std::span<const uint8_t> bytes, std::string_view source);
 
 /// Dimensions as seen after EXIF orientation `orientation` (1..8): 5..8 swap width and height.
 bool orientation_swaps_axes(int orientation);
@@ -66,9 +73,9 @@ class JpegDecoder {
   std::vector<uint8_t> row_;  // one decoded scanline (RGB or CMYK), reused across images
 };
 
-/// Everything that is not JPEG: GIF (giflib, first frame), PNG (libpng), WebP (libwebp),
-/// BMP/PNM/TIFF (OpenCV). Full-resolution decode, then `crop` (stored source pixels, clamped)
-/// copied out.
+/// Everything that is not JPEG: GIF (giflib, first frame), PNG (libpng), WebP (libwebp), BMP and
+/// PNM (our own readers, raster.cpp), TIFF (libtiff, tiff.cpp). Full-resolution decode, then
+/// `crop` (stored source pixels, clamped) copied out.
 class FallbackDecoder {
  public:
   FallbackDecoder();
@@ -89,11 +96,14 @@ class FallbackDecoder {
                   DecodeResult& result);
   void decode_webp(std::span<const uint8_t> bytes, std::string_view source, const ImageInfo& info,
                    const CropRect& crop, ImageBuffer& out);
-  void decode_opencv(std::span<const uint8_t> bytes, std::string_view source, const ImageInfo& info,
-                     const CropRect& crop, ImageBuffer& out);
+  void decode_bmp(std::span<const uint8_t> bytes, std::string_view source, const ImageInfo& info,
+                  const CropRect& crop, ImageBuffer& out);
+  void decode_pnm(std::span<const uint8_t> bytes, std::string_view source, const ImageInfo& info,
+                  const CropRect& crop, ImageBuffer& out);
+  void decode_tiff(std::span<const uint8_t> bytes, std::string_view source, const ImageInfo& info,
+                   const DecodeOptions& options, const CropRect& crop, ImageBuffer& out,
+                   DecodeResult& result);
 
-  struct CvState;
-  std::unique_ptr<CvState> cv_;   // OpenCV Mats reused across images
   std::vector<uint8_t> scratch_;  // decoded rows / whole images, reused across images
   std::vector<uint8_t> indices_;  // GIF palette indices of the logical screen
 };

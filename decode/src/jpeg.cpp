@@ -21,6 +21,7 @@
 #include <csetjmp>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
@@ -176,12 +177,131 @@ struct RowPlan {
   bool inverted;  // Adobe CMYK
 };
 
+/// Where libjpeg's per-image allocations go (JPOOL_IMAGE: Huffman tables, strip and row buffers),
+/// so that decoding allocates nothing once the decoder has seen its largest image. libjpeg's own
+/// manager mallocs them for every image and frees them in jpeg_abort (5 malloc/free pairs for a
+/// typical JPEG); ours bumps a pointer through blocks it keeps, and rewinds when libjpeg frees the
+/// image pool. The permanent pool and the virtual arrays of multi-scan (progressive) images stay
+/// with libjpeg's manager. Plain data with raw pointers: these callbacks run inside libjpeg and
+/// may leave by longjmp (ERREXIT on exhaustion).
+struct ImageArena {
+  static constexpr int kMaxBlocks = 64;
+  static constexpr size_t kAlign = 64;  // libjpeg-turbo aligns to 32 bytes for its SIMD code
+  static constexpr size_t kMinBlock = size_t{64} << 10;
+  static constexpr size_t kMaxObject = size_t{1} << 30;
+  uint8_t* blocks[kMaxBlocks];
+  size_t sizes[kMaxBlocks];
+  int count;     // blocks allocated
+  int current;   // block being filled
+  size_t used;   // bytes of blocks[current] handed out
+  size_t total;  // bytes handed out since the last rewind, for coalescing
+  // libjpeg's own methods, for the permanent pool and for freeing its pools.
+  void* (*alloc_small)(j_common_ptr, int, size_t);
+  void* (*alloc_large)(j_common_ptr, int, size_t);
+  JSAMPARRAY (*alloc_sarray)(j_common_ptr, int, JDIMENSION, JDIMENSION);
+  JBLOCKARRAY (*alloc_barray)(j_common_ptr, int, JDIMENSION, JDIMENSION);
+  void (*free_pool)(j_common_ptr, int);
+};
+
+ImageArena* arena_of(j_common_ptr cinfo) { return static_cast<ImageArena*>(cinfo->client_data); }
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+void* arena_take(j_common_ptr cinfo, size_t n) {
+  ImageArena* a = arena_of(cinfo);
+  if (n > ImageArena::kMaxObject) ERREXIT1(cinfo, JERR_OUT_OF_MEMORY, 20);
+  n = round_up(n == 0 ? 1 : n, ImageArena::kAlign);
+  a->total += n;
+  while (a->current < a->count) {
+    if (a->used + n <= a->sizes[a->current]) {
+      uint8_t* p = a->blocks[a->current] + a->used;
+      a->used += n;
+      return p;
+    }
+    ++a->current;
+    a->used = 0;
+  }
+  if (a->count == ImageArena::kMaxBlocks) ERREXIT1(cinfo, JERR_OUT_OF_MEMORY, 21);
+  const size_t size = std::max(n, ImageArena::kMinBlock);
+  auto* block = static_cast<uint8_t*>(std::aligned_alloc(ImageArena::kAlign, size));
+  if (block == nullptr) ERREXIT1(cinfo, JERR_OUT_OF_MEMORY, 22);
+  a->blocks[a->count] = block;
+  a->sizes[a->count] = size;
+  a->current = a->count++;
+  a->used = n;
+  return block;
+}
+
+// Frees every block and forgets them.
+void arena_release(ImageArena* a) {
+  for (int i = 0; i < a->count; ++i) std::free(a->blocks[i]);
+  a->count = a->current = 0;
+  a->used = a->total = 0;
+}
+
+// The image pool was freed: rewind. An image that needed more than one block leaves one block
+// of the size it needed, so the next such image fits in it.
+void arena_rewind(ImageArena* a) {
+  if (a->count > 1) {
+    const size_t size = round_up(a->total, ImageArena::kAlign);
+    arena_release(a);
+    if (auto* block = static_cast<uint8_t*>(std::aligned_alloc(ImageArena::kAlign, size))) {
+      a->blocks[0] = block;
+      a->sizes[0] = size;
+      a->count = 1;
+    }
+  }
+  a->current = 0;
+  a->used = a->total = 0;
+}
+
+void* arena_alloc_small(j_common_ptr cinfo, int pool_id, size_t n) {
+  if (pool_id != JPOOL_IMAGE) return arena_of(cinfo)->alloc_small(cinfo, pool_id, n);
+  return arena_take(cinfo, n);
+}
+
+void* arena_alloc_large(j_common_ptr cinfo, int pool_id, size_t n) {
+  if (pool_id != JPOOL_IMAGE) return arena_of(cinfo)->alloc_large(cinfo, pool_id, n);
+  return arena_take(cinfo, n);
+}
+
+// As libjpeg-turbo's alloc_sarray: rows padded to a multiple of 64 samples (its SIMD routines
+// may touch the padding), each row aligned.
+JSAMPARRAY arena_alloc_sarray(j_common_ptr cinfo, int pool_id, JDIMENSION samples,
+                              JDIMENSION rows) {
+  if (pool_id != JPOOL_IMAGE) return arena_of(cinfo)->alloc_sarray(cinfo, pool_id, samples, rows);
+  const size_t stride = round_up(samples, 64) * sizeof(JSAMPLE);
+  if (rows > 0 && stride > ImageArena::kMaxObject / rows) ERREXIT1(cinfo, JERR_OUT_OF_MEMORY, 23);
+  auto* result = static_cast<JSAMPARRAY>(arena_take(cinfo, size_t{rows} * sizeof(JSAMPROW)));
+  auto* data = static_cast<JSAMPLE*>(arena_take(cinfo, stride * rows));
+  for (JDIMENSION r = 0; r < rows; ++r) result[r] = data + r * stride;
+  return result;
+}
+
+JBLOCKARRAY arena_alloc_barray(j_common_ptr cinfo, int pool_id, JDIMENSION blocks,
+                               JDIMENSION rows) {
+  if (pool_id != JPOOL_IMAGE) return arena_of(cinfo)->alloc_barray(cinfo, pool_id, blocks, rows);
+  const size_t row_bytes = size_t{blocks} * sizeof(JBLOCK);
+  if (rows > 0 && row_bytes > ImageArena::kMaxObject / rows) ERREXIT1(cinfo, JERR_OUT_OF_MEMORY, 24);
+  auto* result = static_cast<JBLOCKARRAY>(arena_take(cinfo, size_t{rows} * sizeof(JBLOCKROW)));
+  auto* data = static_cast<JBLOCKROW>(arena_take(cinfo, row_bytes * rows));
+  for (JDIMENSION r = 0; r < rows; ++r) result[r] = data + size_t{r} * blocks;
+  return result;
+}
+
+void arena_free_pool(j_common_ptr cinfo, int pool_id) {
+  ImageArena* a = arena_of(cinfo);
+  a->free_pool(cinfo, pool_id);  // libjpeg's pools: the virtual arrays, the permanent pool
+  if (pool_id == JPOOL_IMAGE) arena_rewind(a);
+}
+
 }  // namespace
 
 struct JpegState {
   jpeg_decompress_struct cinfo;
   ErrorManager err;
   jpeg_progress_mgr progress;
+  ImageArena arena;
   bool created;
 };
 
@@ -324,6 +444,22 @@ JpegDecoder::JpegDecoder() : state_(std::make_unique<JpegState>()) {
   s.cinfo.err = &s.err.pub;
   if (!guarded_create(&s)) throw std::bad_alloc();  // only an allocation can fail here
   s.created = true;
+  // Image-pool allocations go to our arena (see ImageArena); jpeg_create_decompress cleared
+  // client_data and set up libjpeg's manager, whose methods the arena forwards to.
+  ImageArena& a = s.arena;
+  a = {};
+  jpeg_memory_mgr* mem = s.cinfo.mem;
+  a.alloc_small = mem->alloc_small;
+  a.alloc_large = mem->alloc_large;
+  a.alloc_sarray = mem->alloc_sarray;
+  a.alloc_barray = mem->alloc_barray;
+  a.free_pool = mem->free_pool;
+  s.cinfo.client_data = &a;
+  mem->alloc_small = arena_alloc_small;
+  mem->alloc_large = arena_alloc_large;
+  mem->alloc_sarray = arena_alloc_sarray;
+  mem->alloc_barray = arena_alloc_barray;
+  mem->free_pool = arena_free_pool;
   // jpeg_create_decompress clears everything but err and client_data, so hook progress after.
   s.progress = {};
   s.progress.progress_monitor = on_progress;
@@ -331,7 +467,10 @@ JpegDecoder::JpegDecoder() : state_(std::make_unique<JpegState>()) {
 }
 
 JpegDecoder::~JpegDecoder() {
-  if (state_ && state_->created) jpeg_destroy_decompress(&state_->cinfo);
+  if (state_ && state_->created) {
+    jpeg_destroy_decompress(&state_->cinfo);
+    arena_release(&state_->arena);
+  }
 }
 
 void JpegDecoder::decode(std::span<const uint8_t> bytes, std::string_view source,
@@ -362,6 +501,7 @@ void JpegDecoder::decode(std::span<const uint8_t> bytes, std::string_view source
   // libjpeg error follows their use, decode again without them (whole rows, read-and-discard).
   // Both only save work. Warnings made fatal by the options are never retried.
   bool use_crop = true, use_skip = true;
+  JDIMENSION decoded_columns = 0, image_rows = 0;
   for (;;) {
     err.warnings = 0;
     err.saw_eof = false;
@@ -443,6 +583,8 @@ void JpegDecoder::decode(std::span<const uint8_t> bytes, std::string_view source
       (cropped ? use_crop : use_skip) = false;
       continue;
     }
+    decoded_columns = width;
+    image_rows = cinfo.output_height;
     if (ys1 == static_cast<int>(cinfo.output_height)) {
       // The region reaches the last row: read on to EOI as well, so a file that ends without
       // one is reported, and warnings about bytes after the scan are counted.
@@ -453,6 +595,9 @@ void JpegDecoder::decode(std::span<const uint8_t> bytes, std::string_view source
   }
 
   result.warnings = err.warnings;
+  result.skipped_rows = use_skip ? ys0 : 0;
+  result.unread_rows = info.progressive ? 0 : static_cast<int>(image_rows) - ys1;
+  result.decoded_columns = static_cast<int>(decoded_columns);
   result.scale = options.scale;
   result.scaled_region = CropRect{xs0, ys0, want_w, want_h};
   // Output pixel i covers source [i * 8 / num, (i + 1) * 8 / num): report the integer rectangle

@@ -1,7 +1,8 @@
 // PNG through libpng directly rather than OpenCV: OpenCV installs libpng's default handlers,
 // which print "libpng error: ..." / "libpng warning: ..." to stderr (a bad CRC, the common iCCP
 // "known incorrect sRGB profile"), and the library must never print. Here libpng's errors and
-// warnings come to us; rows stream one at a time and decoding stops after the crop's last row.
+// warnings come to us; rows stream one at a time, only the crop's rows are unfiltered and
+// converted, and the rest of the data is inflated to check it (CRCs, truncation) up to IEND.
 //
 // libpng reports errors by calling our error function, which longjmps. As in jpeg.cpp, the setjmp
 // lives in a function holding only raw pointers; the libpng structs are owned by an RAII holder
@@ -31,6 +32,7 @@ struct PngContext {
   size_t pos;
   bool strict;
   bool out_of_data;
+  bool finishing;  // png_read_end after the crop's last row: the rest is read, not wanted
   int warnings;
   char message[256];
 };
@@ -45,6 +47,10 @@ PngContext* context(png_structp png) { return static_cast<PngContext*>(png_get_e
 
 void on_png_warning(png_structp png, png_const_charp message) {
   PngContext* ctx = context(png);
+  // Rows left unread when the crop ends early are "extra" data to libpng: expected here.
+  if (ctx->finishing && message &&
+      (std::strstr(message, "Too much image data") || std::strstr(message, "Extra compressed data")))
+    return;
   ++ctx->warnings;
   if (!ctx->strict) return;
   std::snprintf(ctx->message, sizeof(ctx->message), "%s (warning treated as an error: strict)",
@@ -72,7 +78,10 @@ struct PngPlan {
   uint8_t* out;    // crop.height rows of crop.width * 3 bytes
 };
 
-[[gnu::noinline]] bool read_png(png_structp png, png_infop info, const PngPlan* plan) {
+/// Phase 1: the header (IHDR, its CRC, every chunk before IDAT) and the transforms to 8-bit RGB.
+/// Nothing of the image's size is allocated before this succeeds.
+[[gnu::noinline]] bool read_png_header(png_structp png, png_infop info, const PngPlan* plan,
+                                       int* passes) {
   PngContext* ctx = context(png);
   png_read_info(png, info);
   png_uint_32 width = 0, height = 0;
@@ -93,7 +102,7 @@ struct PngPlan {
   if ((color & PNG_COLOR_MASK_ALPHA) || png_get_valid(png, info, PNG_INFO_tRNS))
     png_set_strip_alpha(png);
   if (color == PNG_COLOR_TYPE_GRAY || color == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
-  const int passes = png_set_interlace_handling(png);
+  *passes = png_set_interlace_handling(png);
   png_read_update_info(png, info);
   if (png_get_channels(png, info) != 3 || png_get_bit_depth(png, info) != 8 ||
       png_get_rowbytes(png, info) != static_cast<size_t>(plan->width) * 3) {
@@ -101,11 +110,17 @@ struct PngPlan {
                   "libpng could not convert this layout to 8-bit RGB");
     return false;
   }
+  return true;
+}
+
+/// Phase 2: the rows, into the buffers sized from the checked header, then on to IEND.
+[[gnu::noinline]] bool read_png_rows(png_structp png, const PngPlan* plan, int passes) {
+  PngContext* ctx = context(png);
   const CropRect& c = plan->crop;
   const size_t stride = static_cast<size_t>(plan->width) * 3;
   const size_t out_stride = static_cast<size_t>(c.width) * 3;
   if (passes == 1) {
-    const int last = c.y + c.height;  // rows below the crop are never decoded
+    const int last = c.y + c.height;  // rows below the crop are only inflated (png_read_end)
     for (int y = 0; y < last; ++y) {
       png_read_row(png, plan->row, nullptr);
       if (y >= c.y)
@@ -120,16 +135,27 @@ struct PngPlan {
       std::memcpy(plan->out + y * out_stride,
                   plan->image + (c.y + y) * stride + static_cast<size_t>(c.x) * 3, out_stride);
   }
+  // Read on to IEND, as a full decode does: the rest of the compressed data is inflated without
+  // being unfiltered, so a bad CRC or data that ends early below the crop is still reported.
+  ctx->finishing = c.y + c.height < plan->height;
+  png_read_end(png, nullptr);
+  ctx->finishing = false;
   return true;
 }
 
-bool guarded_read_png(PngContext* ctx, png_structp png, png_infop info, const PngPlan* plan) {
+bool guarded_read_png_header(PngContext* ctx, png_structp png, png_infop info,
+                             const PngPlan* plan, int* passes) {
   if (setjmp(ctx->jump) != 0) return false;
   png_set_read_fn(png, ctx, on_png_read);
   // Our max_pixels limit has already been checked; libpng's own default (1e6 per side) must not
   // reject what the caller allowed.
   png_set_user_limits(png, 0x7fffffff, 0x7fffffff);
-  return read_png(png, info, plan);
+  return read_png_header(png, info, plan, passes);
+}
+
+bool guarded_read_png_rows(PngContext* ctx, png_structp png, const PngPlan* plan, int passes) {
+  if (setjmp(ctx->jump) != 0) return false;
+  return read_png_rows(png, plan, passes);
 }
 
 /// Owns libpng's read and info structs.
@@ -160,27 +186,30 @@ void FallbackDecoder::decode_png(std::span<const uint8_t> bytes, std::string_vie
   if (!handles.info) throw std::bad_alloc();
   png_set_error_fn(handles.png, &ctx, on_png_error, on_png_warning);
 
-  // All memory the decode writes to is sized here, outside the setjmp frame.
+  const auto give_up = [&] {
+    const std::string reason = ctx.message;
+    // "Not enough image data": the IDAT chunks end before the image does.
+    const bool truncated =
+        ctx.out_of_data || reason.find("Not enough image data") != std::string::npos;
+    fail(truncated ? ErrorKind::kTruncated : ErrorKind::kCorrupt, source, "libpng: " + reason);
+  };
   PngPlan plan{};
   plan.width = info.width;
   plan.height = info.height;
   plan.crop = crop;
+  int passes = 1;
+  if (!guarded_read_png_header(&ctx, handles.png, handles.info, &plan, &passes)) give_up();
+
+  // All memory the rows are written to is sized here, from the header libpng has checked, and
+  // outside the setjmp frame.
   const size_t stride = static_cast<size_t>(info.width) * 3;
-  const size_t scratch_bytes =
-      info.progressive ? stride * static_cast<size_t>(info.height) : stride;
+  const size_t scratch_bytes = passes > 1 ? stride * static_cast<size_t>(info.height) : stride;
   if (scratch_.size() < scratch_bytes) scratch_.resize(scratch_bytes);
   plan.row = scratch_.data();
   plan.image = scratch_.data();
   out.reshape(crop.width, crop.height);
   plan.out = out.pixels.data();
-
-  if (!guarded_read_png(&ctx, handles.png, handles.info, &plan)) {
-    std::string reason = ctx.message;
-    // "Not enough image data": the IDAT chunks end before the image does.
-    const bool truncated =
-        ctx.out_of_data || reason.find("Not enough image data") != std::string::npos;
-    fail(truncated ? ErrorKind::kTruncated : ErrorKind::kCorrupt, source, "libpng: " + reason);
-  }
+  if (!guarded_read_png_rows(&ctx, handles.png, &plan, passes)) give_up();
   result.warnings = ctx.warnings;
 }
 

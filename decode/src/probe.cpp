@@ -263,6 +263,11 @@ ImageInfo probe_bmp(const Bytes& b, std::string_view source) {
     fail(ErrorKind::kCorrupt, source, fmt::format("BMP has unknown info header size {}", dib));
   }
   if (width < 0) fail(ErrorKind::kCorrupt, source, fmt::format("BMP has negative width {}", width));
+  // 0 (embedded JPEG/PNG) and 2 (Windows CE) exist too; nothing else is a BMP depth, and
+  // guessing at one would turn data into garbage pixels.
+  if (bpp != 0 && bpp != 1 && bpp != 2 && bpp != 4 && bpp != 8 && bpp != 16 && bpp != 24 &&
+      bpp != 32)
+    fail(ErrorKind::kCorrupt, source, fmt::format("BMP has invalid bit depth {}", bpp));
   if (width > INT_MAX || height > INT_MAX)
     fail(ErrorKind::kCorrupt, source, "BMP size exceeds 2^31-1");
   info.width = static_cast<int>(width);
@@ -331,9 +336,9 @@ uint32_t pnm_token(const Bytes& b, size_t& pos, std::string_view source) {
   return static_cast<uint32_t>(value);
 }
 
-/// PNM header; *data_offset (if given) receives where the samples start: one whitespace byte
-/// after the last header field.
-ImageInfo probe_pnm(const Bytes& b, std::string_view source, size_t* data_offset = nullptr) {
+/// PNM header; *header (if given) receives the kind, maxval and where the samples start: one
+/// whitespace byte after the last header field.
+ImageInfo probe_pnm(const Bytes& b, std::string_view source, detail::PnmHeader* header = nullptr) {
   ImageInfo info;
   info.format = ImageFormat::kPnm;
   const char kind = static_cast<char>(b.u8(1));
@@ -342,13 +347,14 @@ ImageInfo probe_pnm(const Bytes& b, std::string_view source, size_t* data_offset
   info.height = static_cast<int>(pnm_token(b, pos, source));
   info.components = kind == '3' || kind == '6' ? 3 : 1;
   info.bits_per_sample = 1;
+  uint32_t maxval = 1;
   if (kind != '1' && kind != '4') {
-    const uint32_t maxval = pnm_token(b, pos, source);
+    maxval = pnm_token(b, pos, source);
     if (maxval == 0 || maxval > 65535)
       fail(ErrorKind::kCorrupt, source, fmt::format("PNM maxval {} is outside 1..65535", maxval));
     info.bits_per_sample = maxval > 255 ? 16 : 8;
   }
-  if (data_offset) *data_offset = pos + 1;
+  if (header) *header = detail::PnmHeader{kind, maxval, pos + 1};
   return info;
 }
 
@@ -417,10 +423,10 @@ ImageInfo probe_tiff(const Bytes& b, std::string_view source) {
 
 }  // namespace
 
-size_t detail::pnm_data_offset(std::span<const uint8_t> bytes, std::string_view source) {
-  size_t offset = 0;
-  probe_pnm(Bytes(bytes), source, &offset);
-  return offset;
+detail::PnmHeader detail::pnm_header(std::span<const uint8_t> bytes, std::string_view source) {
+  PnmHeader header;
+  probe_pnm(Bytes(bytes), source, &header);
+  return header;
 }
 
 std::string_view to_string(ImageFormat format) {

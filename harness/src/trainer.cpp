@@ -1,48 +1,153 @@
 #include "gpufeed/harness/trainer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/Dict.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
+#include <thread>
+#include <unordered_set>
 
 #include "gpufeed/harness/checkpoint.h"
-#include "gpufeed/harness/lr_schedule.h"
+#include "gpufeed/harness/data_parallel.h"
+#include "gpufeed/harness/distributed.h"
+#include "gpufeed/harness/torch_file.h"
 #include "gpufeed/log_text.h"
 #include "gpufeed/prefetch/prefetcher.h"
 
 namespace gpufeed::harness {
+namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr const char* kCheckpointFormat = "gpufeed.train_checkpoint";
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Correct predictions among the top k logits, for k = 1 and 5.
-std::pair<int64_t, int64_t> topk_correct(const at::Tensor& logits, const at::Tensor& labels) {
+// Correct predictions among the top k logits, for k = 1 and 5, per sample (bool [N] each).
+std::pair<at::Tensor, at::Tensor> topk_hits(const at::Tensor& logits, const at::Tensor& labels) {
   const int64_t k = std::min<int64_t>(5, logits.size(1));
   const at::Tensor top = std::get<1>(logits.topk(k, 1));
   const at::Tensor hits = top.eq(labels.view({-1, 1}));
-  const int64_t top1 = hits.narrow(1, 0, 1).sum().item<int64_t>();
-  const int64_t top5 = hits.any(1).sum().item<int64_t>();
-  return {top1, top5};
+  return {hits.select(1, 0), hits.any(1)};
 }
 
+std::string replace_rank(const fs::path& p, int rank) {
+  std::string s = p.string();
+  const auto pos = s.find("{rank}");
+  if (pos != std::string::npos) s.replace(pos, 6, std::to_string(rank));
+  return s;
+}
+
+const c10::IValue& at_key(const c10::impl::GenericDict& d, const std::string& key, const std::string& file) {
+  auto it = d.find(key);
+  if (it == d.end()) throw std::runtime_error(file + ": training checkpoint has no '" + key + "' entry");
+  return it->value();
+}
+
+c10::impl::GenericDict new_dict() {
+  return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+}
+
+// The training loop's stop decision. Without a process group a stop requested during step k
+// ends the run after step k. With one, every rank contributes its flag to an all-reduce launched
+// after step k and read after step k + 1, so all ranks stop after the same step without the
+// host ever waiting for the device (on CUDA the result is copied to pinned memory behind an
+// event that has long completed when it is read).
+class StopVote {
+ public:
+  StopVote(ProcessGroup* group, c10::Device device) : group_(group), device_(device) {}
+
+  // Called after every optimizer step with this rank's flag; returns the agreed reason to stop
+  // now (0: continue).
+  int after_step(int local) {
+    if (!group_) return local;
+    int agreed = 0;
+    if (pending_) {
+      if (event_) {
+        event_->synchronize();
+        agreed = host_.item<int>();
+      } else {
+        pending_->wait();
+        agreed = static_cast<int>(host_.item<int>());
+      }
+      pending_.reset();
+      event_.reset();
+    }
+    if (agreed == 0) launch(local);
+    return agreed == 0 ? 0 : (local != 0 ? local : agreed);
+  }
+
+ private:
+  void launch(int local) {
+    std::vector<at::Tensor> t{at::full({1}, local, at::TensorOptions().dtype(at::kInt).device(device_))};
+    pending_ = group_->all_reduce_sum_async(t);
+    if (device_.is_cuda()) {
+      pending_->wait();  // the current stream waits for the all-reduce; the host does not
+      host_ = at::empty({1}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
+      host_.copy_(t[0], /*non_blocking=*/true);
+      event_ = std::make_unique<c10::Event>(c10::kCUDA);
+      event_->record(c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(device_));
+    } else {
+      host_ = t[0];  // Gloo writes the result here; wait() before reading
+    }
+  }
+
+  ProcessGroup* group_;
+  c10::Device device_;
+  std::unique_ptr<ProcessGroup::Pending> pending_;
+  std::unique_ptr<c10::Event> event_;
+  at::Tensor host_;
+};
+
 }  // namespace
+
+Precision parse_precision(const std::string& name) {
+  if (name == "fp32") return Precision::kFloat32;
+  if (name == "bf16") return Precision::kBFloat16;
+  if (name == "fp16") return Precision::kFloat16;
+  throw std::invalid_argument("unknown precision '" + name + "' (fp32, bf16, fp16)");
+}
 
 struct Trainer::Impl {
   TrainOptions options;
   c10::Device device{c10::kCPU};
-  std::shared_ptr<loader::ImageFolder> train_set;
+  std::shared_ptr<ProcessGroup> group;  // distributed runs only
+  int rank = 0, world = 1;
+  std::shared_ptr<loader::Dataset> train_set;
+  std::shared_ptr<sampler::DistributedSampler> train_sampler;
   std::shared_ptr<loader::Loader> train_loader;
   std::unique_ptr<prefetch::Prefetcher> prefetcher;
-  ResNet model{nullptr};
-  std::unique_ptr<torch::optim::SGD> optimizer;
   prefetch::PrefetchOptions prefetch_options;
+  ResNetOptions resnet_options;
+  ResNet model{nullptr};
+  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<DataParallel> dp;
+  std::unique_ptr<torch::optim::SGD> optimizer;
+  std::vector<at::Tensor> params;  // optimizer order: group 0's, then group 1's
+  std::unique_ptr<GradScaler> scaler;
+  // Where training resumes: epoch, micro-batches of it already trained on, optimizer steps.
+  int64_t epoch = 0, batches_done = 0, global_step = 0;
+  std::function<void(const StepStats&)> on_step;
+  std::atomic<int> stop_request{0};
+  int stopped = 0;
+  fs::path last_checkpoint;
+  RunProfile profile;  // of the last fit()
+
+  bool amp() const { return options.precision != Precision::kFloat32; }
+  c10::ScalarType amp_dtype() const {
+    return options.precision == Precision::kFloat16 ? c10::kHalf : c10::kBFloat16;
+  }
+  bool main_rank() const { return rank == 0; }
 
   loader::LoaderOptions loader_options(bool train) const {
     loader::LoaderOptions lo;
@@ -61,145 +166,636 @@ struct Trainer::Impl {
     }
     return lo;
   }
+
+  // Micro-batches per epoch on this rank, optimizer steps per epoch, samples in micro-batch b.
+  int64_t micro_batches() const { return train_loader->num_batches(); }
+  int64_t steps_per_epoch() const {
+    int64_t s = (micro_batches() + options.accum_steps - 1) / options.accum_steps;
+    if (options.max_steps_per_epoch > 0) s = std::min(s, options.max_steps_per_epoch);
+    return s;
+  }
+  int64_t micro_batch_size(int64_t b) const {
+    return std::min<int64_t>(options.batch_size, train_sampler->size() - b * options.batch_size);
+  }
+
+  LrSchedule schedule(double base_lr) const {
+    const TrainOptions& o = options;
+    const int64_t spe = std::max<int64_t>(1, steps_per_epoch());
+    LrScheduleOptions so;
+    so.kind = o.lr_schedule;
+    so.base_lr = base_lr;
+    so.warmup_steps = static_cast<int64_t>(std::lround(o.warmup_epochs * static_cast<double>(spe)));
+    so.total_steps = std::max<int64_t>(so.warmup_steps + 1, o.epochs * spe);
+    so.warmup_start_factor = o.warmup_start_factor;
+    so.step_size = std::max<int64_t>(1, std::lround(o.lr_step_epochs * static_cast<double>(spe)));
+    for (double e : o.lr_milestones) so.milestones.push_back(std::lround(e * static_cast<double>(spe)));
+    so.gamma = o.lr_gamma;
+    so.min_lr = o.min_lr;
+    so.pct_start = o.onecycle_pct_start;
+    so.div_factor = o.onecycle_div_factor;
+    so.final_div_factor = o.onecycle_final_div_factor;
+    so.cycle_momentum = o.momentum > 0;
+    return LrSchedule(so);
+  }
+
+  void set_train_mode() {
+    model->train();
+    if (options.freeze_bn) {
+      for (const auto& mod : model->modules(/*include_self=*/false)) {
+        if (auto* bn = dynamic_cast<torch::nn::BatchNorm2dImpl*>(mod.get())) bn->eval();
+      }
+    }
+  }
+
+  at::Tensor forward(const at::Tensor& x) { return dp ? dp->forward(x) : model->forward(x); }
+
+  c10::IValue optimizer_state() const {
+    auto state = c10::impl::GenericDict(c10::IntType::get(), c10::AnyType::get());
+    auto groups = c10::impl::GenericList(c10::AnyType::get());
+    int64_t index = 0;
+    for (const auto& g : optimizer->param_groups()) {
+      const auto& so = static_cast<const torch::optim::SGDOptions&>(g.options());
+      auto gd = new_dict();
+      gd.insert("lr", so.lr());
+      gd.insert("momentum", so.momentum());
+      gd.insert("dampening", so.dampening());
+      gd.insert("weight_decay", so.weight_decay());
+      gd.insert("nesterov", so.nesterov());
+      auto ids = c10::impl::GenericList(c10::AnyType::get());  // Any: an int list would pickle as torch.jit._pickle.build_intlist
+      for (const auto& p : g.params()) {
+        auto it = optimizer->state().find(p.unsafeGetTensorImpl());
+        if (it != optimizer->state().end()) {
+          const auto& ps = static_cast<const torch::optim::SGDParamState&>(*it->second);
+          if (ps.momentum_buffer().defined()) {
+            auto pd = new_dict();
+            pd.insert("momentum_buffer", ps.momentum_buffer().detach().to(at::kCPU).contiguous());
+            state.insert(index, pd);
+          }
+        }
+        ids.push_back(index++);
+      }
+      gd.insert("params", ids);
+      groups.push_back(gd);
+    }
+    auto d = new_dict();
+    d.insert("state", state);
+    d.insert("param_groups", groups);
+    return d;
+  }
+
+  void load_optimizer_state(const c10::IValue& v, const std::string& file) {
+    const auto d = v.toGenericDict();
+    const auto groups = at_key(d, "param_groups", file).toList();
+    if (groups.size() != optimizer->param_groups().size()) {
+      throw std::runtime_error(file + ": optimizer has " + std::to_string(groups.size()) +
+                               " parameter groups, this run " +
+                               std::to_string(optimizer->param_groups().size()) +
+                               " (--no-decay-norm-bias differs?)");
+    }
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const auto ids = at_key(c10::IValue(groups.get(g)).toGenericDict(), "params", file).toList();
+      if (ids.size() != optimizer->param_groups()[g].params().size()) {
+        throw std::runtime_error(file + ": optimizer parameter group " + std::to_string(g) +
+                                 " differs in size from this run's");
+      }
+    }
+    const auto state = at_key(d, "state", file).toGenericDict();
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto it = state.find(static_cast<int64_t>(i));
+      if (it == state.end()) continue;
+      const auto ps = it->value().toGenericDict();
+      auto buf = ps.find("momentum_buffer");
+      if (buf == ps.end()) continue;
+      const at::Tensor saved = buf->value().toTensor();
+      if (saved.sizes() != params[i].sizes()) {
+        throw std::runtime_error(file + ": momentum buffer " + std::to_string(i) + " has shape " +
+                                 c10::str(saved.sizes()) + ", parameter has " +
+                                 c10::str(params[i].sizes()));
+      }
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      s->momentum_buffer(at::empty_like(params[i]).copy_(saved));
+      optimizer->state()[params[i].unsafeGetTensorImpl()] = std::move(s);
+    }
+  }
+
+  c10::IValue rng_state() const {
+    auto d = new_dict();
+    {
+      auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCPU));
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      d.insert("cpu", gen.get_state());
+    }
+    if (device.is_cuda()) {
+      auto gen = at::globalContext().defaultGenerator(device);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      d.insert("cuda", gen.get_state());
+    }
+    return d;
+  }
+
+  void load_rng_state(const c10::impl::GenericDict& d) {
+    if (auto it = d.find("cpu"); it != d.end()) {
+      auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCPU));
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(it->value().toTensor());
+    }
+    if (auto it = d.find("cuda"); it != d.end() && device.is_cuda()) {
+      auto gen = at::globalContext().defaultGenerator(device);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(it->value().toTensor());
+    }
+  }
+
+  // Rank 0 writes the training checkpoint; `epoch`/`batches` is where a resumed run continues.
+  void write_checkpoint(int64_t at_epoch, int64_t batches, bool on_stop = false) {
+    if (!options.save_checkpoint || !main_rank()) return;
+    if (options.save_checkpoint_only_on_stop && !on_stop) return;
+    auto d = new_dict();
+    d.insert("format", std::string(kCheckpointFormat));
+    d.insert("version", int64_t{1});
+    d.insert("model", state_dict_to_ivalue(module_state_dict(*model)));
+    d.insert("optimizer", optimizer_state());
+    auto sched = new_dict();
+    sched.insert("kind", lr_schedule_kind_name(options.lr_schedule));
+    sched.insert("last_step", global_step);
+    sched.insert("total_steps", options.epochs * steps_per_epoch());
+    d.insert("scheduler", sched);
+    auto sc = new_dict();
+    if (scaler) {
+      sc.insert("scale", scaler->get_scale());
+      sc.insert("growth_factor", scaler->options().growth_factor);
+      sc.insert("backoff_factor", scaler->options().backoff_factor);
+      sc.insert("growth_interval", scaler->options().growth_interval);
+      sc.insert("_growth_tracker", scaler->growth_tracker());
+    }
+    d.insert("scaler", sc);
+    auto sa = new_dict();
+    sa.insert("epoch", at_epoch);
+    sa.insert("batches_consumed", batches);
+    sa.insert("seed", static_cast<int64_t>(options.seed));
+    sa.insert("num_replicas", static_cast<int64_t>(world));
+    sa.insert("batch_size", options.batch_size);
+    sa.insert("accum_steps", options.accum_steps);
+    d.insert("sampler", sa);
+    d.insert("rng", rng_state());
+    d.insert("epoch", at_epoch);
+    d.insert("step", global_step);
+    d.insert("arch", options.arch);
+    d.insert("num_classes", resnet_options.num_classes);
+    save_torch_file(d, *options.save_checkpoint);
+    last_checkpoint = *options.save_checkpoint;
+    gpufeed::log_text(LogLevel::kInfo, "train: wrote training checkpoint " + last_checkpoint.string() +
+                                           " (epoch " + std::to_string(at_epoch) + ", batch " +
+                                           std::to_string(batches) + ", step " +
+                                           std::to_string(global_step) + ")");
+  }
+
+  void resume_from(const fs::path& path) {
+    const std::string file = path.string();
+    const c10::IValue loaded = load_torch_file(path);
+    if (!loaded.isGenericDict()) throw std::runtime_error(file + ": not a training checkpoint (not a dict)");
+    const auto d = loaded.toGenericDict();
+    auto fmt = d.find("format");
+    if (fmt == d.end() || !fmt->value().isString() || fmt->value().toStringRef() != kCheckpointFormat) {
+      throw std::runtime_error(file + ": not a gpufeed training checkpoint (use --init-weights for "
+                               "a plain state_dict)");
+    }
+    const auto check = [&](const std::string& what, int64_t saved, int64_t now) {
+      if (saved != now) {
+        throw std::runtime_error(file + ": cannot resume: " + what + " was " + std::to_string(saved) +
+                                 ", this run has " + std::to_string(now));
+      }
+    };
+    if (at_key(d, "arch", file).toStringRef() != options.arch) {
+      throw std::runtime_error(file + ": cannot resume: arch was " + at_key(d, "arch", file).toStringRef() +
+                               ", this run has " + options.arch);
+    }
+    check("num_classes", at_key(d, "num_classes", file).toInt(), resnet_options.num_classes);
+    const auto sa = at_key(d, "sampler", file).toGenericDict();
+    check("world size", at_key(sa, "num_replicas", file).toInt(), world);
+    check("batch size", at_key(sa, "batch_size", file).toInt(), options.batch_size);
+    check("accum steps", at_key(sa, "accum_steps", file).toInt(), options.accum_steps);
+    check("seed", at_key(sa, "seed", file).toInt(), static_cast<int64_t>(options.seed));
+    load_state_dict(*model, find_state_dict(at_key(d, "model", file), file), file);
+    load_optimizer_state(at_key(d, "optimizer", file), file);
+    const auto sc = at_key(d, "scaler", file).toGenericDict();
+    if (scaler && sc.size() > 0) {
+      scaler->set_state(at_key(sc, "scale", file).toDouble(), at_key(sc, "_growth_tracker", file).toInt());
+    }
+    load_rng_state(at_key(d, "rng", file).toGenericDict());
+    epoch = at_key(sa, "epoch", file).toInt();
+    batches_done = at_key(sa, "batches_consumed", file).toInt();
+    global_step = at_key(d, "step", file).toInt();
+    gpufeed::log_text(LogLevel::kInfo, "train: resumed from " + file + " at epoch " +
+                                           std::to_string(epoch) + ", batch " +
+                                           std::to_string(batches_done) + ", step " +
+                                           std::to_string(global_step));
+  }
 };
 
 Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.options = std::move(options);
   const TrainOptions& o = m.options;
-  if (o.epochs < 1 || o.batch_size < 1 || o.image_size < 8) {
-    throw std::invalid_argument("Trainer: epochs and batch_size must be >= 1, image_size >= 8");
+  if (o.epochs < 1 || o.batch_size < 1 || o.image_size < 8 || o.accum_steps < 1) {
+    throw std::invalid_argument("Trainer: epochs, batch_size and accum_steps must be >= 1, image_size >= 8");
   }
-  m.device = c10::Device(o.device);
-  m.train_set = std::make_shared<loader::ImageFolder>(o.data);
+  if (o.label_smoothing < 0 || o.label_smoothing >= 1) {
+    throw std::invalid_argument("Trainer: label_smoothing must be in [0, 1)");
+  }
 
-  sampler::DistributedSamplerOptions so;  // one replica: shuffled, seeded seed + epoch
+  // Distributed? torchrun's or Slurm's environment, or neither.
+  std::optional<DistEnv> env;
+  if (o.distributed != "off") {
+    env = detect_dist_env();
+    if (env && o.distributed == "auto" && env->source == "slurm" && env->world_size == 1) env.reset();
+    if (!env && o.distributed == "on") {
+      throw std::invalid_argument("Trainer: --distributed on, but neither torchrun's (RANK, WORLD_SIZE) "
+                                  "nor Slurm's (SLURM_PROCID, SLURM_NTASKS) environment is set");
+    }
+  }
+  std::string device = o.device;
+  if (env) {
+    if (!o.dp_devices.empty()) throw std::invalid_argument("Trainer: DataParallel (--devices) and a distributed run do not combine");
+    if (device == "cuda") device = "cuda:" + std::to_string(env->local_rank);
+  } else if (device == "cuda") {
+    device = "cuda:0";
+  }
+  if (!o.dp_devices.empty()) device = o.dp_devices.front();
+  m.device = c10::Device(device);
+  if (m.device.is_cuda()) {
+    if (!prefetch::cuda_available()) throw std::runtime_error("Trainer: " + device + " asked for, but no CUDA device is available");
+    c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(m.device);
+    if (o.cudnn_benchmark) at::globalContext().setBenchmarkCuDNN(true);
+  }
+  if (env) {
+    ProcessGroupOptions po;
+    po.backend = o.dist_backend;
+    po.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.dist_timeout_s * 1000));
+    m.group = ProcessGroup::create(*env, m.device, po);
+    m.rank = m.group->rank();
+    m.world = m.group->size();
+  }
+
+  m.train_set = loader::open_dataset(o.data);
+  sampler::DistributedSamplerOptions so;  // torch's DistributedSampler: shuffled, seed + epoch
+  so.num_replicas = m.world;
+  so.rank = m.rank;
   so.seed = o.seed;
-  auto sampler = std::make_shared<sampler::DistributedSampler>(m.train_set->size(), so);
-  m.train_loader = std::make_shared<loader::Loader>(m.train_set, sampler, m.loader_options(true),
+  m.train_sampler = std::make_shared<sampler::DistributedSampler>(m.train_set->size(), so);
+  m.train_loader = std::make_shared<loader::Loader>(m.train_set, m.train_sampler, m.loader_options(true),
                                                     prefetch::host_allocator_for(m.device));
   m.prefetch_options.device = m.device;
   m.prefetch_options.channels_last = o.channels_last;
+  if (m.amp() && m.device.is_cuda()) m.prefetch_options.dtype = m.amp_dtype();  // half the H2D traffic
   m.prefetcher = prefetch::make_prefetcher(m.train_loader, m.prefetch_options);
 
   torch::manual_seed(o.seed);
-  ResNetOptions ro;
-  ro.arch = o.arch;
-  ro.num_classes = static_cast<int64_t>(m.train_set->classes().size());
-  m.model = make_resnet(ro);
+  m.resnet_options.arch = o.arch;
+  m.resnet_options.num_classes = static_cast<int64_t>(m.train_set->classes().size());
+  m.resnet_options.zero_init_residual = o.zero_init_residual;
+  m.model = make_resnet(m.resnet_options);
+  if (o.init_weights) load_state_dict(*m.model, *o.init_weights);
   m.model->to(m.device);
   if (o.channels_last) to_channels_last(*m.model);
-  m.optimizer = std::make_unique<torch::optim::SGD>(
-      m.model->parameters(),
-      torch::optim::SGDOptions(scaled_lr()).momentum(o.momentum).weight_decay(o.weight_decay));
-  gpufeed::log_text(LogLevel::kInfo,
-                    c10::str("train: ", o.arch, " on ", m.device.str(), " (", m.train_set->size(),
-                             " images, ", ro.num_classes, " classes), lr ", o.lr, " per 256 -> ",
-                             scaled_lr(), " at batch ", o.batch_size));
+
+  // Parameter groups: with no_decay_norm_bias, BatchNorm parameters and biases go without decay.
+  std::vector<at::Tensor> decay, no_decay;
+  {
+    std::unordered_set<const c10::TensorImpl*> norm;
+    for (const auto& mod : m.model->modules(false)) {
+      if (dynamic_cast<torch::nn::BatchNorm2dImpl*>(mod.get())) {
+        for (const auto& p : mod->parameters(false)) norm.insert(p.unsafeGetTensorImpl());
+      }
+    }
+    for (const auto& p : m.model->named_parameters(true)) {
+      const bool is_bias = p.key() == "bias" || (p.key().size() > 5 && p.key().ends_with(".bias"));
+      const bool plain = o.no_decay_norm_bias && (is_bias || norm.count(p.value().unsafeGetTensorImpl()));
+      (plain ? no_decay : decay).push_back(p.value());
+    }
+  }
+  const double lr = scaled_lr();
+  auto sgd = [&](double wd) {
+    return std::make_unique<torch::optim::SGDOptions>(
+        torch::optim::SGDOptions(lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(wd));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, sgd(o.weight_decay));
+  if (!no_decay.empty()) groups.emplace_back(no_decay, sgd(0.0));
+  m.optimizer = std::make_unique<torch::optim::SGD>(groups, torch::optim::SGDOptions(lr).momentum(o.momentum));
+  m.params = decay;
+  m.params.insert(m.params.end(), no_decay.begin(), no_decay.end());
+
+  if (o.precision == Precision::kFloat16) m.scaler = std::make_unique<GradScaler>(m.device, o.grad_scaler);
+  if (o.resume) m.resume_from(*o.resume);
+
+  if (m.group) {
+    DdpOptions ddp_options;
+    ddp_options.bucket_cap_bytes = o.ddp_bucket_mb << 20;
+    m.ddp = std::make_unique<DistributedDataParallel>(m.model.ptr(), m.group, ddp_options);
+  } else if (!o.dp_devices.empty()) {
+    std::vector<c10::Device> devices;
+    for (const auto& d : o.dp_devices) devices.emplace_back(d);
+    ResNetOptions ro = m.resnet_options;
+    const bool cl = o.channels_last;
+    m.dp = std::make_unique<DataParallel>(
+        m.model.ptr(),
+        [ro, cl]() -> std::shared_ptr<torch::nn::Module> {
+          // Structure only: keep the global RNG where it was.
+          auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCPU));
+          at::Tensor state;
+          {
+            std::lock_guard<std::mutex> lock(gen.mutex());
+            state = gen.get_state();
+          }
+          auto r = make_resnet(ro);
+          if (cl) to_channels_last(*r);
+          std::lock_guard<std::mutex> lock(gen.mutex());
+          gen.set_state(state);
+          return r.ptr();
+        },
+        devices,
+        [](torch::nn::Module& mod, const at::Tensor& x) { return static_cast<ResNetImpl&>(mod).forward(x); });
+  }
+
+  std::string parallel = "1 process";
+  if (m.group) parallel = "DDP world " + std::to_string(m.world) + " (" + m.group->backend() + ")";
+  if (m.dp) parallel = "DataParallel over " + std::to_string(o.dp_devices.size()) + " devices";
+  gpufeed::log_text(
+      LogLevel::kInfo,
+      c10::str("train: ", o.arch, " on ", m.device.str(), ", ", parallel, " (", m.train_set->size(),
+               " images, ", m.resnet_options.num_classes, " classes); lr ", o.lr, " per 256 x global batch ",
+               global_batch(), " (", o.batch_size, " x ", o.accum_steps, " accum x ", m.world,
+               " ranks) = ", lr, "; schedule ", lr_schedule_kind_name(o.lr_schedule), ", warmup ",
+               o.warmup_epochs, " epochs; precision ",
+               o.precision == Precision::kFloat32 ? "fp32" : (o.precision == Precision::kBFloat16 ? "bf16" : "fp16"),
+               o.channels_last ? ", channels_last" : "",
+               m.device.is_cuda() && o.cudnn_benchmark ? ", cudnn.benchmark" : ""));
 }
 
 Trainer::~Trainer() = default;
 
 ResNet& Trainer::model() { return impl_->model; }
 double Trainer::scaled_lr() const {
-  return impl_->options.lr * static_cast<double>(impl_->options.batch_size) / 256.0;
+  return impl_->options.lr * static_cast<double>(global_batch()) / 256.0;
+}
+int64_t Trainer::global_batch() const {
+  return impl_->options.batch_size * impl_->options.accum_steps * impl_->world;
 }
 int64_t Trainer::num_classes() const {
   return static_cast<int64_t>(impl_->train_set->classes().size());
 }
+int Trainer::rank() const { return impl_->rank; }
+int Trainer::world_size() const { return impl_->world; }
+std::string Trainer::device() const { return impl_->device.str(); }
+const RunProfile& Trainer::profile() const { return impl_->profile; }
+void Trainer::set_step_callback(std::function<void(const StepStats&)> on_step) {
+  impl_->on_step = std::move(on_step);
+}
+void Trainer::request_stop(int reason) noexcept { impl_->stop_request.store(reason == 0 ? 1 : reason); }
+int Trainer::stopped() const { return impl_->stopped; }
+fs::path Trainer::last_checkpoint() const { return impl_->last_checkpoint; }
 
 std::vector<EpochStats> Trainer::fit(const std::function<void(const EpochStats&)>& on_epoch) {
   Impl& m = *impl_;
   const TrainOptions& o = m.options;
-  int64_t steps_per_epoch = m.train_loader->num_batches();
-  if (o.max_steps_per_epoch > 0) steps_per_epoch = std::min(steps_per_epoch, o.max_steps_per_epoch);
-  WarmupCosineSchedule schedule;
-  schedule.base_lr = scaled_lr();
-  schedule.warmup_steps = static_cast<int64_t>(std::lround(o.warmup_epochs * steps_per_epoch));
-  schedule.total_steps = std::max<int64_t>(schedule.warmup_steps + 1, o.epochs * steps_per_epoch);
+  const int64_t steps_per_epoch = m.steps_per_epoch();
+  const int64_t micro_per_epoch = m.micro_batches();
+  const LrSchedule schedule = m.schedule(scaled_lr());
+  auto& optimizer = *m.optimizer;
+  StopVote vote(m.group.get(), m.device);
+  m.stopped = 0;
 
   std::vector<EpochStats> history;
-  int64_t global_step = 0;
-  for (int64_t epoch = 0; epoch < o.epochs; ++epoch) {
-    m.model->train();
-    m.prefetcher->start_epoch(epoch);
+  RunInfo run;  // for the profiler (profiler.h): phases timed per step, verdict at the end
+  run.device = m.device.str();
+  run.model = o.arch;
+  run.epochs = o.epochs;
+  run.steps_per_epoch = steps_per_epoch * o.accum_steps;  // the profiler counts micro-batches
+  run.batch_size = o.batch_size;
+  run.hardware_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  run.workers = o.workers > 0 ? o.workers : run.hardware_threads;
+  run.prefetch_depth = o.prefetch_depth;
+  run.image_size = o.image_size;
+  run.allreduce = m.ddp != nullptr;  // else the all-reduce phase is recorded as zero-length
+  Profiler profiler(o.profile, run, m.train_loader.get());
+  const auto stat_options = at::TensorOptions().device(m.device);
+
+  for (int64_t epoch = m.epoch; epoch < o.epochs && m.stopped == 0; ++epoch) {
+    int64_t batch_index = epoch == m.epoch ? m.batches_done : 0;  // micro-batches done in this epoch
+    int64_t step_in_epoch = (batch_index + o.accum_steps - 1) / o.accum_steps;
+    m.set_train_mode();
+    m.train_sampler->set_epoch(epoch);  // DistributedSampler.set_epoch, every epoch
+    m.prefetcher->start_epoch(epoch, batch_index);
+    profiler.begin_epoch(epoch);
     EpochStats st;
     st.epoch = epoch;
-    double loss_sum = 0, wait_s = 0;
-    int64_t correct = 0;
+    double wait_s = 0;
+    at::Tensor loss_sum = at::zeros({1}, stat_options.dtype(at::kDouble));
+    at::Tensor correct = at::zeros({1}, stat_options.dtype(at::kLong));
     const auto t0 = Clock::now();
-    while (st.steps < steps_per_epoch) {
-      auto batch = m.prefetcher->next();
-      if (!batch) break;
-      wait_s += batch->wait_ms / 1000.0;
-      st.lr = schedule.lr(global_step);
-      for (auto& group : m.optimizer->param_groups()) {
-        static_cast<torch::optim::SGDOptions&>(group.options()).lr(st.lr);
+    while (step_in_epoch < steps_per_epoch && batch_index < micro_per_epoch) {
+      // One optimizer step: accum_steps micro-batches (fewer at the end of an epoch), each loss
+      // weighted by its share of the step's samples, so the gradient is the whole step's mean.
+      const int64_t micro = std::min(o.accum_steps, micro_per_epoch - batch_index);
+      int64_t step_samples = 0;
+      for (int64_t j = 0; j < micro; ++j) step_samples += m.micro_batch_size(batch_index + j);
+      st.lr = schedule.lr(m.global_step);
+      const std::optional<double> momentum = schedule.momentum(m.global_step);
+      for (auto& group : optimizer.param_groups()) {
+        auto& so = static_cast<torch::optim::SGDOptions&>(group.options());
+        so.lr(st.lr);
+        if (momentum) so.momentum(*momentum);
       }
-      m.optimizer->zero_grad(/*set_to_none=*/true);
-      const at::Tensor logits = m.model->forward(batch->images);
-      const at::Tensor loss = torch::nn::functional::cross_entropy(logits, batch->labels);
-      loss.backward();
-      m.optimizer->step();
-      const int64_t n = batch->labels.size(0);
-      loss_sum += loss.item<double>() * static_cast<double>(n);
-      correct += logits.argmax(1).eq(batch->labels).sum().item<int64_t>();
-      st.samples += n;
+      const double loss_scale = m.scaler ? m.scaler->get_scale() : 1.0;
+      at::Tensor step_loss = at::zeros({1}, stat_options.dtype(at::kDouble));
+      StepStats ss;
+      bool skipped = false;
+      for (int64_t j = 0; j < micro; ++j) {
+        const bool last = j + 1 == micro;
+        // Phase 1: data wait.
+        profiler.step_begin();
+        auto batch = m.prefetcher->next();
+        if (!batch) throw std::runtime_error("train: the loader ended the epoch early");
+        profiler.batch_ready(*batch);
+        wait_s += batch->wait_ms / 1000.0;
+        const int64_t n = batch->labels.size(0);
+        // Phase 2: forward + backward. Gradient all-reduces start inside backward as DDP's
+        // buckets fill (not for the micro-batches before the last: no_sync).
+        at::Tensor logits, loss;
+        {
+          std::optional<DistributedDataParallel::NoSync> no_sync;
+          if (m.ddp && !last) no_sync.emplace(*m.ddp);
+          if (m.ddp) m.ddp->pre_forward();
+          {
+            std::optional<AutocastGuard> autocast;
+            if (m.amp()) autocast.emplace(m.device.type(), m.amp_dtype());
+            logits = m.forward(batch->images);
+            loss = torch::nn::functional::cross_entropy(
+                logits.to(at::kFloat), batch->labels,
+                torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(o.label_smoothing));
+          }
+          at::Tensor objective = loss * (static_cast<double>(n) / static_cast<double>(step_samples));
+          if (m.scaler) objective = m.scaler->scale(objective);
+          objective.backward();
+        }
+        profiler.phase_done(Phase::kForwardBackward);
+        // Phase 3: all-reduce wait (DDP, last micro-batch only).
+        if (last && m.ddp) m.ddp->finish_gradient_sync();
+        profiler.phase_done(Phase::kAllReduce);
+        // Phase 4: optimizer step (last micro-batch only).
+        if (last) {
+          if (m.scaler) {
+            if (m.scaler->step_ok(m.params)) {
+              optimizer.step();
+            } else {
+              skipped = true;
+              ++st.skipped_steps;
+            }
+            m.scaler->update();
+          } else {
+            optimizer.step();
+          }
+          optimizer.zero_grad(/*set_to_none=*/true);
+        }
+        profiler.phase_done(Phase::kOptimizer);
+        {
+          torch::NoGradGuard no_grad;
+          const at::Tensor l = loss.detach().to(at::kDouble) * static_cast<double>(n);
+          loss_sum += l;
+          step_loss += l;
+          correct += logits.detach().argmax(1).eq(batch->labels).sum();
+        }
+        if (m.on_step) ss.indices.insert(ss.indices.end(), batch->indices.begin(), batch->indices.end());
+        st.samples += n;
+        ++batch_index;
+        profiler.step_end(n);
+      }
       ++st.steps;
-      ++global_step;
+      ++step_in_epoch;
+      if (m.on_step) {
+        ss.epoch = epoch;
+        ss.step = m.global_step;
+        ss.samples = step_samples;
+        ss.loss = step_loss.item<double>() / static_cast<double>(step_samples);
+        ss.lr = st.lr;
+        ss.skipped = skipped;
+        ss.loss_scale = loss_scale;
+        m.on_step(ss);
+      }
+      ++m.global_step;
+      int local = m.stop_request.load();
+      if (local == 0 && o.stop_flag) local = o.stop_flag->load();
+      if (const int stop = vote.after_step(local); stop != 0) m.stopped = stop;
+      const bool epoch_over = step_in_epoch >= steps_per_epoch || batch_index >= micro_per_epoch;
+      if (m.stopped != 0) {
+        m.write_checkpoint(epoch_over ? epoch + 1 : epoch, epoch_over ? 0 : batch_index, /*on_stop=*/true);
+        gpufeed::log_text(LogLevel::kWarn, "train: stop requested (" + std::to_string(m.stopped) +
+                                               "): stopped after step " + std::to_string(m.global_step));
+        break;
+      }
+      if (o.checkpoint_every_steps > 0 && m.global_step % o.checkpoint_every_steps == 0 && !epoch_over) {
+        m.write_checkpoint(epoch, batch_index);
+      }
     }
     st.seconds = seconds_since(t0);
-    st.loss = st.samples ? loss_sum / static_cast<double>(st.samples) : 0;
-    st.top1 = st.samples ? static_cast<double>(correct) / static_cast<double>(st.samples) : 0;
-    st.images_per_s = st.seconds > 0 ? static_cast<double>(st.samples) / st.seconds : 0;
+    profiler.end_epoch();
+    // Totals over all ranks.
+    at::Tensor totals = at::cat({loss_sum, correct.to(at::kDouble),
+                                 at::full({1}, static_cast<double>(st.samples), stat_options.dtype(at::kDouble))});
+    if (m.group) {
+      std::vector<at::Tensor> t{totals};
+      m.group->all_reduce_sum(t);
+    }
+    const at::Tensor tot = totals.cpu();
+    const double samples = tot[2].item<double>();
+    st.samples = static_cast<int64_t>(samples);
+    st.loss = samples > 0 ? tot[0].item<double>() / samples : 0;
+    st.top1 = samples > 0 ? tot[1].item<double>() / samples : 0;
+    st.images_per_s = st.seconds > 0 ? samples / st.seconds : 0;
     st.data_wait_fraction = st.seconds > 0 ? wait_s / st.seconds : 0;
+    if (m.stopped != 0) {
+      history.push_back(st);
+      if (on_epoch) on_epoch(st);
+      break;
+    }
     if (o.val_data) {
       const EvalStats ev = evaluate(*o.val_data);
       st.val_loss = ev.loss;
       st.val_top1 = ev.top1;
       st.val_top5 = ev.top5;
     }
+    m.epoch = epoch + 1;
+    m.batches_done = 0;
+    m.write_checkpoint(epoch + 1, 0);
     history.push_back(st);
     if (on_epoch) on_epoch(st);
   }
-  if (o.checkpoint) {
-    save_state_dict(*m.model, *o.checkpoint);
-    gpufeed::log_text(LogLevel::kInfo, "train: wrote state_dict to " + o.checkpoint->string());
+  m.profile = profiler.finish();
+  if (o.checkpoint && m.stopped == 0) {
+    const bool per_rank = o.checkpoint->string().find("{rank}") != std::string::npos;
+    if (per_rank || m.main_rank()) {
+      const fs::path path = replace_rank(*o.checkpoint, m.rank);
+      save_state_dict(*m.model, path);
+      gpufeed::log_text(LogLevel::kInfo, "train: wrote state_dict to " + path.string());
+    }
   }
   return history;
 }
 
-EvalStats Trainer::evaluate(const std::filesystem::path& root) {
+EvalStats Trainer::evaluate(const fs::path& root) {
   Impl& m = *impl_;
-  auto dataset = std::make_shared<loader::ImageFolder>(root);
+  auto dataset = loader::open_dataset(root);
   if (dataset->classes() != m.train_set->classes()) {
-    throw std::runtime_error("evaluate: classes of " + root.string() +
-                             " differ from the training set's");
+    throw std::runtime_error("evaluate: classes of " + root.string() + " differ from the training set's");
   }
-  auto lo = m.loader_options(false);
-  auto sampler = std::make_shared<sampler::SequentialSampler>(dataset->size());
-  auto loader = std::make_shared<loader::Loader>(dataset, sampler, lo,
+  const int64_t n_total = dataset->size();
+  sampler::DistributedSamplerOptions so;
+  so.num_replicas = m.world;
+  so.rank = m.rank;
+  so.shuffle = false;
+  auto sampler = std::make_shared<sampler::DistributedSampler>(n_total, so);
+  auto loader = std::make_shared<loader::Loader>(dataset, sampler, m.loader_options(false),
                                                  prefetch::host_allocator_for(m.device));
   auto prefetcher = prefetch::make_prefetcher(loader, m.prefetch_options);
   m.model->eval();
   torch::NoGradGuard no_grad;
-  EvalStats ev;
-  double loss_sum = 0;
-  int64_t top1 = 0, top5 = 0;
+  const auto opts = at::TensorOptions().device(m.device).dtype(at::kDouble);
+  at::Tensor sums = at::zeros({4}, opts);  // loss, top1, top5, samples
+  int64_t position = 0;                    // this rank's sample number in its shard
   prefetcher->start_epoch(0);
   while (auto batch = prefetcher->next()) {
-    const at::Tensor logits = m.model->forward(batch->images);
-    loss_sum += torch::nn::functional::cross_entropy(logits, batch->labels).item<double>() *
-                static_cast<double>(batch->labels.size(0));
-    auto [c1, c5] = topk_correct(logits, batch->labels);
-    top1 += c1;
-    top5 += c5;
-    ev.samples += batch->labels.size(0);
+    at::Tensor logits;
+    {
+      std::optional<AutocastGuard> autocast;
+      if (m.amp()) autocast.emplace(m.device.type(), m.amp_dtype());
+      logits = m.forward(batch->images).to(at::kFloat);
+    }
+    const int64_t n = batch->labels.size(0);
+    // Sample i of this rank is position rank + i * world of the padded list: count real ones.
+    std::vector<double> keep(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) keep[static_cast<size_t>(i)] = m.rank + (position + i) * m.world < n_total ? 1.0 : 0.0;
+    position += n;
+    const at::Tensor mask = at::tensor(keep, at::TensorOptions().dtype(at::kDouble)).to(m.device);
+    const at::Tensor losses = torch::nn::functional::cross_entropy(
+        logits, batch->labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+    auto [h1, h5] = topk_hits(logits, batch->labels);
+    sums += at::stack({(losses.to(at::kDouble) * mask).sum(), (h1.to(at::kDouble) * mask).sum(),
+                       (h5.to(at::kDouble) * mask).sum(), mask.sum()});
   }
+  if (m.group) {
+    std::vector<at::Tensor> t{sums};
+    m.group->all_reduce_sum(t);
+  }
+  const at::Tensor s = sums.cpu();
+  EvalStats ev;
+  ev.samples = static_cast<int64_t>(s[3].item<double>());
   if (ev.samples > 0) {
-    ev.loss = loss_sum / static_cast<double>(ev.samples);
-    ev.top1 = static_cast<double>(top1) / static_cast<double>(ev.samples);
-    ev.top5 = static_cast<double>(top5) / static_cast<double>(ev.samples);
+    const double k = static_cast<double>(ev.samples);
+    ev.loss = s[0].item<double>() / k;
+    ev.top1 = s[1].item<double>() / k;
+    ev.top5 = s[2].item<double>() / k;
   }
   return ev;
 }

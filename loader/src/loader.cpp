@@ -11,8 +11,6 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
-#include <opencv2/core.hpp>
-#include <opencv2/imgproc.hpp>
 #include <stdexcept>
 #include <thread>
 
@@ -23,12 +21,45 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// ThreadSanitizer and oneTBB: Debian's libtbb is not instrumented, so TSan cannot see the ordering
+// its scheduler provides between queueing a task and running it, or between a parallel_for's
+// chunks and its return, and would report the task's first reads as races. Two measures make
+// those orderings visible: the enqueue of a batch's task happens under tbb_handoff_mutex(), which
+// the task takes before touching its captures (a real, uncontended lock per batch, in every
+// build); the annotations below, no-ops outside TSan builds, order a parallel_for's start before
+// its chunks and its chunks before its return.
+std::mutex& tbb_handoff_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+#if defined(__SANITIZE_THREAD__)
+#define GPUFEED_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define GPUFEED_TSAN 1
+#endif
+#endif
+#ifdef GPUFEED_TSAN
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+void tsan_release(const void* token) { __tsan_release(const_cast<void*>(token)); }
+void tsan_acquire(const void* token) { __tsan_acquire(const_cast<void*>(token)); }
+#else
+void tsan_release(const void*) {}
+void tsan_acquire(const void*) {}
+#endif
+const char tsan_chunks_start = 0;  // the annotations' sync addresses
+const char tsan_chunks_end = 0;
+
 // Per-thread decode state: the decoder (libjpeg handle), the file bytes and the decoded pixels.
 // Buffers grow to the largest file/image seen and are then reused: no per-sample allocation.
 struct Worker {
   decode::Decoder decoder;
   std::vector<uint8_t> bytes;
   decode::ImageBuffer image;
+  Resizer resizer;     // filter tables and one row, reused
+  std::string source;  // the path as text for errors, reusing its capacity
 };
 
 Worker& thread_worker() {
@@ -38,19 +69,15 @@ Worker& thread_worker() {
 
 struct SampleCost {
   int64_t read_ns = 0, decode_ns = 0, resize_ns = 0, bytes = 0, pixels = 0;
+  int64_t index = -1, epoch = 0, start_ns = 0;  // for the sample observer
 };
 
-int64_t ns_since(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count();
-}
-
-void flip_horizontal(uint8_t* img, int size) {
-  for (int y = 0; y < size; ++y) {
-    uint8_t* row = img + static_cast<size_t>(y) * size * 3;
-    for (int a = 0, b = size - 1; a < b; ++a, --b) {
-      std::swap_ranges(row + a * 3, row + a * 3 + 3, row + b * 3);
-    }
-  }
+// Nanoseconds since `t`, and moves `t` to now: one clock read ends a stage and starts the next.
+int64_t lap_ns(Clock::time_point& t) {
+  const auto now = Clock::now();
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - t).count();
+  t = now;
+  return ns;
 }
 
 // The one place a sample becomes pixels: read, probe, plan from the header, decode only the
@@ -60,30 +87,27 @@ SampleCost transform_into(const SampleRef& ref, int64_t index, int64_t epoch,
   Worker& w = thread_worker();
   SampleCost cost;
   auto t0 = Clock::now();
+  cost.index = index;
+  cost.epoch = epoch;
+  cost.start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count();
   decode::read_file(ref.path, w.bytes);
-  cost.read_ns = ns_since(t0);
+  cost.read_ns = lap_ns(t0);  // stages back to back, so a trace's spans nest exactly
   cost.bytes = static_cast<int64_t>(w.bytes.size());
 
-  t0 = Clock::now();
-  const std::string source = ref.path.string();
-  const decode::ImageInfo info = decode::probe(w.bytes, source);
-  const SamplePlan plan = plan_sample(o.transform, info.width, info.height, o.seed, epoch, index);
-  decode::DecodeOptions d = o.decode;
-  d.crop = plan.box;
-  d.scale = decode::choose_scale(info, plan.box, plan.output_size, plan.output_size);
-  w.decoder.decode(w.bytes, source, d, w.image);
-  cost.decode_ns = ns_since(t0);
+  w.source.assign(ref.path.native());
+  const decode::ImageInfo info = decode::probe(w.bytes, w.source);
+  // Plans are made in the frame the decoder returns: displayed when EXIF orientation is applied.
+  const bool upright = o.decode.apply_exif_orientation && info.orientation >= 5;
+  const SamplePlan plan = plan_sample(o.transform, upright ? info.height : info.width,
+                                      upright ? info.width : info.height, o.seed, epoch, index);
+  const decode::DecodeResult decoded =
+      w.decoder.decode(w.bytes, w.source, decode_options_for(plan, info, o.decode), w.image);
+  cost.decode_ns = lap_ns(t0);
   cost.pixels = static_cast<int64_t>(w.image.width) * w.image.height;
 
-  t0 = Clock::now();
-  const int s = plan.output_size;
-  const cv::Mat src(w.image.height, w.image.width, CV_8UC3, w.image.pixels.data());
-  cv::Mat dst(s, s, CV_8UC3, out);  // a header over the slot row: resize writes in place
-  const int interp = (src.cols > s && src.rows > s) ? cv::INTER_AREA : cv::INTER_LINEAR;
-  cv::resize(src, dst, dst.size(), 0, 0, interp);
-  if (dst.data != out) throw std::logic_error("resize reallocated the slot view");
-  if (plan.flip) flip_horizontal(out, s);
-  cost.resize_ns = ns_since(t0);
+  // Straight into the slot's row, mirrored there when the plan flips.
+  resize_sample(plan, decoded, w.image, w.resizer, out);
+  cost.resize_ns = lap_ns(t0);
   return cost;
 }
 
@@ -111,10 +135,37 @@ struct InFlight {
   Slot* slot = nullptr;
   std::vector<int64_t> indices;
   bool done = false;                 // guarded by Impl::mu
-  std::mutex mu;                     // guards error and skipped
-  std::exception_ptr error;
+  std::mutex mu;                     // guards error, error_k and skipped
+  std::exception_ptr error;          // of the failing sample first in sampler order (error_k)
+  size_t error_k = SIZE_MAX;
   std::vector<SkippedSample> skipped;
+
+  // Keeps the error of the sample earliest in the batch, so which error next() throws does not
+  // depend on which thread finished first.
+  void fail(size_t k, std::exception_ptr e) {
+    std::lock_guard<std::mutex> g(mu);
+    if (k < error_k) {
+      error_k = k;
+      error = std::move(e);
+    }
+  }
 };
+
+// kind and reason of a failure, as SkippedSample reports them.
+void describe_failure(const std::exception_ptr& failure, SkippedSample& skip) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const decode::DecodeError& e) {
+    skip.kind = std::string(decode::to_string(e.kind()));
+    skip.reason = e.reason();
+  } catch (const std::exception& e) {
+    skip.kind = "error";
+    skip.reason = e.what();
+  } catch (...) {
+    skip.kind = "error";
+    skip.reason = "unknown exception";
+  }
+}
 
 struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   std::shared_ptr<const Dataset> dataset;
@@ -141,7 +192,15 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   int running_tasks = 0;
   bool shutdown = false;
   std::atomic<uint64_t> generation{0};
-  std::atomic<int64_t> epoch_skips{0};
+  // The skip account of the current epoch over the batches next() returned (guarded by mu);
+  // `ended` once the skip limit stopped the epoch early.
+  EpochSummary summary;
+  bool ended = false;
+
+  // Profiling: per-stage histograms and an optional per-sample observer (see account()).
+  using Histogram = std::array<std::atomic<int64_t>, LatencyHistogram::kBuckets>;
+  Histogram read_hist{}, decode_hist{}, resize_hist{};
+  std::atomic<std::shared_ptr<const std::function<void(const SampleTiming&)>>> observer;
 
   std::atomic<int64_t> samples{0}, skipped{0}, bytes_read{0}, read_ns{0}, decode_ns{0},
       resize_ns{0}, pixels{0};
@@ -196,14 +255,33 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
       ++next_submit;
       inflight.push_back(f);
       ++running_tasks;
-      arena.enqueue([this, f, gen = generation.load(), ep = epoch, flat = epoch_indices] {
-        run_batch(*f, gen, ep, *flat);
+      // The task captures only plain values and pointers: the InFlight stays owned by
+      // `inflight` and the epoch's indices by `epoch_indices` until drain() or next() has seen
+      // the task finish (running_tasks, done), so it never frees anything after it says so.
+      // Its captures are written under tbb_handoff_mutex() and read under it by the task.
+      std::lock_guard<std::mutex> handoff(tbb_handoff_mutex());
+      arena.enqueue([this, f = f.get(), gen = generation.load(), ep = epoch,
+                     flat = epoch_indices.get()] {
+        Impl* self;
+        InFlight* batch;
+        uint64_t batch_gen;
+        int64_t batch_epoch;
+        const std::vector<int64_t>* order;
         {
-          std::lock_guard<std::mutex> g(mu);
-          f->done = true;
-          --running_tasks;
+          std::lock_guard<std::mutex> handed_over(tbb_handoff_mutex());
+          self = this;
+          batch = f;
+          batch_gen = gen;
+          batch_epoch = ep;
+          order = flat;
         }
-        cv.notify_all();
+        self->run_batch(*batch, batch_gen, batch_epoch, *order);
+        // Notify under the lock: once running_tasks drops to 0 a draining destructor may free
+        // the Impl (and cv) as soon as it can take mu, so the task must be done with both by then.
+        std::lock_guard<std::mutex> g(self->mu);
+        batch->done = true;
+        --self->running_tasks;
+        self->cv.notify_all();
       });
     }
   }
@@ -211,12 +289,16 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   void run_batch(InFlight& f, uint64_t gen, int64_t ep, const std::vector<int64_t>& flat) {
     const auto n = f.indices.size();
     const int64_t base_pos = f.batch_index * options.batch_size;
+    tsan_release(&tsan_chunks_start);
     tbb::parallel_for(tbb::blocked_range<size_t>(0, n, 1), [&](const tbb::blocked_range<size_t>& r) {
+      tsan_acquire(&tsan_chunks_start);
       for (size_t k = r.begin(); k < r.end(); ++k) {
-        if (generation.load(std::memory_order_relaxed) != gen) return;  // cancelled
-        run_sample(f, k, ep, base_pos + static_cast<int64_t>(k), flat);
+        if (generation.load(std::memory_order_relaxed) != gen) break;  // cancelled
+        run_sample(f, k, gen, ep, base_pos + static_cast<int64_t>(k), flat);
       }
+      tsan_release(&tsan_chunks_end);
     });
+    tsan_acquire(&tsan_chunks_end);
   }
 
   void account(const SampleCost& c) {
@@ -226,9 +308,24 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     decode_ns.fetch_add(c.decode_ns, std::memory_order_relaxed);
     resize_ns.fetch_add(c.resize_ns, std::memory_order_relaxed);
     pixels.fetch_add(c.pixels, std::memory_order_relaxed);
+    read_hist[LatencyHistogram::bucket_of_ns(c.read_ns)].fetch_add(1, std::memory_order_relaxed);
+    decode_hist[LatencyHistogram::bucket_of_ns(c.decode_ns)].fetch_add(1, std::memory_order_relaxed);
+    resize_hist[LatencyHistogram::bucket_of_ns(c.resize_ns)].fetch_add(1, std::memory_order_relaxed);
+    if (auto obs = observer.load(std::memory_order_acquire)) {
+      SampleTiming t;
+      t.index = c.index;
+      t.epoch = c.epoch;
+      t.thread = std::max(0, tbb::this_task_arena::current_thread_index());
+      t.start_ns = c.start_ns;
+      t.read_ns = c.read_ns;
+      t.decode_ns = c.decode_ns;
+      t.resize_ns = c.resize_ns;
+      (*obs)(t);
+    }
   }
 
-  void run_sample(InFlight& f, size_t k, int64_t ep, int64_t pos, const std::vector<int64_t>& flat) {
+  void run_sample(InFlight& f, size_t k, uint64_t gen, int64_t ep, int64_t pos,
+                  const std::vector<int64_t>& flat) {
     uint8_t* out = f.slot->images + static_cast<size_t>(sample_bytes) * k;
     const int64_t index = f.indices[k];
     std::exception_ptr failure;
@@ -241,49 +338,41 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
       failure = std::current_exception();
     }
     if (options.error_policy == ErrorPolicy::kRaise) {
-      std::lock_guard<std::mutex> g(f.mu);
-      if (!f.error) f.error = failure;
+      f.fail(k, std::move(failure));
       return;
     }
-    // Skip policy: the replacement is the next sample of this rank's epoch list that decodes, a
-    // choice fixed by (epoch, position), so every run and every thread count picks the same.
+    // Skip policy: the replacement is the next sample of this rank's epoch list that loads, a
+    // choice fixed by (epoch, position) and the files alone, so every run and every thread count
+    // picks the same. max_skips is enforced by next(), in sampler order, for the same reason.
     SkippedSample skip;
     skip.index = index;
-    skip.path = dataset->at(index).path.string();
-    try {
-      std::rethrow_exception(failure);
-    } catch (const std::exception& e) {
-      skip.reason = e.what();
-    } catch (...) {
-      skip.reason = "unknown error";
-    }
-    gpufeed::log()->warn("skipping sample {}: {}", index, skip.reason);
-    const int64_t count = epoch_skips.fetch_add(1) + 1;
+    skip.position = pos;
+    if (index >= 0 && index < dataset->size()) skip.path = dataset->at(index).path.string();
+    describe_failure(failure, skip);
+    gpufeed::log()->warn("skipping sample {} ({}): {}: {}", index, skip.path, skip.kind,
+                         skip.reason);
     skipped.fetch_add(1, std::memory_order_relaxed);
-    std::exception_ptr last;
-    if (count <= options.max_skips) {
-      const auto len = static_cast<int64_t>(flat.size());
-      for (int64_t step = 1; step < std::min<int64_t>(len, 64); ++step) {
-        const int64_t candidate = flat[static_cast<size_t>((pos + step) % len)];
-        try {
-          const SampleRef& ref = dataset->at(candidate);
-          account(transform_into(ref, candidate, ep, options, out));
-          f.slot->labels[k] = ref.label;
-          skip.replaced_by = candidate;
-          break;
-        } catch (...) {
-          last = std::current_exception();
-        }
+    const auto len = static_cast<int64_t>(flat.size());
+    for (int64_t step = 1; step < std::min<int64_t>(len, 64); ++step) {
+      if (generation.load(std::memory_order_relaxed) != gen) return;  // cancelled
+      const int64_t candidate = flat[static_cast<size_t>((pos + step) % len)];
+      try {
+        const SampleRef& ref = dataset->at(candidate);
+        account(transform_into(ref, candidate, ep, options, out));
+        f.slot->labels[k] = ref.label;
+        skip.replaced_by = candidate;
+        break;
+      } catch (...) {
+        // That candidate fails too (it is reported at its own position); try the next.
       }
     }
-    std::lock_guard<std::mutex> g(f.mu);
-    if (skip.replaced_by < 0 && !f.error) {
-      f.error = std::make_exception_ptr(std::runtime_error(
-          count > options.max_skips
-              ? "loader: more than max_skips=" + std::to_string(options.max_skips) +
-                    " samples skipped in epoch " + std::to_string(ep) + "; last: " + skip.reason
-              : "loader: no replacement decodes for " + skip.path + " (" + skip.reason + ")"));
+    if (skip.replaced_by < 0) {
+      f.fail(k, std::make_exception_ptr(std::runtime_error(
+                    "loader: no replacement loads for " + skip.path + " (" + skip.kind + ": " +
+                    skip.reason + ") among the next " + std::to_string(std::min<int64_t>(len, 64) - 1) +
+                    " samples of epoch " + std::to_string(ep))));
     }
+    std::lock_guard<std::mutex> g(f.mu);
     f.skipped.push_back(std::move(skip));
   }
 
@@ -328,7 +417,9 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
   m.batches = std::move(batches);
   m.epoch_indices = std::move(flat);
   m.epoch = epoch;
-  m.epoch_skips = 0;
+  m.summary = EpochSummary{};
+  m.summary.epoch = epoch;
+  m.ended = false;
   m.next_submit = std::clamp<int64_t>(start_batch, 0, static_cast<int64_t>(m.batches->size()));
   m.consumed = m.next_submit;
   m.pump(lk);
@@ -344,6 +435,10 @@ std::optional<Batch> Loader::next() {
                              " slots are held by unreleased Batches; release one first or raise "
                              "prefetch_depth");
     }
+    if (m.batches && !m.ended && !m.summary.complete) {
+      m.summary.complete = true;  // the end-of-epoch report, once
+      if (m.summary.skipped > 0) gpufeed::log()->warn("loader: {}", m.summary.to_string());
+    }
     return std::nullopt;
   }
   std::shared_ptr<InFlight> f = m.inflight.front();
@@ -354,6 +449,27 @@ std::optional<Batch> Loader::next() {
     m.free_slots.push_back(f->slot);
     m.pump(lk);
     std::rethrow_exception(f->error);
+  }
+  std::sort(f->skipped.begin(), f->skipped.end(),
+            [](const SkippedSample& a, const SkippedSample& b) { return a.position < b.position; });
+  EpochSummary& sum = m.summary;
+  ++sum.batches;
+  sum.samples += static_cast<int64_t>(f->indices.size());
+  for (const SkippedSample& s : f->skipped) {
+    ++sum.skipped_by_kind[s.kind];
+    sum.skips.push_back(s);
+  }
+  sum.skipped += static_cast<int64_t>(f->skipped.size());
+  if (m.options.error_policy == ErrorPolicy::kSkip && sum.skipped > m.options.max_skips) {
+    // Counted in sampler order, so the same batch crosses the limit for any thread count. The
+    // epoch ends here: in-flight batches are cancelled and nothing more is scheduled.
+    EpochSummary at_limit = sum;
+    m.ended = true;
+    m.free_slots.push_back(f->slot);
+    m.drain(lk);
+    m.next_submit = static_cast<int64_t>(m.batches->size());
+    gpufeed::log()->error("loader: {}", at_limit.to_string());
+    throw SkipLimitExceeded(std::move(at_limit), m.options.max_skips);
   }
   Batch b;
   b.images = f->slot->images;
@@ -382,7 +498,70 @@ sampler::SamplerState Loader::state() const {
 
 const LoaderOptions& Loader::options() const { return impl_->options; }
 const Dataset& Loader::dataset() const { return *impl_->dataset; }
-int64_t Loader::epoch_skips() const { return impl_->epoch_skips.load(); }
+int64_t Loader::epoch_skips() const {
+  std::lock_guard<std::mutex> g(impl_->mu);
+  return impl_->summary.skipped;
+}
+
+EpochSummary Loader::epoch_summary() const {
+  std::lock_guard<std::mutex> g(impl_->mu);
+  return impl_->summary;
+}
+
+std::string EpochSummary::to_string() const {
+  std::string text = "epoch " + std::to_string(epoch) + ": " + std::to_string(batches) +
+                     " batches, " + std::to_string(samples) + " samples, " +
+                     std::to_string(skipped) + " skipped";
+  if (!skipped_by_kind.empty()) {
+    text += " (";
+    bool first = true;
+    for (const auto& [kind, n] : skipped_by_kind) {
+      text += (first ? "" : ", ") + kind + " " + std::to_string(n);
+      first = false;
+    }
+    text += ")";
+  }
+  for (const SkippedSample& s : skips) text += "\n  " + s.path + ": " + s.kind + ": " + s.reason;
+  return text;
+}
+
+SkipLimitExceeded::SkipLimitExceeded(EpochSummary summary, int64_t max_skips)
+    : std::runtime_error("loader: " + std::to_string(summary.skipped) + " samples skipped in epoch " +
+                         std::to_string(summary.epoch) + ", more than max_skips=" +
+                         std::to_string(max_skips) +
+                         (summary.skips.empty() ? std::string()
+                                                : "; the last: " + summary.skips.back().path + ": " +
+                                                      summary.skips.back().kind + ": " +
+                                                      summary.skips.back().reason)),
+      summary_(std::move(summary)),
+      max_skips_(max_skips) {}
+
+LoaderHistograms Loader::histograms() const {
+  const auto copy = [](const Impl::Histogram& from, LatencyHistogram& to) {
+    for (size_t k = 0; k < from.size(); ++k) to.counts[k] = from[k].load(std::memory_order_relaxed);
+  };
+  LoaderHistograms h;
+  copy(impl_->read_hist, h.read);
+  copy(impl_->decode_hist, h.decode);
+  copy(impl_->resize_hist, h.resize);
+  return h;
+}
+
+SlotCounts Loader::slot_counts() const {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> g(m.mu);
+  SlotCounts c;
+  for (const auto& f : m.inflight) (f->done ? c.ready : c.in_flight) += 1;
+  c.free = static_cast<int>(m.free_slots.size());
+  c.held = static_cast<int>(m.slots.size()) - c.ready - c.in_flight - c.free;
+  return c;
+}
+
+void Loader::set_sample_observer(std::function<void(const SampleTiming&)> observer) {
+  std::shared_ptr<const std::function<void(const SampleTiming&)>> p;
+  if (observer) p = std::make_shared<const std::function<void(const SampleTiming&)>>(std::move(observer));
+  impl_->observer.store(std::move(p), std::memory_order_release);
+}
 
 LoaderStats Loader::stats() const {
   const Impl& m = *impl_;

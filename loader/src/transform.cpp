@@ -1,5 +1,6 @@
 #include "gpufeed/loader/transform.h"
 
+#include <algorithm>
 #include <cfenv>
 #include <cmath>
 #include <stdexcept>
@@ -126,20 +127,99 @@ CropRect center_crop_box(int width, int height, const ResizeCenterCropOptions& o
   return {x0, y0, x1 - x0, y1 - y0};
 }
 
+BoxF center_crop_region(int width, int height, const ResizeCenterCropOptions& o) {
+  if (o.crop > o.resize) {
+    throw std::invalid_argument("center_crop_region: crop " + std::to_string(o.crop) +
+                                " larger than resize " + std::to_string(o.resize));
+  }
+  // The same resized size and offsets as center_crop_box (torchvision's), without rounding back.
+  const bool wide = width >= height;
+  const int shorter = wide ? height : width;
+  const int longer = wide ? width : height;
+  const int new_long = static_cast<int>(static_cast<int64_t>(o.resize) * longer / shorter);
+  const int new_w = wide ? new_long : o.resize;
+  const int new_h = wide ? o.resize : new_long;
+  const int top = py_round((new_h - o.crop) / 2.0);
+  const int left = py_round((new_w - o.crop) / 2.0);
+  const double sx = static_cast<double>(width) / new_w;
+  const double sy = static_cast<double>(height) / new_h;
+  // A crop larger than the resized image (an image with a side below `crop` after resizing)
+  // pads with zeros in torchvision; the region is clamped to the image instead.
+  BoxF r{left * sx, top * sy, (left + o.crop) * sx, (top + o.crop) * sy};
+  r.x0 = std::max(r.x0, 0.0);
+  r.y0 = std::max(r.y0, 0.0);
+  r.x1 = std::min(r.x1, static_cast<double>(width));
+  r.y1 = std::min(r.y1, static_cast<double>(height));
+  return r;
+}
+
 SamplePlan plan_sample(const TransformOptions& options, int width, int height, uint64_t seed,
                        int64_t epoch, int64_t index) {
   SamplePlan plan;
   plan.output_size = options.output_size();
   if (options.kind == TransformOptions::Kind::kEval) {
-    plan.box = center_crop_box(width, height, options.eval);
+    plan.region = center_crop_region(width, height, options.eval);
+    const int x0 = static_cast<int>(std::floor(plan.region.x0));
+    const int y0 = static_cast<int>(std::floor(plan.region.y0));
+    const int x1 = std::max(static_cast<int>(std::ceil(plan.region.x1)), x0 + 1);
+    const int y1 = std::max(static_cast<int>(std::ceil(plan.region.y1)), y0 + 1);
+    plan.box = {x0, y0, std::min(x1, width) - x0, std::min(y1, height) - y0};
+    plan.taps_clamped_to_box = false;
     return plan;
   }
   SampleRng rng(seed, epoch, index);
   RngDrawSource draws(rng);
   plan.box = random_resized_crop_box(width, height, options.rrc, draws);
+  plan.region = {static_cast<double>(plan.box.x), static_cast<double>(plan.box.y),
+                 static_cast<double>(plan.box.x + plan.box.width),
+                 static_cast<double>(plan.box.y + plan.box.height)};
+  plan.taps_clamped_to_box = true;
   // RandomHorizontalFlip: torch.rand(1) < p.
   plan.flip = rng.uniform(0.0f, 1.0f) < options.flip_probability;
   return plan;
+}
+
+decode::DecodeOptions decode_options_for(const SamplePlan& plan, const decode::ImageInfo& info,
+                                         const decode::DecodeOptions& base) {
+  decode::DecodeOptions d = base;
+  d.scale = decode::choose_scale(info, plan.box, plan.output_size, plan.output_size);
+  d.crop = plan.box;
+  if (!plan.taps_clamped_to_box) {
+    // The filter reaches max(scale, 1) decoded pixels from an output pixel's centre: in source
+    // pixels, max(region / output, 8 / num). One more pixel covers the rounding of the tap range.
+    const double out = plan.output_size;
+    const double unit = 8.0 / d.scale.num;
+    const int mx = static_cast<int>(std::ceil(std::max(plan.region.width() / out, unit))) + 1;
+    const int my = static_cast<int>(std::ceil(std::max(plan.region.height() / out, unit))) + 1;
+    const int x0 = std::max(plan.box.x - mx, 0);
+    const int y0 = std::max(plan.box.y - my, 0);
+    const int x1 = std::min(plan.box.x + plan.box.width + mx, info.width);
+    const int y1 = std::min(plan.box.y + plan.box.height + my, info.height);
+    d.crop = {x0, y0, x1 - x0, y1 - y0};
+  }
+  return d;
+}
+
+BoxF decoded_region(const SamplePlan& plan, const decode::DecodeResult& result) {
+  const double s = result.scale.num / 8.0;
+  const CropRect& at = result.scaled_region;
+  const double w = at.width, h = at.height;
+  return {std::clamp(plan.region.x0 * s - at.x, 0.0, w), std::clamp(plan.region.y0 * s - at.y, 0.0, h),
+          std::clamp(plan.region.x1 * s - at.x, 0.0, w), std::clamp(plan.region.y1 * s - at.y, 0.0, h)};
+}
+
+void resize_sample(const SamplePlan& plan, const decode::DecodeResult& result,
+                   const decode::ImageBuffer& image, Resizer& resizer, uint8_t* out) {
+  if (image.width != result.scaled_region.width || image.height != result.scaled_region.height) {
+    throw std::invalid_argument("resize_sample: the image is " + std::to_string(image.width) + "x" +
+                                std::to_string(image.height) + " but the decode result says " +
+                                std::to_string(result.scaled_region.width) + "x" +
+                                std::to_string(result.scaled_region.height));
+  }
+  const int s = plan.output_size;
+  resizer.resize(image.pixels.data(), image.width, image.height,
+                 static_cast<size_t>(image.width) * 3, decoded_region(plan, result), out, s, s,
+                 static_cast<size_t>(s) * 3, plan.flip);
 }
 
 }  // namespace gpufeed::loader

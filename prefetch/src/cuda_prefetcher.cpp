@@ -36,6 +36,25 @@ class PinnedAllocator final : public loader::HostAllocator {
   bool pinned() const override { return true; }
 };
 
+// A timing-enabled event recorded on a stream at construction.
+class CudaStreamMark final : public StreamMark {
+ public:
+  explicit CudaStreamMark(const c10::cuda::CUDAStream& stream) : event_(cudaEventDefault) {
+    event_.record(stream);
+  }
+  bool reached() const override { return event_.query(); }
+  double ms_since(const StreamMark& earlier) const override {
+    const auto* e = dynamic_cast<const CudaStreamMark*>(&earlier);
+    if (!e) throw std::invalid_argument("StreamMark::ms_since: not a CUDA stream mark");
+    e->event_.synchronize();
+    event_.synchronize();
+    return e->event_.elapsed_time(event_);
+  }
+
+ private:
+  at::cuda::CUDAEvent event_;
+};
+
 class CudaPrefetcher final : public Prefetcher {
  public:
   CudaPrefetcher(std::shared_ptr<loader::Loader> loader, PrefetchOptions options)
@@ -121,6 +140,7 @@ class CudaPrefetcher final : public Prefetcher {
 
   void enqueue(loader::Batch host) {
     c10::cuda::CUDAStreamGuard guard(stream_);
+    auto copy_begin = std::make_shared<CudaStreamMark>(stream_);
     auto [images, labels] = as_tensors(host);
     const auto dev = at::TensorOptions().device(options_.device);
     at::Tensor d_images = images.to(dev.dtype(at::kByte), /*non_blocking=*/true);
@@ -131,6 +151,8 @@ class CudaPrefetcher final : public Prefetcher {
     p.batch.labels = d_labels;
     p.done = std::make_shared<at::cuda::CUDAEvent>();
     p.done->record(stream_);
+    p.batch.copy_begin = std::move(copy_begin);
+    p.batch.copy_end = std::make_shared<CudaStreamMark>(stream_);
     copying_.push_back({std::move(host), p.done});
     ready_.push_back(std::move(p));
   }
@@ -144,6 +166,13 @@ class CudaPrefetcher final : public Prefetcher {
 };
 
 }  // namespace
+
+std::shared_ptr<StreamMark> record_stream_mark(const c10::Device& device) {
+  if (!device.is_cuda()) {
+    throw std::runtime_error("record_stream_mark: " + device.str() + " is not a CUDA device");
+  }
+  return std::make_shared<CudaStreamMark>(c10::cuda::getCurrentCUDAStream(device.index()));
+}
 
 bool cuda_available() {
   int n = 0;

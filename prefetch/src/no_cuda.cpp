@@ -8,6 +8,10 @@ namespace gpufeed::prefetch {
 
 bool cuda_available() { return false; }
 
+std::shared_ptr<StreamMark> record_stream_mark(const c10::Device& device) {
+  throw std::runtime_error("gpufeed was built without the CUDA path; cannot mark " + device.str());
+}
+
 std::shared_ptr<loader::HostAllocator> host_allocator_for(const c10::Device& device) {
   if (device.is_cuda()) {
     throw std::runtime_error("gpufeed was built without the CUDA path; cannot use " + device.str());

@@ -1,10 +1,10 @@
 #pragma once
 // Bytes -> RGB pixels. The format is sniffed from the first bytes, never from a file name.
 // JPEG goes through libjpeg-turbo (its libjpeg API: DCT-domain scaling, jpeg_crop_scanline and
-// jpeg_skip_scanlines, a per-image error manager that never prints); PNG through libpng and WebP
-// through libwebp (OpenCV's use of both prints to stderr on bad data); BMP, PNM and TIFF through
-// OpenCV's imdecode; GIF (first frame, as PIL composes it) through giflib, because OpenCV 4.6
-// reads no GIF.
+// jpeg_skip_scanlines, a per-image error manager that never prints); PNG through libpng, WebP
+// through libwebp, TIFF through libtiff (each with handlers that never print: OpenCV's imdecode
+// prints its codecs' failures to stderr); BMP and PNM through our own bounds-checked readers; GIF
+// (first frame, as PIL composes it) through giflib, because OpenCV 4.6 reads no GIF.
 //
 // Policy (the same for every format):
 //  - output is always 3-channel RGB uint8, rows contiguous ([H, W, 3]): grayscale replicated,
@@ -21,7 +21,9 @@
 //    markers it shows at most as extraneous bytes before EOI): such files decode, the warning
 //    counted in DecodeResult::warnings; `strict` rejects them;
 //  - a JPEG decoded down to its last row is read on to EOI, so one that ends without EOI is
-//    kTruncated; a crop that stops higher never reads the rest.
+//    kTruncated; a crop that stops higher never reads the rest (its pixels are all there, and
+//    decoding less is the point). A PNG is always read to IEND: a bad CRC or data that ends
+//    below the crop is still reported (only the crop's rows are unfiltered).
 
 #include <cstddef>
 #include <cstdint>
@@ -136,6 +138,18 @@ struct DecodeResult {
   /// libjpeg/libpng warnings accepted (e.g. extraneous bytes before a marker, or any data-loss
   /// warning when allow_truncated is set).
   int warnings = 0;
+  /// JPEG only: the work a crop saved, in rows/columns of the scaled image (0 for other formats).
+  /// Rows above the region passed with jpeg_skip_scanlines: entropy-decoded (Huffman data has to
+  /// be read in order) but never inverse-transformed, upsampled or colour-converted. 0 when there
+  /// were none, or when libjpeg refused to skip and they were decoded and discarded.
+  int skipped_rows = 0;
+  /// JPEG only: rows below the region that were never read at all (the decode stopped there).
+  /// 0 for progressive JPEGs, whose scans libjpeg reads whole before the first row.
+  int unread_rows = 0;
+  /// JPEG only: columns libjpeg produced per row: the region's width plus the few columns
+  /// jpeg_crop_scanline adds on the left to start at an iMCU boundary, or the whole scaled width
+  /// when it could not crop.
+  int decoded_columns = 0;
 };
 
 /// Detects the format from the first bytes (magic numbers). Never throws.
@@ -167,7 +181,8 @@ class Decoder {
 };
 
 /// Reads a whole file into `out` (reusing its capacity). Throws DecodeError kIo naming the path
-/// and the OS reason when the file is missing or unreadable.
+/// and the OS reason when the file is missing or unreadable, and for anything but a regular file
+/// (a folder, a FIFO that could block forever, a device that never ends).
 void read_file(const std::filesystem::path& path, std::vector<uint8_t>& out);
 
 /// Encodes [height, width, 3] RGB uint8 rows (stride width*3) as a baseline JPEG through
@@ -178,9 +193,23 @@ void read_file(const std::filesystem::path& path, std::vector<uint8_t>& out);
 std::vector<uint8_t> encode_jpeg(const uint8_t* rgb, int width, int height, int quality = 90,
                                  Subsampling subsampling = Subsampling::k420);
 
-/// Picks the smallest power-of-two DCT scale (1/8, 2/8, 4/8, 8/8: libjpeg-turbo's fast IDCTs;
-/// 3/8, 5/8..7/8 are slower than a full decode) at which the crop, scaled, is still at least
-/// out_width x out_height. Returns 8/8 for non-JPEG formats.
+/// Encodes [height, width, 3] RGB uint8 rows (stride width*3) as an 8-bit RGB PNG through libpng
+/// (lossless: decoding it gives these pixels back). Used by `gpufeed inspect --write-png`.
+/// Throws std::invalid_argument for a null image or a non-positive size; std::runtime_error if
+/// libpng fails.
+std::vector<uint8_t> encode_png(const uint8_t* rgb, int width, int height);
+
+/// The cost model behind choose_scale: CPU time to decode a JPEG at `scale`, relative to 8/8 (=
+/// 1.0), measured on whole-image decodes (decoder.cpp names the files, machine and command).
+/// 1/8, 2/8, 4/8 (libjpeg-turbo's SIMD IDCTs) cost less than 8/8; 3/8 a little less; 5/8..7/8 more
+/// (scalar IDCTs). Throws std::invalid_argument for scale.num outside 1..8.
+double scale_cost(ScaleFactor scale);
+
+/// Picks the DCT scale for decoding `crop` (source pixels; width 0 = the whole image) of a JPEG
+/// that will be resized to out_width x out_height: of the scales at which the crop still spans at
+/// least the output (crop.width * num / 8 >= out_width, same for heights, so the resize never
+/// upsamples what a full-size decode would not), the one with the least scale_cost(), the
+/// smaller on a tie; 8/8 when none smaller qualifies. Returns 8/8 for non-JPEG formats.
 ScaleFactor choose_scale(const ImageInfo& info, const CropRect& crop, int out_width, int out_height);
 
 }  // namespace gpufeed::decode

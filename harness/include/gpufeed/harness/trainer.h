@@ -1,54 +1,173 @@
 #pragma once
-// Single-process training: a ResNet fed by a gpufeed Prefetcher, SGD with momentum and weight
-// decay, cosine LR with linear warmup stepped per optimizer step, cross-entropy, top-1/top-5
-// evaluation, a state_dict checkpoint at the end. Every epoch reports loss, top-1, images/s and
-// the fraction of step time spent waiting for data.
+// Training: a ResNet fed by a gpufeed Prefetcher on one device, several devices of one process
+// (DataParallel) or one device per process (DistributedDataParallel, started by
+// `gpufeed launch`, torchrun or srun); SGD (momentum, optional Nesterov, weight decay optionally
+// off for norm and bias parameters), a per-step learning-rate schedule (lr_schedule.h) with the
+// linear scaling rule, label smoothing, gradient accumulation, bf16/fp16 autocast with a
+// GradScaler for fp16, channels_last, top-1/top-5 evaluation, and resumable training
+// checkpoints. Every epoch reports loss, top-1, images/s and the fraction of step time spent
+// waiting for data.
+//
+// A training checkpoint (TrainOptions::save_checkpoint) is one torch.save-format file that Python
+// reads with torch.load(path, weights_only=True):
+//   {"format": "gpufeed.train_checkpoint", "version": 1,
+//    "model": state_dict (torchvision's names, no "module." prefix),
+//    "optimizer": torch.optim.SGD.state_dict()'s layout: {"state": {i: {"momentum_buffer": t}},
+//                 "param_groups": [{"lr", "momentum", "dampening", "weight_decay", "nesterov",
+//                 "params": [i, ...]}]},
+//    "scheduler": {"kind": "cosine", "last_step": optimizer steps taken, "total_steps": ...},
+//    "scaler": torch.amp.GradScaler.state_dict()'s keys ("scale", "growth_factor",
+//              "backoff_factor", "growth_interval", "_growth_tracker"), or {} when not fp16,
+//    "sampler": {"epoch", "batches_consumed" (micro-batches of that epoch already trained on),
+//                "seed", "num_replicas", "batch_size", "accum_steps"},
+//    "rng": {"cpu": uint8 tensor, "cuda": uint8 tensor (when training on CUDA)},
+//    "epoch": epoch in progress, "step": optimizer steps taken,
+//    "arch": ..., "num_classes": ...}
+// Resuming restores all of it: the next batches, learning rates and losses are those of an
+// uninterrupted run (bit for bit on the CPU).
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "gpufeed/harness/amp.h"
+#include "gpufeed/harness/lr_schedule.h"
+#include "gpufeed/harness/profiler.h"
 #include "gpufeed/harness/resnet.h"
 
 namespace gpufeed::harness {
 
+/// Arithmetic of the forward pass.
+enum class Precision {
+  kFloat32,   ///< "fp32": no autocast
+  kBFloat16,  ///< "bf16": autocast to bfloat16 (CUDA; CPU where LibTorch supports it)
+  kFloat16,   ///< "fp16": autocast to float16 with dynamic loss scaling (GradScaler)
+};
+/// Parses "fp32", "bf16" or "fp16"; throws std::invalid_argument otherwise.
+Precision parse_precision(const std::string& name);
+
 /// What `gpufeed train` takes; defaults follow torchvision's ImageNet reference recipe where it
 /// has one (SGD momentum 0.9, weight decay 1e-4, lr 0.1 per 256 images, cosine schedule).
 struct TrainOptions {
-  std::filesystem::path data;              ///< ImageFolder root of the training set
-  std::optional<std::filesystem::path> val_data;  ///< ImageFolder root evaluated after each epoch
-  std::string arch = "resnet18";           ///< any of known_resnet_archs()
+  // --- data ---
+  std::filesystem::path data;                     ///< training set: ImageFolder, flat folder or file list
+  std::optional<std::filesystem::path> val_data;  ///< evaluated after each epoch (same classes)
+  int workers = 0;                  ///< loader threads per process; 0 = all hardware threads
+  int image_size = 224;             ///< train crop; eval resizes to size * 256/224, crops size
+  int prefetch_depth = 3;           ///< loader batch slots
+  uint64_t seed = 0;                ///< model init, sampler order and augmentation
+
+  // --- model ---
+  std::string arch = "resnet18";    ///< any of known_resnet_archs()
+  bool zero_init_residual = false;  ///< torchvision's zero_init_residual
+  /// BatchNorm layers stay in eval mode while training: they normalise with their running
+  /// statistics and never update them (their weight and bias still train).
+  bool freeze_bn = false;
+  bool channels_last = false;       ///< model and inputs in channels_last
+  /// Load these weights (a state_dict file from Python or gpufeed, see checkpoint.h) after
+  /// building the model, before training: fine-tuning.
+  std::optional<std::filesystem::path> init_weights;
+
+  // --- optimisation ---
   int64_t epochs = 1;
-  int64_t batch_size = 64;                 ///< per step
-  double lr = 0.1;                         ///< per 256 images; scaled by batch_size / 256
+  int64_t batch_size = 64;          ///< per process and micro-batch
+  /// Micro-batches per optimizer step (gradient accumulation): the step's gradient is that of
+  /// the accum_steps micro-batches together (losses weighted by their sample counts).
+  int64_t accum_steps = 1;
+  /// Learning rate per 256 images: the rate used is lr * global_batch / 256 (the linear scaling
+  /// rule, Goyal et al. 2017), global_batch = batch_size * accum_steps * world size.
+  double lr = 0.1;
   double momentum = 0.9;
+  bool nesterov = false;
   double weight_decay = 1e-4;
-  double warmup_epochs = 0;                ///< linear warmup from lr * 0.1, in epochs (fractions ok)
-  int workers = 0;                         ///< loader threads; 0 = all hardware threads
-  int image_size = 224;                    ///< train crop; eval resizes to size * 256/224, crops size
-  std::string device = "cpu";              ///< "cpu" or "cuda:N"
-  bool channels_last = false;              ///< model and inputs in channels_last
-  uint64_t seed = 0;                       ///< model init, sampler order and augmentation
-  int prefetch_depth = 3;                  ///< loader batch slots
-  std::optional<std::filesystem::path> checkpoint;  ///< state_dict written here at the end
-  int64_t max_steps_per_epoch = 0;         ///< stop an epoch early after this many steps (0 = all)
+  /// No weight decay on BatchNorm weights and biases or on any bias (torchvision's
+  /// --norm-weight-decay 0 --bias-weight-decay 0).
+  bool no_decay_norm_bias = false;
+  double label_smoothing = 0.0;     ///< cross_entropy's label_smoothing, [0, 1)
+  /// Stop an epoch after this many optimizer steps (0 = the whole epoch).
+  int64_t max_steps_per_epoch = 0;
+
+  // --- learning-rate schedule (stepped per optimizer step; see lr_schedule.h) ---
+  LrScheduleKind lr_schedule = LrScheduleKind::kCosine;
+  double warmup_epochs = 0;         ///< linear warmup length (fractions allowed)
+  double warmup_start_factor = 0.1; ///< LinearLR's start_factor
+  double lr_step_epochs = 30;       ///< kStep: decay every this many epochs (after warmup)
+  std::vector<double> lr_milestones;  ///< kMultiStep: epochs (after warmup) at which to decay
+  double lr_gamma = 0.1;            ///< kStep, kMultiStep: decay factor
+  double min_lr = 0.0;              ///< kCosine: floor (absolute, not scaled)
+  double onecycle_pct_start = 0.3;  ///< kOneCycle: fraction of the cycle spent warming
+  double onecycle_div_factor = 25.0;         ///< kOneCycle: initial lr = scaled lr / this
+  double onecycle_final_div_factor = 1e4;    ///< kOneCycle: final lr = initial lr / this
+
+  // --- precision ---
+  Precision precision = Precision::kFloat32;
+  GradScalerOptions grad_scaler{};  ///< fp16 only
+
+  // --- devices and parallelism ---
+  /// "cpu", "cuda" or "cuda:N". In a distributed run "cuda" means cuda:LOCAL_RANK.
+  std::string device = "cpu";
+  /// DataParallel over these devices (the first holds the model and replaces `device`), e.g.
+  /// {"cuda:0", "cuda:1"}; one device runs the module itself through the DataParallel wrapper.
+  /// Empty: no DataParallel. Not combinable with a distributed run.
+  std::vector<std::string> dp_devices;
+  /// "auto": distributed when torchrun's environment is set, or Slurm's with more than one task;
+  /// "on": always (error without an environment); "off": never.
+  std::string distributed = "auto";
+  std::string dist_backend = "auto";   ///< "nccl", "gloo" or "auto" (NCCL on CUDA, else Gloo)
+  double dist_timeout_s = 1800;        ///< rendezvous and collective timeout
+  int64_t ddp_bucket_mb = 25;          ///< gradient bucket size, MiB
+  bool cudnn_benchmark = true;         ///< cudnn.benchmark on CUDA
+
+  // --- checkpoints ---
+  /// The final model state_dict (Python-loadable). With "{rank}" in the path every rank writes
+  /// its own copy (rank substituted); otherwise rank 0 writes it.
+  std::optional<std::filesystem::path> checkpoint;
+  /// The training checkpoint (layout above), written atomically by rank 0 at every epoch end,
+  /// every checkpoint_every_steps optimizer steps, and when a stop is requested.
+  std::optional<std::filesystem::path> save_checkpoint;
+  int64_t checkpoint_every_steps = 0;  ///< 0 = only at epoch ends and on stop
+  /// Write save_checkpoint only when a stop is requested (not at epoch ends or every N steps).
+  bool save_checkpoint_only_on_stop = false;
+  /// Resume from this training checkpoint. Throws at construction when its run differs in
+  /// architecture, classes, world size, batch size or accumulation.
+  std::optional<std::filesystem::path> resume;
+  /// Polled after every optimizer step: nonzero asks the run to stop (e.g. set by a signal
+  /// handler to the signal number). May be null.
+  const std::atomic<int>* stop_flag = nullptr;
+
+  ProfileOptions profile{};         ///< metrics file, trace, progress callback (profiler.h)
 };
 
-/// One epoch's report.
+/// One epoch's report. In a distributed run the numbers are over all ranks.
 struct EpochStats {
   int64_t epoch = 0;            ///< 0-based
-  int64_t steps = 0;
+  int64_t steps = 0;            ///< optimizer steps
   int64_t samples = 0;
   double loss = 0;              ///< mean training cross-entropy over the epoch
   double top1 = 0;              ///< training top-1 accuracy (augmented inputs), fraction
   double seconds = 0;           ///< wall time of the epoch's training steps
   double images_per_s = 0;      ///< samples / seconds
-  double data_wait_fraction = 0;  ///< time blocked in Prefetcher::next() / seconds
+  double data_wait_fraction = 0;  ///< time blocked in Prefetcher::next() / seconds (this rank)
   double lr = 0;                ///< learning rate at the epoch's last step
+  int64_t skipped_steps = 0;    ///< fp16: steps skipped for inf/NaN gradients
   std::optional<double> val_loss, val_top1, val_top5;  ///< when val_data is set
+};
+
+/// One optimizer step, for on_step callbacks (tests, logging). Costs a device sync per step.
+struct StepStats {
+  int64_t epoch = 0;
+  int64_t step = 0;             ///< optimizer steps taken before this one (0-based global step)
+  int64_t samples = 0;          ///< this rank's samples in the step
+  double loss = 0;              ///< this rank's mean loss over those samples
+  double lr = 0;                ///< learning rate used
+  bool skipped = false;         ///< fp16: the step was skipped (inf/NaN gradients)
+  double loss_scale = 1;        ///< fp16: the scale used for this step
+  std::vector<int64_t> indices; ///< dataset indices of this rank's samples, in order
 };
 
 /// Evaluation result on a dataset (eval transform, model in eval mode).
@@ -59,27 +178,56 @@ struct EvalStats {
   double top5 = 0;  ///< fraction (equals 1 when there are <= 5 classes)
 };
 
-/// Trains one model. Not thread-safe.
+/// Trains one model. Not thread-safe (request_stop excepted).
 class Trainer {
  public:
-  /// Builds the dataset(s), loader, prefetcher and model. Throws std::runtime_error for a
-  /// missing dataset folder or an unusable device, std::invalid_argument for bad options.
+  /// Builds the process group (when distributed), dataset(s), loader, prefetcher, model and
+  /// optimizer, and loads init_weights / resume. Logs the learning rate after linear scaling.
+  /// Throws std::runtime_error for a missing dataset folder, an unusable device, an unreadable
+  /// or mismatched checkpoint or a failed rendezvous; std::invalid_argument for bad options.
   explicit Trainer(TrainOptions options);
   ~Trainer();
 
-  /// Runs options.epochs epochs, calling on_epoch after each (and after its evaluation), then
-  /// writes the checkpoint if one was asked for. Returns every epoch's stats.
+  /// Runs the remaining epochs (all, or from the resume point), calling on_epoch after each
+  /// (after its evaluation), then writes the final checkpoint if one was asked for. Stops early
+  /// after the optimizer step during which a stop was requested (request_stop or stop_flag; in a
+  /// distributed run all ranks agree to stop after the same step, one step later), writing the
+  /// training checkpoint first. Returns the stats of the epochs it ran. Rethrows a failed
+  /// collective as std::runtime_error naming this rank and the cause.
   std::vector<EpochStats> fit(const std::function<void(const EpochStats&)>& on_epoch = {});
 
-  /// Top-1/top-5 of the current model on `root` (an ImageFolder with the training set's classes).
+  /// Called after every optimizer step with its stats (set before fit()).
+  void set_step_callback(std::function<void(const StepStats&)> on_step);
+
+  /// Asks fit() to stop after the current optimizer step. Async-signal-safe (sets an atomic).
+  void request_stop(int reason = 1) noexcept;
+  /// The reason the last fit() stopped early (the stop flag's value), or 0 if it ran to the end.
+  int stopped() const;
+  /// Where the training checkpoint was last written (empty if never).
+  std::filesystem::path last_checkpoint() const;
+
+  /// Loss, top-1 and top-5 of the current model on `root` (same classes as the training set). In
+  /// a distributed run every rank evaluates its shard (DistributedSampler order, without
+  /// padding duplicates counted) and the totals are summed across ranks.
   EvalStats evaluate(const std::filesystem::path& root);
 
   /// The model being trained.
   ResNet& model();
-  /// Learning rate after batch scaling: lr * batch_size / 256.
+  /// Learning rate after batch scaling: lr * global_batch() / 256.
   double scaled_lr() const;
-  /// Number of classes found in the training folder.
+  /// batch_size * accum_steps * world_size(): samples per optimizer step, all ranks.
+  int64_t global_batch() const;
+  /// Number of classes found in the training set.
   int64_t num_classes() const;
+  /// This process's rank and the number of processes (0 and 1 when not distributed).
+  int rank() const;
+  int world_size() const;
+  /// The device this process trains on.
+  std::string device() const;
+  /// The profile of the last fit(): step breakdown, GPU busy fraction, loader counters and the
+  /// input-bound / compute-bound verdict. Empty (no steps) before fit(). With gradient
+  /// accumulation a profiled "step" is one micro-batch.
+  const RunProfile& profile() const;
 
  private:
   struct Impl;

@@ -9,9 +9,13 @@ namespace gpufeed::loader {
 /// A sample the skip error policy replaced, and why.
 struct SkippedSample {
   int64_t index = -1;          ///< dataset index that failed
-  int64_t replaced_by = -1;    ///< dataset index decoded in its place
+  int64_t replaced_by = -1;    ///< dataset index decoded in its place (its own sample of the epoch)
+  int64_t position = -1;       ///< place in this rank's epoch order: batch_index * batch_size + k
   std::string path;            ///< the failing file
-  std::string reason;          ///< the error's what()
+  /// decode::to_string(DecodeError::kind()): "empty", "truncated", "corrupt", "unsupported",
+  /// "too_large" or "io" (missing, unreadable, changed under us); "error" for any other failure.
+  std::string kind;
+  std::string reason;          ///< DecodeError::reason() (without path and kind); else what()
 };
 
 /// One batch, as plain data over a slot of the loader's ring: no torch, no copy. The slot goes
@@ -27,7 +31,7 @@ struct Batch {
   int64_t epoch = 0;           ///< the epoch this batch belongs to
   int64_t batch_index = 0;     ///< position within the epoch, 0-based, in sampler order
   std::vector<int64_t> indices;          ///< [size] dataset indices, in sampler order
-  std::vector<SkippedSample> skipped;    ///< samples the skip policy replaced
+  std::vector<SkippedSample> skipped;    ///< samples the skip policy replaced, by position
   bool pinned = false;         ///< images/labels live in page-locked memory
   std::shared_ptr<void> lease;  ///< keeps the slot out of the ring while held
 

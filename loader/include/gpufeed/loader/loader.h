@@ -7,9 +7,18 @@
 // the consumer releases the Batch. When all slots are busy the workers wait: a slow consumer
 // slows the loader, it never grows memory.
 
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/loader/batch.h"
@@ -20,11 +29,19 @@
 
 namespace gpufeed::loader {
 
-/// What the loader does when a sample cannot be read or decoded.
+/// What the loader does when a sample cannot be read or decoded (a decode::DecodeError: the file
+/// is missing, unreadable, empty, truncated, corrupt, unsupported or too large).
 enum class ErrorPolicy {
-  kRaise,  ///< next() throws the sample's decode::DecodeError (path and reason in what())
-  kSkip,   ///< replace it deterministically by the next good sample of the same batch list, count
-           ///< and report it in Batch::skipped; more than max_skips per epoch is an error
+  /// next() throws the error of the batch's first failing sample in sampler order (a
+  /// decode::DecodeError naming the file and the reason), whatever the thread count.
+  kRaise,
+  /// The failing sample is replaced by the next sample of this rank's epoch order (wrapping
+  /// around) that loads, within 63 candidates: that sample's own pixels and label, so batch
+  /// shapes and the number of batches stay fixed and every thread count gives the same batches.
+  /// Each replacement is reported in Batch::skipped and in epoch_summary(), logged as a warning,
+  /// and summarised in one warning when the epoch ends. More than max_skips in one epoch, counted
+  /// in sampler order, makes next() throw SkipLimitExceeded.
+  kSkip,
 };
 
 /// Loader options, DataLoader's vocabulary where one exists.
@@ -40,6 +57,39 @@ struct LoaderOptions {
   int64_t max_skips = 100;    ///< skip policy: more skips than this in one epoch is an error
 };
 
+/// The skip policy's account of one epoch, over the batches next() has returned so far (the
+/// whole epoch once next() has returned std::nullopt).
+struct EpochSummary {
+  int64_t epoch = 0;      ///< the epoch start_epoch() began
+  int64_t batches = 0;    ///< batches next() returned in it (batches before a resume point excluded)
+  int64_t samples = 0;    ///< samples in those batches
+  int64_t skipped = 0;    ///< samples replaced under kSkip (= skips.size())
+  bool complete = false;  ///< next() returned std::nullopt: the epoch ran to its end
+  std::map<std::string, int64_t> skipped_by_kind;  ///< count per SkippedSample::kind
+  std::vector<SkippedSample> skips;                ///< every replaced sample, in sampler order
+
+  /// "epoch E: B batches, N samples, K skipped (corrupt 2, io 1)" and, when K > 0, one
+  /// "  path: kind: reason" line per skip.
+  std::string to_string() const;
+};
+
+/// Thrown by Loader::next() under ErrorPolicy::kSkip when the epoch's skips, counted in sampler
+/// order, exceed LoaderOptions::max_skips: a flood of bad files is an error, not a quiet epoch.
+/// The epoch ends there (later next() calls return std::nullopt until start_epoch).
+class SkipLimitExceeded : public std::runtime_error {
+ public:
+  /// `summary` covers the batches up to and including the one that crossed the limit.
+  SkipLimitExceeded(EpochSummary summary, int64_t max_skips);
+  /// The epoch's account up to the batch that crossed the limit.
+  const EpochSummary& summary() const noexcept { return summary_; }
+  /// The limit in force.
+  int64_t max_skips() const noexcept { return max_skips_; }
+
+ private:
+  EpochSummary summary_;
+  int64_t max_skips_;
+};
+
 /// Loader-side counters, summed over the loader's life.
 struct LoaderStats {
   int64_t samples = 0;        ///< samples written into slots
@@ -49,6 +99,66 @@ struct LoaderStats {
   double decode_s = 0;        ///< summed over threads: probe + decode
   double resize_s = 0;        ///< summed over threads: resize + flip into the slot
   int64_t decoded_pixels = 0; ///< pixels the decoder produced (DCT scaling and crops shrink this)
+};
+
+/// Per-sample stage times in power-of-two microsecond buckets: counts[0] holds times below 1 us,
+/// counts[k] times in [2^(k-1), 2^k) us, the last bucket everything from 2^(kBuckets-2) us up.
+struct LatencyHistogram {
+  static constexpr int kBuckets = 26;  ///< the last bucket starts at 2^24 us (about 16.8 s)
+  std::array<int64_t, kBuckets> counts{};
+
+  /// Bucket of a duration in nanoseconds (negative counts as 0).
+  static int bucket_of_ns(int64_t ns) {
+    const auto us = static_cast<uint64_t>(ns > 0 ? ns / 1000 : 0);
+    return std::min(kBuckets - 1, static_cast<int>(std::bit_width(us)));
+  }
+  /// Lower edge of bucket k, microseconds (0 for bucket 0).
+  static double lower_us(int k) { return k <= 0 ? 0.0 : static_cast<double>(uint64_t{1} << (k - 1)); }
+  /// Samples counted.
+  int64_t total() const {
+    int64_t n = 0;
+    for (int64_t c : counts) n += c;
+    return n;
+  }
+  /// Approximate q-quantile (q in [0, 1]) in microseconds: the geometric middle of the bucket
+  /// holding it (0.5 us for bucket 0); 0 when empty.
+  double quantile_us(double q) const {
+    const int64_t n = total();
+    if (n == 0) return 0;
+    const auto rank = static_cast<int64_t>(std::ceil(std::clamp(q, 0.0, 1.0) * static_cast<double>(n)));
+    int64_t seen = 0;
+    for (int k = 0; k < kBuckets; ++k) {
+      seen += counts[static_cast<size_t>(k)];
+      if (seen >= std::max<int64_t>(rank, 1)) return k == 0 ? 0.5 : lower_us(k) * std::sqrt(2.0);
+    }
+    return lower_us(kBuckets - 1) * std::sqrt(2.0);
+  }
+};
+
+/// Per-sample histograms of the three stages a worker times (see LoaderStats for the sums).
+struct LoaderHistograms {
+  LatencyHistogram read;    ///< reading the file's bytes
+  LatencyHistogram decode;  ///< probe + decode
+  LatencyHistogram resize;  ///< resize + flip into the slot
+};
+
+/// Where the loader's slots are at one moment. The four counts add up to prefetch_depth.
+struct SlotCounts {
+  int ready = 0;      ///< batches complete and waiting for next()
+  int in_flight = 0;  ///< batches whose samples are still being decoded
+  int held = 0;       ///< returned by next() and not yet released by the consumer
+  int free = 0;       ///< idle: nothing left to schedule, or the epoch has not started
+};
+
+/// One sample's trip through a worker thread, reported to a sample observer.
+struct SampleTiming {
+  int64_t index = -1;     ///< dataset index
+  int64_t epoch = 0;
+  int thread = 0;         ///< the worker's index in the loader's arena, 0-based
+  int64_t start_ns = 0;   ///< std::chrono::steady_clock time (since its epoch) reading began
+  int64_t read_ns = 0;    ///< reading took this long; decode and resize follow back to back
+  int64_t decode_ns = 0;
+  int64_t resize_ns = 0;
 };
 
 /// Turns a Dataset and a Sampler into batches of [N, S, S, 3] uint8 images and [N] int64 labels.
@@ -77,9 +187,11 @@ class Loader {
   void start_epoch(int64_t epoch, int64_t start_batch = 0);
 
   /// The next batch in sampler order, blocking until it is ready; std::nullopt when the epoch is
-  /// exhausted (or no epoch was started). Under kRaise, rethrows the first error of the batch
-  /// (decode::DecodeError naming the file and the reason) and the loader stays usable for
-  /// start_epoch and destruction.
+  /// exhausted (or no epoch was started). Under kRaise, throws the error of the batch's first
+  /// failing sample in sampler order (decode::DecodeError naming the file and the reason); the
+  /// batch is dropped, a later call returns the following batch, and the loader stays usable for
+  /// start_epoch and destruction. Under kSkip, throws SkipLimitExceeded past max_skips, and
+  /// std::runtime_error naming the file when none of its 63 replacement candidates loads.
   std::optional<Batch> next();
 
   /// Batches per epoch (len(DataLoader)).
@@ -92,8 +204,18 @@ class Loader {
   const Dataset& dataset() const;
   /// Counters so far.
   LoaderStats stats() const;
-  /// Skips counted in the current epoch.
+  /// Skips in the batches next() has returned in the current epoch (epoch_summary().skipped).
   int64_t epoch_skips() const;
+  /// The current epoch's skip account so far (see EpochSummary). Thread-safe.
+  EpochSummary epoch_summary() const;
+  /// Histograms of per-sample read/decode/resize times so far (successful samples only).
+  LoaderHistograms histograms() const;
+  /// A snapshot of the slots (takes the loader's lock briefly).
+  SlotCounts slot_counts() const;
+  /// Calls `observer` on the worker thread after each successfully loaded sample (profilers,
+  /// traces). It runs concurrently on every worker, so it must be thread-safe and quick. May be
+  /// set or replaced (an empty function removes it) at any time.
+  void set_sample_observer(std::function<void(const SampleTiming&)> observer);
 
  private:
   struct Impl;

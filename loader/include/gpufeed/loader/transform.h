@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "gpufeed/decode/decoder.h"
+#include "gpufeed/loader/resize.h"
 
 namespace gpufeed::loader {
 
@@ -100,15 +101,51 @@ CropRect random_resized_crop_box(int width, int height, const RandomResizedCropO
 /// Throws std::invalid_argument if crop > resize.
 CropRect center_crop_box(int width, int height, const ResizeCenterCropOptions& options);
 
+/// The exact source region Resize(resize) + CenterCrop(crop) keeps, in source pixels with
+/// fractional edges: torchvision's crop of the resized image (the sizes and offsets
+/// center_crop_box uses) mapped back through the resize, x * width / resized_width, without
+/// rounding. Resampling this box of the source to crop x crop with PIL's filter, taps clamped to
+/// the image, reproduces torchvision's pixels. Throws std::invalid_argument if crop > resize.
+BoxF center_crop_region(int width, int height, const ResizeCenterCropOptions& options);
+
 /// Everything the loader needs to turn one decoded source into one output sample.
 struct SamplePlan {
-  CropRect box;       ///< region of the source, source pixels
-  bool flip = false;  ///< mirror left-right after resizing
-  int output_size = 0;
+  /// Integer region of the source, source pixels: RandomResizedCrop's box (train); the smallest
+  /// integer rectangle containing `region` (eval). The decoder's crop starts from it.
+  CropRect box;
+  /// The source region mapped onto the whole output, source pixels (fractional for eval).
+  BoxF region;
+  /// Whether the resize filter's taps stop at `box` (train: torchvision crops, then resizes the
+  /// crop) or run on to the image edges (eval: torchvision resizes the whole image, then crops).
+  bool taps_clamped_to_box = true;
+  bool flip = false;    ///< mirror left-right after resizing
+  int output_size = 0;  ///< output height = width, pixels
 };
 
 /// Plans sample `index` of `epoch` for a width x height source. Pure function of its arguments.
 SamplePlan plan_sample(const TransformOptions& options, int width, int height, uint64_t seed,
                        int64_t epoch, int64_t index);
+
+/// How to decode a source with header `info` for `plan`: `base`'s limits and error policy, the
+/// DCT scale decode::choose_scale picks for plan.box and the output size, and the crop: plan.box,
+/// widened (eval only) by the resize filter's reach at that scale, ceil(max(region width /
+/// output, 8 / scale.num)) + 1 source pixels per side, clamped to the image, so that output
+/// pixels near the edges see the neighbours torchvision's whole-image resize sees. This is the
+/// whole of the decode work a sample costs; the benchmark's decode floor replays it.
+decode::DecodeOptions decode_options_for(const SamplePlan& plan, const decode::ImageInfo& info,
+                                         const decode::DecodeOptions& base);
+
+/// Where plan.region lies in the pixels a decode returned (`result` of a decode with
+/// decode_options_for(plan, ...)): the region scaled by result.scale.num / 8 (libjpeg's output
+/// pixel i covers source [i * 8 / num, (i + 1) * 8 / num)) and shifted by
+/// result.scaled_region's origin, clamped to the decoded width x height.
+BoxF decoded_region(const SamplePlan& plan, const decode::DecodeResult& result);
+
+/// Resizes a decoded sample into `out` ([S, S, 3] uint8, S = plan.output_size, rows S * 3 bytes
+/// apart), mirrored when plan.flip: `image` must come from a decode with
+/// decode_options_for(plan, ...) whose result is `result`. Throws std::invalid_argument when
+/// the image does not match the result (a caller's mistake).
+void resize_sample(const SamplePlan& plan, const decode::DecodeResult& result,
+                   const decode::ImageBuffer& image, Resizer& resizer, uint8_t* out);
 
 }  // namespace gpufeed::loader

@@ -34,6 +34,23 @@ struct PrefetchOptions {
   int depth = 2;                            ///< CUDA: batches whose copy may be in flight at once
 };
 
+/// A point on a CUDA stream's timeline (a timing-enabled CUDA event), for profilers: the GPU
+/// clock between two marks measures the work the stream did between them.
+class StreamMark {
+ public:
+  virtual ~StreamMark() = default;
+  /// True once the stream has passed the mark. Never blocks.
+  virtual bool reached() const = 0;
+  /// Milliseconds on the GPU clock from `earlier` to this mark (negative when this one came
+  /// first). Blocks until both are reached. Both marks must be on the same device; throws
+  /// std::invalid_argument for a mark from another implementation.
+  virtual double ms_since(const StreamMark& earlier) const = 0;
+};
+
+/// Records a mark on `device`'s current CUDA stream. Throws std::runtime_error for a non-CUDA
+/// device or a build without the CUDA path.
+std::shared_ptr<StreamMark> record_stream_mark(const c10::Device& device);
+
 /// One batch on the device, ready for the model.
 struct DeviceBatch {
   at::Tensor images;  ///< [N, 3, H, W] dtype (normalised), contiguous or channels_last
@@ -43,6 +60,9 @@ struct DeviceBatch {
   std::vector<int64_t> indices;                  ///< dataset indices, sampler order
   std::vector<loader::SkippedSample> skipped;    ///< samples the skip policy replaced
   double wait_ms = 0;  ///< wall time next() blocked for this batch (data wait)
+  /// CUDA path: marks on the copy stream before this batch's H2D copy and after its conversion;
+  /// null on the CPU path (where the conversion is part of next()'s wall time).
+  std::shared_ptr<const StreamMark> copy_begin, copy_end;
 };
 
 /// Wraps a host batch's slot as tensors without copying: images [N, H, W, 3] uint8, labels [N]

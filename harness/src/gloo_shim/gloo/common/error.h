@@ -1,0 +1,2 @@
+#pragma once
+// Declaration-only stand-in (see ../../README.md).

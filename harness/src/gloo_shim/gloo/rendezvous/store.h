@@ -1,0 +1,17 @@
+#pragma once
+// Declaration-only stand-in (see ../../README.md): the virtual interface that
+// ProcessGroupGloo::GlooStore overrides (never instantiated by gpufeed).
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace gloo::rendezvous {
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string& key, const std::vector<char>& data) = 0;
+  virtual std::vector<char> get(const std::string& key) = 0;
+  virtual void wait(const std::vector<std::string>& keys) = 0;
+  virtual void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) = 0;
+};
+}  // namespace gloo::rendezvous

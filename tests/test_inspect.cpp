@@ -1,0 +1,176 @@
+// `gpufeed inspect`, run as a process over generated files of every bug-case kind (bugkinds.h):
+// each file's reported result is the decoder's, the PNGs it writes hold exactly the pixels the
+// decoder produced, the summary counts every kind, and nothing goes to stderr.
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bugkinds.h"
+#include "gpufeed/decode/decoder.h"
+#include "gpufeed/decode/error.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace kinds = gpufeed::test;
+using gpufeed::decode::Decoder;
+using gpufeed::decode::ImageBuffer;
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("gpufeed_inspect_" + std::to_string(::getpid()));
+  TempDir() {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+void write_file(const fs::path& p, const std::vector<uint8_t>& bytes) {
+  std::ofstream(p, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+/// Runs `gpufeed <args>`; returns its exit status, stdout in `out`, stderr in `err`.
+int gpufeed(const std::string& args, const fs::path& scratch, std::string& out, std::string& err) {
+  const fs::path o = scratch / "stdout.txt", e = scratch / "stderr.txt";
+  const std::string cmd = std::string("'") + GPUFEED_CLI + "' " + args + " >'" + o.string() +
+                          "' 2>'" + e.string() + "'";
+  const int status = std::system(cmd.c_str());
+  out = slurp(o);
+  err = slurp(e);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(Inspect, JsonGivesEachKindsOutcomeAndPngsOfTheDecodedPixels) {
+  TempDir tmp;
+  const fs::path data = tmp.path / "data", pngs = tmp.path / "png";
+  fs::create_directories(data / "sub");
+  std::vector<kinds::Variant> variants = kinds::make_kind_variants();
+  for (auto& v : kinds::make_fallback_variants()) variants.push_back(std::move(v));
+  std::map<std::string, const kinds::Variant*> by_path;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    // Half in a subfolder: folders are searched recursively and their layout kept for the PNGs.
+    const fs::path p = (i % 2 ? data / "sub" : data) / variants[i].name;
+    write_file(p, variants[i].bytes);
+    by_path[p.string()] = &variants[i];
+  }
+  // --all-files: .pbm is not among torchvision's extensions, and the format comes from the bytes.
+  std::string out, err;
+  const int status = gpufeed("inspect --json --all-files --write-png '" + pngs.string() + "' '" +
+                                 data.string() + "'",
+                             tmp.path, out, err);
+  EXPECT_EQ(status, 1) << "some files fail to decode";
+  EXPECT_EQ(err, "") << "nothing may go to stderr";
+  const nlohmann::json j = nlohmann::json::parse(out);
+  ASSERT_EQ(j["files"].size(), variants.size());
+  int64_t decoded = 0, failed = 0;
+  std::map<std::string, int64_t> by_result;
+  Decoder decoder;
+  for (const auto& f : j["files"]) {
+    const std::string path = f["path"];
+    SCOPED_TRACE(path);
+    ASSERT_TRUE(by_path.count(path)) << "inspected a file it should not have";
+    const kinds::Variant& v = *by_path.at(path);
+    EXPECT_EQ(f["bytes"].get<int64_t>(), static_cast<int64_t>(v.bytes.size()));
+    EXPECT_EQ(f["format"], std::string(gpufeed::decode::to_string(gpufeed::decode::sniff(v.bytes))));
+    if (v.expect.error) {
+      ++failed;
+      ++by_result[std::string(gpufeed::decode::to_string(*v.expect.error))];
+      EXPECT_EQ(f["result"], "error");
+      EXPECT_EQ(f["error"]["kind"], std::string(gpufeed::decode::to_string(*v.expect.error)));
+      EXPECT_NE(f["error"]["reason"].get<std::string>().find(v.expect.reason), std::string::npos);
+      EXPECT_FALSE(f.contains("png"));
+      continue;
+    }
+    ++decoded;
+    EXPECT_NE(f["result"], "error");
+    ++by_result[f["result"].get<std::string>()];
+    EXPECT_EQ(f["width"], v.width);
+    EXPECT_EQ(f["height"], v.height);
+    EXPECT_EQ(f["output"]["width"], v.width);
+    EXPECT_GE(f["warnings"].get<int>(), v.min_warnings);
+    // The PNG holds exactly what the decoder gives for the original.
+    ASSERT_TRUE(f.contains("png"));
+    const fs::path png = f["png"].get<std::string>();
+    EXPECT_EQ(png.parent_path().filename(), fs::path(path).parent_path().filename());
+    std::vector<uint8_t> png_bytes;
+    gpufeed::decode::read_file(png, png_bytes);
+    ImageBuffer from_png, from_original;
+    decoder.decode(png_bytes, png.string(), {}, from_png);
+    decoder.decode(v.bytes, path, {}, from_original);
+    EXPECT_EQ(from_png.width, from_original.width);
+    EXPECT_EQ(from_png.height, from_original.height);
+    EXPECT_TRUE(from_png.pixels == from_original.pixels);
+  }
+  EXPECT_EQ(j["summary"]["files"], variants.size());
+  EXPECT_EQ(j["summary"]["decoded"], decoded);
+  EXPECT_EQ(j["summary"]["failed"], failed);
+  const auto reported = j["summary"]["by_result"].get<std::map<std::string, int64_t>>();
+  EXPECT_EQ(reported, by_result);
+  EXPECT_GE(failed, 20);
+}
+
+TEST(Inspect, TextNamesEachFileItsHeaderAndResultThenCountsPerKind) {
+  TempDir tmp;
+  kinds::JpegSpec s;
+  s.width = 40;
+  s.height = 30;
+  s.progressive = true;
+  const std::vector<uint8_t> good = kinds::make_jpeg(s, kinds::pattern(40, 30, 3));
+  write_file(tmp.path / "good.jpg", good);
+  write_file(tmp.path / "cut.jpg", std::vector<uint8_t>(good.begin(), good.begin() + 200));
+  std::string out, err;
+  int status = gpufeed("inspect '" + (tmp.path / "good.jpg").string() + "' '" +
+                           (tmp.path / "cut.jpg").string() + "' '" + (tmp.path / "gone.jpg").string() + "'",
+                       tmp.path, out, err);
+  EXPECT_EQ(status, 1);
+  EXPECT_EQ(err, "");
+  EXPECT_NE(out.find("good.jpg: jpeg " + std::to_string(good.size()) +
+                     " bytes 40x30 3ch 8bit 4:2:0 progressive -> ok\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("cut.jpg: jpeg 200 bytes 40x30 3ch 8bit 4:2:0 progressive -> truncated: "),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("gone.jpg: unknown -> io: cannot open: No such file or directory"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("inspect: 3 files: 1 ok, 1 io, 1 truncated\n"), std::string::npos) << out;
+
+  status = gpufeed("inspect '" + (tmp.path / "good.jpg").string() + "'", tmp.path, out, err);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("inspect: 1 files: 1 ok\n"), std::string::npos) << out;
+
+  // In a folder, files without an image extension are left out unless --all-files.
+  fs::create_directories(tmp.path / "folder");
+  write_file(tmp.path / "folder" / "a.jpg", good);
+  std::ofstream(tmp.path / "folder" / "notes.txt") << "not an image\n";
+  status = gpufeed("inspect '" + (tmp.path / "folder").string() + "'", tmp.path, out, err);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_EQ(out.find("notes.txt"), std::string::npos) << out;
+  EXPECT_NE(out.find("inspect: 1 files: 1 ok\n"), std::string::npos) << out;
+  status = gpufeed("inspect --all-files '" + (tmp.path / "folder").string() + "'", tmp.path, out, err);
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_NE(out.find("notes.txt: unknown 13 bytes -> unsupported: unrecognised image format"),
+            std::string::npos)
+      << out;
+}
+
+}  // namespace

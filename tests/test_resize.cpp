@@ -1,0 +1,313 @@
+// The loader's resize (PIL's antialiased bilinear), how a sample plan becomes a decode (DCT scale
+// by the cost model, crop, widened crop for eval) and the end-to-end pixel quality against
+// torchvision on real JPEGs. Golden values: tests/goldens/gen_resize.py and gen_transform.py.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <random>
+
+#include <unistd.h>
+
+#include "golden.h"
+#include "gpufeed/decode/decoder.h"
+#include "gpufeed/loader/dataset.h"
+#include "gpufeed/loader/loader.h"
+#include "gpufeed/loader/resize.h"
+#include "gpufeed/loader/transform.h"
+
+namespace fs = std::filesystem;
+using namespace gpufeed::loader;
+using gpufeed::decode::ImageFormat;
+using gpufeed::decode::ImageInfo;
+using gpufeed::decode::ScaleFactor;
+
+namespace {
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+double mean_abs_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double sum = 0;
+  for (size_t k = 0; k < std::min(a.size(), b.size()); ++k) sum += std::abs(int(a[k]) - int(b[k]));
+  return sum / static_cast<double>(std::max<size_t>(a.size(), 1));
+}
+
+std::vector<ResizeKernel> kernels() {
+  std::vector<ResizeKernel> ks;
+  for (auto k : {ResizeKernel::kScalar, ResizeKernel::kAvx2, ResizeKernel::kAvx512})
+    if (Resizer::supported(k)) ks.push_back(k);
+  return ks;
+}
+
+ImageInfo jpeg_info(int w, int h) {
+  ImageInfo info;
+  info.format = ImageFormat::kJpeg;
+  info.width = w;
+  info.height = h;
+  info.components = 3;
+  return info;
+}
+
+}  // namespace
+
+// PIL filters horizontally first and rounds that intermediate; the Resizer filters vertically
+// first (cheaper when shrinking) and its weights have 14 bits, not 22. Pixels differ by at most
+// two levels, on average by a quarter level on pure noise and almost never on smooth images.
+TEST(Resizer, MatchesPilWithinTwoLevelsForEveryKernel) {
+  const auto g = gpufeed::test::load_golden("resize.json");
+  const auto& cases = g.at("resize");
+  ASSERT_GE(cases.size(), 20u);
+  for (const ResizeKernel kernel : kernels()) {
+    Resizer resizer(kernel);
+    for (const auto& c : cases) {
+      const std::vector<uint8_t> src = read_bytes(c["source"]);
+      const std::vector<uint8_t> ref = read_bytes(c["reference"]);
+      const int w = c["width"], h = c["height"], ow = c["out"][0], oh = c["out"][1];
+      const auto& b = c["box"];
+      std::vector<uint8_t> out(static_cast<size_t>(ow) * oh * 3);
+      resizer.resize(src.data(), w, h, static_cast<size_t>(w) * 3, BoxF{b[0], b[1], b[2], b[3]},
+                     out.data(), ow, oh, static_cast<size_t>(ow) * 3, c["flip"]);
+      ASSERT_EQ(out.size(), ref.size());
+      int worst = 0;
+      for (size_t k = 0; k < out.size(); ++k) worst = std::max(worst, std::abs(out[k] - ref[k]));
+      EXPECT_LE(worst, 2) << "kernel " << static_cast<int>(kernel) << " " << c.dump();
+      const bool noise = c["source"].get<std::string>().find("noise") != std::string::npos;
+      EXPECT_LT(mean_abs_diff(out, ref), noise ? 0.3 : 0.05) << c.dump();
+    }
+  }
+}
+
+TEST(Resizer, AllKernelsGiveIdenticalBytes) {
+  std::mt19937 rng(11);
+  const auto ks = kernels();
+  ASSERT_GE(ks.size(), 1u);
+  for (int t = 0; t < 60; ++t) {
+    const int w = 1 + static_cast<int>(rng() % 700), h = 1 + static_cast<int>(rng() % 500);
+    const int ow = 1 + static_cast<int>(rng() % 260), oh = 1 + static_cast<int>(rng() % 260);
+    std::vector<uint8_t> src(static_cast<size_t>(w) * h * 3);
+    for (auto& v : src) v = static_cast<uint8_t>(rng());
+    std::uniform_real_distribution<double> ux(0, w - 0.25), uy(0, h - 0.25);
+    const double x0 = ux(rng), y0 = uy(rng);
+    const BoxF box{x0, y0, x0 + (w - x0) * (0.1 + 0.9 * (rng() % 1000) / 1000.0),
+                   y0 + (h - y0) * (0.1 + 0.9 * (rng() % 1000) / 1000.0)};
+    std::vector<uint8_t> first;
+    for (const ResizeKernel kernel : ks) {
+      Resizer r(kernel);
+      // A destination stride wider than the row: nothing may be written past the row.
+      const size_t stride = static_cast<size_t>(ow) * 3 + 5;
+      std::vector<uint8_t> out(stride * oh, 0xAB);
+      r.resize(src.data(), w, h, static_cast<size_t>(w) * 3, box, out.data(), ow, oh, stride,
+               t % 2 == 1);
+      for (int y = 0; y < oh; ++y)
+        for (size_t k = static_cast<size_t>(ow) * 3; k < stride; ++k)
+          ASSERT_EQ(out[y * stride + k], 0xAB) << "wrote past row " << y;
+      if (first.empty()) first = out;
+      ASSERT_EQ(out, first) << "kernel " << static_cast<int>(kernel) << " case " << t;
+    }
+  }
+}
+
+TEST(Resizer, FlipMirrorsTheUnflippedOutput) {
+  std::vector<uint8_t> src(97 * 61 * 3);
+  for (size_t k = 0; k < src.size(); ++k) src[k] = static_cast<uint8_t>(k * 37 + k / 7);
+  for (const ResizeKernel kernel : kernels()) {
+    Resizer r(kernel);
+    const int ow = 45, oh = 33;
+    std::vector<uint8_t> a(ow * oh * 3), b(ow * oh * 3);
+    const BoxF box{3.5, 2.25, 90.0, 60.0};
+    r.resize(src.data(), 97, 61, 97 * 3, box, a.data(), ow, oh, ow * 3, false);
+    r.resize(src.data(), 97, 61, 97 * 3, box, b.data(), ow, oh, ow * 3, true);
+    for (int y = 0; y < oh; ++y)
+      for (int x = 0; x < ow; ++x)
+        for (int c = 0; c < 3; ++c)
+          ASSERT_EQ(a[(y * ow + x) * 3 + c], b[(y * ow + (ow - 1 - x)) * 3 + c]);
+  }
+}
+
+TEST(Resizer, SameSizeIntegerBoxIsACopy) {
+  std::vector<uint8_t> src(40 * 30 * 3);
+  for (size_t k = 0; k < src.size(); ++k) src[k] = static_cast<uint8_t>(k * 13);
+  for (const ResizeKernel kernel : kernels()) {
+    Resizer r(kernel);
+    std::vector<uint8_t> out(20 * 10 * 3);
+    r.resize(src.data(), 40, 30, 40 * 3, BoxF{5, 7, 25, 17}, out.data(), 20, 10, 20 * 3);
+    for (int y = 0; y < 10; ++y)
+      for (int x = 0; x < 60; ++x) ASSERT_EQ(out[y * 60 + x], src[(y + 7) * 120 + 15 + x]);
+  }
+}
+
+TEST(Resizer, RejectsBoxesOutsideTheSourceAndBadSizes) {
+  std::vector<uint8_t> src(10 * 10 * 3), out(4 * 4 * 3);
+  Resizer r;
+  EXPECT_THROW(r.resize(src.data(), 10, 10, 30, BoxF{0, 0, 10.5, 10}, out.data(), 4, 4, 12),
+               std::invalid_argument);
+  EXPECT_THROW(r.resize(src.data(), 10, 10, 30, BoxF{3, 3, 3, 8}, out.data(), 4, 4, 12),
+               std::invalid_argument);
+  EXPECT_THROW(r.resize(src.data(), 10, 10, 29, BoxF{0, 0, 10, 10}, out.data(), 4, 4, 12),
+               std::invalid_argument);
+  EXPECT_THROW(r.resize(src.data(), 10, 10, 30, BoxF{0, 0, 10, 10}, out.data(), 0, 4, 12),
+               std::invalid_argument);
+  EXPECT_THROW(r.resize(nullptr, 10, 10, 30, BoxF{0, 0, 10, 10}, out.data(), 4, 4, 12),
+               std::invalid_argument);
+}
+
+TEST(ResizeCenterCrop, RegionIsTorchvisionsCropMappedBackExactly) {
+  const auto g = gpufeed::test::load_golden("transform.json");
+  for (const auto& c : g.at("center_crop")) {
+    const int w = c["width"], h = c["height"], crop = c["crop"];
+    const double sx = static_cast<double>(w) / c["resized"][0].get<int>();
+    const double sy = static_cast<double>(h) / c["resized"][1].get<int>();
+    const BoxF r = center_crop_region(w, h, {c["resize"], crop});
+    const int left = c["left"], top = c["top"];
+    EXPECT_NEAR(r.x0, left * sx, 1e-9) << c.dump();
+    EXPECT_NEAR(r.y0, top * sy, 1e-9) << c.dump();
+    EXPECT_NEAR(r.x1, std::min((left + crop) * sx, double(w)), 1e-9) << c.dump();
+    EXPECT_NEAR(r.y1, std::min((top + crop) * sy, double(h)), 1e-9) << c.dump();
+    // The plan decodes the smallest integer box containing the region.
+    TransformOptions o;
+    o.kind = TransformOptions::Kind::kEval;
+    o.eval = {c["resize"], crop};
+    const SamplePlan p = plan_sample(o, w, h, 0, 0, 0);
+    EXPECT_FALSE(p.taps_clamped_to_box);
+    EXPECT_LE(p.box.x, r.x0);
+    EXPECT_GT(p.box.x + 1, r.x0);
+    EXPECT_GE(p.box.x + p.box.width, r.x1 - 1e-9);
+    EXPECT_LT(p.box.x + p.box.width - 1, r.x1);
+  }
+  EXPECT_THROW(center_crop_region(100, 100, {200, 201}), std::invalid_argument);
+}
+
+TEST(ChooseScale, PicksTheCheapestScaleByTheCostModelThatStillCoversTheOutput) {
+  using gpufeed::decode::choose_scale;
+  using gpufeed::decode::scale_cost;
+  // The model: the power-of-two scales (SIMD IDCTs) are cheaper than 8/8, 5/8..7/8 dearer.
+  EXPECT_DOUBLE_EQ(scale_cost(ScaleFactor{8}), 1.0);
+  for (int num : {1, 2, 4}) EXPECT_LT(scale_cost(ScaleFactor{num}), 1.0) << num;
+  for (int num : {5, 6, 7}) EXPECT_GT(scale_cost(ScaleFactor{num}), 1.0) << num;
+  EXPECT_LT(scale_cost(ScaleFactor{4}), scale_cost(ScaleFactor{3}));
+  EXPECT_THROW(scale_cost(ScaleFactor{0}), std::invalid_argument);
+  EXPECT_THROW(scale_cost(ScaleFactor{9}), std::invalid_argument);
+
+  const ImageInfo big = jpeg_info(4000, 3000);
+  // A 2000 px crop to 224: 1/8 gives 250 >= 224.
+  EXPECT_EQ(choose_scale(big, {0, 0, 2000, 2000}, 224, 224).num, 1);
+  // 600 px: 1/8 = 75 and 2/8 = 150 fall short; 3/8 = 225 covers, but 4/8 costs less.
+  EXPECT_EQ(choose_scale(big, {0, 0, 600, 600}, 224, 224).num, 4);
+  // 300 px: only 6/8 (225), 7/8 and 8/8 cover; 8/8 is the cheapest of them.
+  EXPECT_EQ(choose_scale(big, {0, 0, 300, 300}, 224, 224).num, 8);
+  // Exactly covering counts: 896 * 2 / 8 = 224.
+  EXPECT_EQ(choose_scale(big, {0, 0, 896, 896}, 224, 224).num, 2);
+  EXPECT_EQ(choose_scale(big, {0, 0, 895, 896}, 224, 224).num, 4);
+  // Every choice is the cheapest covering one, over a grid.
+  for (int side = 100; side < 3000; side += 37) {
+    const int num = choose_scale(big, {0, 0, side, side}, 224, 224).num;
+    EXPECT_TRUE(num == 8 || side * num >= 224 * 8) << side;
+    for (int other = 1; other <= 8; ++other) {
+      if (side * other >= 224 * 8) {
+        EXPECT_LE(scale_cost(ScaleFactor{num}), scale_cost(ScaleFactor{other})) << side;
+      }
+    }
+  }
+}
+
+TEST(DecodeOptionsFor, TrainDecodesTheBoxAndEvalWidensItByTheFilterReach) {
+  const ImageInfo info = jpeg_info(1200, 900);
+  TransformOptions train;
+  const SamplePlan t = plan_sample(train, 1200, 900, 3, 0, 17);
+  const auto dt = decode_options_for(t, info, {});
+  EXPECT_EQ(dt.crop, t.box);
+  EXPECT_EQ(dt.scale, gpufeed::decode::choose_scale(info, t.box, 224, 224));
+
+  TransformOptions eval;
+  eval.kind = TransformOptions::Kind::kEval;
+  const SamplePlan e = plan_sample(eval, 1200, 900, 0, 0, 0);
+  const auto de = decode_options_for(e, info, {});
+  // 900 -> 256: the region is about 788 px for 224 outputs; 3/8 (296) is the smallest scale that
+  // covers it and 4/8 the cheapest.
+  EXPECT_EQ(de.scale.num, 4);
+  const int reach = static_cast<int>(std::ceil(std::max(e.region.width() / 224, 8.0 / 4))) + 1;
+  EXPECT_EQ(reach, 5);
+  EXPECT_EQ(de.crop.x, e.box.x - reach);
+  EXPECT_EQ(de.crop.y, e.box.y - reach);
+  EXPECT_EQ(de.crop.x + de.crop.width, e.box.x + e.box.width + reach);
+  EXPECT_EQ(de.crop.y + de.crop.height, e.box.y + e.box.height + reach);
+  // Clamped at the image's edges.
+  const SamplePlan tiny = plan_sample(eval, 230, 240, 0, 0, 0);
+  const auto dtiny = decode_options_for(tiny, jpeg_info(230, 240), {});
+  EXPECT_GE(dtiny.crop.x, 0);
+  EXPECT_LE(dtiny.crop.x + dtiny.crop.width, 230);
+  EXPECT_LE(dtiny.crop.y + dtiny.crop.height, 240);
+}
+
+TEST(DecodedRegion, MapsTheSourceRegionIntoTheScaledCrop) {
+  SamplePlan p;
+  p.region = {100.5, 40.0, 300.0, 240.25};
+  p.output_size = 50;
+  gpufeed::decode::DecodeResult r;
+  r.scale = ScaleFactor{4};
+  r.scaled_region = {50, 20, 100, 101};  // floor(100 * 0.5) .. ceil(300 * 0.5)
+  const BoxF b = decoded_region(p, r);
+  EXPECT_DOUBLE_EQ(b.x0, 0.25);
+  EXPECT_DOUBLE_EQ(b.y0, 0.0);
+  EXPECT_DOUBLE_EQ(b.x1, 100.0);
+  EXPECT_DOUBLE_EQ(b.y1, 100.125);
+}
+
+// The whole sample path (plan, DCT-scaled crop decode, resize into the output) against
+// torchvision's PIL pipeline on real ImageNet JPEGs, including large ones decoded at 1/8..4/8.
+TEST(Quality, RealJpegsAreCloseToTorchvisionForEvalAndTrain) {
+  const auto g = gpufeed::test::load_golden("resize.json");
+  const auto& files = g.at("files");
+  if (files.empty()) GTEST_SKIP() << "../shared/data/imagenet-sample is absent in this checkout";
+  gpufeed::decode::Decoder decoder;
+  gpufeed::decode::ImageBuffer image;
+  Resizer resizer;
+  int scaled = 0, train_cases = 0;
+  double train_sum = 0;
+  for (const auto& f : files) {
+    const std::string path = f["path"];
+    // Eval: the loader's own path, as the loader runs it.
+    const fs::path list = fs::temp_directory_path() / ("gpufeed_quality_" + std::to_string(::getpid()) + ".txt");
+    std::ofstream(list) << path << " 0\n";
+    FileList ds(list, "/");
+    fs::remove(list);
+    LoaderOptions o;
+    o.transform.kind = TransformOptions::Kind::kEval;
+    std::vector<uint8_t> ours(224 * 224 * 3);
+    load_sample(ds, 0, 0, o, ours.data());
+    const double eval_diff = mean_abs_diff(ours, read_bytes(f["eval_reference"]));
+    EXPECT_LE(eval_diff, 3.0) << path;  // the bar, on the 0..255 scale
+    // Train: torchvision's box and flip, planned and decoded as the loader does.
+    std::vector<uint8_t> bytes;
+    gpufeed::decode::read_file(path, bytes);
+    const ImageInfo info = gpufeed::decode::probe(bytes, path);
+    for (const auto& t : f["train"]) {
+      SamplePlan p;
+      p.box = {t["box"][0], t["box"][1], t["box"][2], t["box"][3]};
+      p.region = {double(p.box.x), double(p.box.y), double(p.box.x + p.box.width),
+                  double(p.box.y + p.box.height)};
+      p.taps_clamped_to_box = true;
+      p.flip = t["flip"];
+      p.output_size = 224;
+      const auto d = decode_options_for(p, info, {});
+      if (d.scale.num < 8) ++scaled;
+      const auto result = decoder.decode(bytes, path, d, image);
+      resize_sample(p, result, image, resizer, ours.data());
+      const double diff = mean_abs_diff(ours, read_bytes(t["reference"]));
+      // At 8/8 the path is PIL's arithmetic on the same libjpeg-turbo pixels. A DCT-scaled decode
+      // low-passes sharply before the (narrower) triangle filter, where PIL's wide triangle lets
+      // some aliasing through: on fine texture that differs by a few levels.
+      EXPECT_LE(diff, d.scale.num == 8 ? 0.5 : 6.0) << path << " " << t.dump() << " at "
+                                                    << d.scale.num << "/8";
+      train_sum += diff;
+      ++train_cases;
+    }
+  }
+  EXPECT_GT(scaled, 0) << "the chosen files must exercise DCT-scaled decoding";
+  EXPECT_LE(train_sum / train_cases, 3.0);
+}

@@ -1,0 +1,512 @@
+#!/usr/bin/env python3
+"""gpufeed's CPU pipeline against PyTorch, DALI, LibTorch and the decode floor, in one run.
+
+Same files (--data, a flat folder: the class is the file-name prefix), same thread counts, batch
+size, output size and transform for every method:
+
+  gpufeed      `gpufeed bench` (train: RandomResizedCrop + flip; eval: Resize + CenterCrop)
+  pytorch      torchvision + DataLoader(num_workers=T, pin_memory=True, persistent_workers=True)
+               over a Dataset of the same files, PIL transforms ending in PILToTensor (uint8,
+               like gpufeed's output: no float conversion is charged to anyone)
+  dali         NVIDIA DALI's CPU pipeline (device_id=None): readers.file,
+               decoders.image_random_crop / decoders.image, resize, crop_mirror_normalize (uint8 HWC)
+  libtorch     tools/baselines/libtorch_dataloader: torch::data DataLoader, OpenCV decode + resize
+  floor        `gpufeed bench --mode floor`: libjpeg-turbo doing exactly the decode work of the
+               gpufeed run (same plans, DCT scales and crops), files in memory, nothing else
+  full         `gpufeed bench --mode full`: whole-image decode of the same files (8/8)
+
+Every measurement runs in its own process (its peak memory is the process tree's), after
+--warmup untimed passes, over --epochs timed passes. The machine may be shared, so the whole set
+runs --rounds times, interleaved, and the report uses per-round ratios (median over rounds):
+ratios measured side by side are what the targets are about, never absolute rates.
+
+Also reported: where gpufeed's time goes per sample (read, decode, resize, other), CPU time per
+sample of gpufeed and of the floor (robust to other load on the machine), RSS after each pass,
+and (--quality) the mean absolute pixel difference of gpufeed's eval (and train) output against
+torchvision's on every file.
+
+  .venv/bin/python tools/bench_compare.py --json bench.json
+  .venv/bin/python tools/bench_compare.py --threads 2 --rounds 1 --skip dali,libtorch
+
+Prints a table; --json writes everything measured.
+"""
+import argparse
+import json
+import math
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TRANSFORMS = ("train", "eval")
+
+# --- the baselines, run in a child process: `bench_compare.py --child METHOD ...` --------------------
+
+
+def _files_and_labels(data):
+    names = sorted(n for n in os.listdir(data)
+                   if n.lower().endswith((".jpg", ".jpeg", ".png")))
+    prefixes = [n.split("_", 1)[0] if "_" in n else os.path.splitext(n)[0] for n in names]
+    classes = sorted(set(prefixes))
+    index = {c: i for i, c in enumerate(classes)}
+    return [os.path.join(data, n) for n in names], [index[p] for p in prefixes]
+
+
+def child_pytorch(args):
+    import torch
+    import torchvision.transforms as T
+    from PIL import Image
+
+    torch.set_num_threads(1)
+    files, labels = _files_and_labels(args.data)
+    size = args.image_size
+    if args.transform == "train":
+        tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.PILToTensor()])
+    else:
+        tf = T.Compose([T.Resize(round(size * 256 / 224)), T.CenterCrop(size), T.PILToTensor()])
+
+    class Files(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(files)
+
+        def __getitem__(self, i):
+            with open(files[i], "rb") as f:  # torchvision's pil_loader
+                img = Image.open(f).convert("RGB")
+            return tf(img), labels[i]
+
+    import warnings
+    warnings.filterwarnings("ignore", message=".*pin_memory.*")  # no accelerator here
+    loader = torch.utils.data.DataLoader(
+        Files(), batch_size=args.batch_size, num_workers=args.threads, pin_memory=True,
+        persistent_workers=args.threads > 0)
+    samples, t0 = 0, time.perf_counter()
+    for e in range(args.warmup + args.epochs):
+        if e == args.warmup:
+            t0 = time.perf_counter()
+        for images, _ in loader:
+            if e >= args.warmup:
+                samples += images.shape[0]
+    seconds = time.perf_counter() - t0
+    return {"samples": samples, "seconds": seconds, "images_per_s": samples / seconds}
+
+
+def child_dali(args):
+    from nvidia.dali import fn, pipeline_def, types
+
+    files, labels = _files_and_labels(args.data)
+    size = args.image_size
+
+    @pipeline_def(batch_size=args.batch_size, num_threads=args.threads, device_id=None,
+                  prefetch_queue_depth=2)
+    def pipe():
+        jpegs, label = fn.readers.file(files=files, labels=labels, name="reader")
+        if args.transform == "train":
+            images = fn.decoders.image_random_crop(
+                jpegs, device="cpu", output_type=types.RGB, random_area=[0.08, 1.0],
+                random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10)
+            images = fn.resize(images, resize_x=size, resize_y=size)
+            images = fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="HWC",
+                                              mirror=fn.random.coin_flip())
+        else:
+            images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+            images = fn.resize(images, resize_shorter=round(size * 256 / 224))
+            images = fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="HWC",
+                                              crop=(size, size))
+        return images, label
+
+    p = pipe()
+    p.build()
+    per_epoch = math.ceil(len(files) / args.batch_size)
+    for _ in range(args.warmup * per_epoch):
+        p.run()
+    iters = math.ceil(args.epochs * len(files) / args.batch_size)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        out = p.run()
+    seconds = time.perf_counter() - t0
+    samples = iters * args.batch_size  # DALI's reader wraps into the next epoch: full batches
+    assert len(out[0]) == args.batch_size
+    return {"samples": samples, "seconds": seconds, "images_per_s": samples / seconds}
+
+
+# --- the parent: runs each measurement as a child process and watches its memory ------------------
+
+
+def _tree(pid):
+    """pid and all its descendants."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for t in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _rss_kib(pids):
+    """Summed VmRSS of pids (/proc/PID/status: a counter, cheap to read; smaps_rollup would walk
+    the page tables of a process that maps LibTorch and slow it down)."""
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+                        break
+        except OSError:
+            pass
+    return total
+
+
+def run_measured(cmd, env=None):
+    """Runs cmd; returns (stdout, peak RSS of its process tree in bytes (sampled every 0.2 s),
+    peak RSS of the process itself in bytes (the kernel's maxrss))."""
+    errfile = tempfile.TemporaryFile(mode="w+")  # a pipe could fill while stdout is read
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errfile, text=True, env=env,
+                            cwd=ROOT)
+    peak = [0]
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_kib(_tree(proc.pid)))
+            done.wait(0.2)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    done.set()
+    t.join()
+    errfile.seek(0)
+    err = errfile.read()
+    errfile.close()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{err[-3000:]}")
+    return out, peak[0] * 1024, usage.ru_maxrss * 1024
+
+
+def _last_json(text):
+    start = text.index("{")
+    return json.loads(text[start:])
+
+
+class Runner:
+    def __init__(self, args):
+        self.args = args
+        self.gpufeed = pathlib.Path(args.build) / "tools" / "gpufeed"
+        self.libtorch = pathlib.Path(args.build) / "tools" / "libtorch_dataloader"
+
+    def common(self):
+        a = self.args
+        return ["--data", a.data, "--batch-size", str(a.batch_size), "--image-size",
+                str(a.image_size), "--epochs", str(a.epochs), "--warmup", str(a.warmup)]
+
+    def measure(self, method, transform, threads):
+        a = self.args
+        if method in ("gpufeed", "floor", "full"):
+            mode = {"gpufeed": "loader", "floor": "floor", "full": "full"}[method]
+            cmd = [str(self.gpufeed), "bench", "--mode", mode, "--workers", str(threads),
+                   "--transform", transform, "--json", "--seed", "0"] + self.common()
+        elif method == "libtorch":
+            cmd = [str(self.libtorch), "--workers", str(threads), "--transform", transform,
+                   "--data", a.data, "--batch-size", str(a.batch_size), "--image-size",
+                   str(a.image_size), "--epochs", str(a.epochs), "--warmup", str(a.warmup)]
+        else:
+            cmd = [sys.executable, __file__, "--child", method, "--threads", str(threads),
+                   "--transform", transform] + self.common()
+        out, tree_rss, maxrss = run_measured(cmd)
+        r = _last_json(out)
+        r.update({"method": method, "transform": transform, "threads": threads,
+                  "peak_tree_rss_bytes": max(tree_rss, maxrss), "peak_main_rss_bytes": maxrss})
+        return r
+
+
+def quality(args, runner):
+    """Mean |gpufeed - torchvision| per image over every file, eval (the bar) and train."""
+    import numpy as np
+    import torchvision.transforms as T
+    import torchvision.transforms.functional as F
+    from PIL import Image
+
+    report = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for transform in TRANSFORMS:
+            raw = os.path.join(tmp, f"{transform}.raw")
+            subprocess.run([str(runner.gpufeed), "bench", "--data", args.data, "--workers", "2",
+                            "--transform", transform, "--image-size", str(args.image_size),
+                            "--batch-size", str(args.batch_size), "--dump", raw, "--json"],
+                           check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+            with open(raw + ".json") as f:
+                meta = json.load(f)
+            s = meta["size"]
+            samples = meta["samples"]
+            ours = np.memmap(raw, np.uint8, "r", shape=(len(samples), s, s, 3))
+            evaluate = T.Compose([T.Resize(round(s * 256 / 224)), T.CenterCrop(s)])
+            diffs, by_scale = [], {}
+            for k, m in enumerate(samples):
+                with open(m["path"], "rb") as f:
+                    img = Image.open(f).convert("RGB")
+                if transform == "eval":
+                    ref = evaluate(img)
+                else:
+                    x, y, w, h = m["box"]
+                    ref = F.resized_crop(img, y, x, h, w, [s, s], T.InterpolationMode.BILINEAR,
+                                         antialias=True)
+                    if m["flip"]:
+                        ref = F.hflip(ref)
+                d = float(np.abs(np.asarray(ref, np.int16) - ours[k].astype(np.int16)).mean())
+                diffs.append(d)
+                by_scale.setdefault(f"{m['scale']}/8", []).append(d)
+            report[transform] = {
+                "images": len(diffs), "mean": statistics.fmean(diffs),
+                "median": statistics.median(diffs), "p99": float(np.percentile(diffs, 99)),
+                "max": max(diffs),
+                "by_scale": {k: {"images": len(v), "mean": statistics.fmean(v), "max": max(v)}
+                             for k, v in sorted(by_scale.items())},
+            }
+    return report
+
+
+def machine():
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    os_name = platform.platform()
+    try:
+        with open("/etc/os-release") as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    os_name = line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "os": os_name,
+            "load_average_at_start": list(os.getloadavg())}
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "imagenet-sample"))
+    ap.add_argument("--threads", default="1,2", help="thread counts, e.g. 1,2")
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--epochs", type=int, default=3, help="timed passes per measurement")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed passes before them")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of everything")
+    ap.add_argument("--build", default=str(ROOT / "build" / "release"),
+                    help="build folder with tools/gpufeed and tools/libtorch_dataloader")
+    ap.add_argument("--skip", default="", help="methods to leave out: pytorch,dali,libtorch,...")
+    ap.add_argument("--no-quality", action="store_true", help="skip the pixel-difference report")
+    ap.add_argument("--json", help="write everything measured here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--transform", default="train", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.child:
+        args.threads = int(args.threads)
+        r = {"pytorch": child_pytorch, "dali": child_dali}[args.child](args)
+        print(json.dumps(r))
+        return 0
+
+    threads = [int(t) for t in args.threads.split(",")]
+    skip = set(filter(None, args.skip.split(",")))
+    runner = Runner(args)
+    if not runner.gpufeed.exists():
+        sys.exit(f"bench_compare: {runner.gpufeed} is missing: build it first (./setup.sh)")
+    methods = ["gpufeed", "floor", "full", "pytorch", "dali", "libtorch"]
+    unavailable = {}
+    if "libtorch" not in skip and not runner.libtorch.exists():
+        unavailable["libtorch"] = f"{runner.libtorch} is not built"
+    if "dali" not in skip:
+        try:
+            import nvidia.dali  # noqa: F401
+        except ImportError as e:
+            unavailable["dali"] = f"nvidia-dali-cuda130 is not installed ({e})"
+    methods = [m for m in methods if m not in skip and m not in unavailable]
+
+    plan = []  # (method, transform, threads); full decode does not depend on the transform
+    for t in threads:
+        for m in methods:
+            for tf in (("train",) if m == "full" else TRANSFORMS):
+                plan.append((m, tf, t))
+    results = []
+    for rnd in range(args.rounds):
+        for m, tf, t in plan:
+            try:
+                r = runner.measure(m, tf, t)
+            except RuntimeError as e:
+                print(f"bench_compare: {m} {tf} {t} threads failed: {e}", file=sys.stderr)
+                unavailable.setdefault(m, str(e)[-500:])
+                continue
+            r["round"] = rnd
+            results.append(r)
+            print(f"  round {rnd} {m:8s} {tf:5s} {t} threads: {r['images_per_s']:8.1f} images/s",
+                  file=sys.stderr, flush=True)
+
+    def rates(m, tf, t):
+        return {r["round"]: r["images_per_s"] for r in results
+                if r["method"] == m and r["transform"] == tf and r["threads"] == t}
+
+    def ratio(num, den, tf, t, tf_den=None):
+        a, b = rates(num, tf, t), rates(den, tf_den or tf, t)
+        return median([a[k] / b[k] for k in a if k in b])
+
+    summary = {"rates": {}, "ratios": {}, "scaling": {}, "memory": {}, "cpu_us_per_sample": {}}
+    for m in methods:
+        for tf in (("train",) if m == "full" else TRANSFORMS):
+            for t in threads:
+                summary["rates"][f"{m}/{tf}/{t}"] = median(list(rates(m, tf, t).values()))
+                rs = [r for r in results if r["method"] == m and r["transform"] == tf and r["threads"] == t]
+                if rs:
+                    summary["memory"][f"{m}/{tf}/{t}"] = max(r["peak_tree_rss_bytes"] for r in rs)
+                    cpu = [r["cpu_us_per_sample"] for r in rs if "cpu_us_per_sample" in r]
+                    if cpu:
+                        summary["cpu_us_per_sample"][f"{m}/{tf}/{t}"] = median(cpu)
+            if len(threads) > 1 and tf in TRANSFORMS:
+                lo, hi = min(threads), max(threads)
+                summary["scaling"][f"{m}/{tf}/{hi}v{lo}"] = median(
+                    [rates(m, tf, hi)[k] / rates(m, tf, lo)[k]
+                     for k in rates(m, tf, hi) if k in rates(m, tf, lo)])
+    for t in threads:
+        for tf in TRANSFORMS:
+            for other in ("pytorch", "dali", "libtorch", "floor"):
+                if other in methods:
+                    summary["ratios"][f"gpufeed/{other}/{tf}/{t}"] = ratio("gpufeed", other, tf, t)
+            if "full" in methods:
+                summary["ratios"][f"gpufeed/full/{tf}/{t}"] = ratio("gpufeed", "full", tf, t, "train")
+            # What the decode floor allows: gpufeed/x can reach floor/x only by decoding faster.
+            if "floor" in methods:
+                for other in ("pytorch", "dali", "libtorch"):
+                    if other in methods:
+                        summary["ratios"][f"floor/{other}/{tf}/{t}"] = ratio("floor", other, tf, t)
+            if "floor" in methods:
+                cg = summary["cpu_us_per_sample"].get(f"gpufeed/{tf}/{t}")
+                cf = summary["cpu_us_per_sample"].get(f"floor/{tf}/{t}")
+                if cg and cf:
+                    summary["ratios"][f"gpufeed/floor_cpu_time/{tf}/{t}"] = cf / cg
+    # RSS across passes: growth of the last pass's RSS over the first pass's.
+    growth = []
+    for r in results:
+        if r["method"] == "gpufeed" and len(r.get("rss_after_pass_bytes", [])) >= 2:
+            p = r["rss_after_pass_bytes"]
+            growth.append((max(p[1:]) - p[0]) / p[0])
+    summary["rss_growth_after_first_pass"] = max(growth) if growth else float("nan")
+    breakdown = {}
+    for r in results:
+        if r["method"] == "gpufeed":
+            key = f"{r['transform']}/{r['threads']}"
+            breakdown.setdefault(key, []).append(r["per_sample_us"])
+    summary["gpufeed_per_sample_us"] = {
+        k: {s: median([v[s] for v in vs]) for s in ("read", "decode", "resize", "other")}
+        for k, vs in breakdown.items()}
+    floor_scales = next((r["scale_histogram"] for r in results
+                         if r["method"] == "floor" and r["transform"] == "train"), {})
+    summary["floor_train_scale_histogram"] = floor_scales
+
+    report = {"machine": machine(), "args": {k: v for k, v in vars(args).items() if k != "child"},
+              "unavailable": unavailable, "results": results, "summary": summary}
+    if not args.no_quality:
+        report["quality"] = quality(args, runner)
+
+    # --- the table ---
+    t2 = max(threads)
+    print(f"\n{report['machine']['cpu']}, {report['machine']['cores']} cores; {args.data}; "
+          f"batch {args.batch_size}, {args.image_size}px; {args.warmup} warm-up + {args.epochs} "
+          f"timed passes; median of {args.rounds} rounds")
+    head = f"{'method':10s} {'transform':9s}" + "".join(f" {t:>2d} thr img/s" for t in threads)
+    head += f"  {'gpufeed/x':>9s}  {'peak RSS':>9s}"
+    print(head)
+    for m in methods:
+        for tf in (("train",) if m == "full" else TRANSFORMS):
+            row = f"{m:10s} {tf:9s}" + "".join(
+                f" {summary['rates'].get(f'{m}/{tf}/{t}', float('nan')):13.1f}" for t in threads)
+            rt = summary["ratios"].get(f"gpufeed/{m}/{tf}/{t2}")
+            row += f"  {rt:9.2f}" if rt else f"  {'':9s}"
+            row += f"  {summary['memory'].get(f'{m}/{tf}/{t2}', 0) / 2**20:7.0f} MiB"
+            print(row)
+    for m, why in unavailable.items():
+        print(f"{m}: not measured: {why}")
+    for k, v in summary["gpufeed_per_sample_us"].items():
+        print(f"gpufeed {k} threads per sample: " + ", ".join(f"{s} {v[s]:.0f} us" for s in v))
+    for k, v in summary["scaling"].items():
+        print(f"thread scaling {k}: {v:.2f}x")
+    print(f"RSS growth after the first pass: {summary['rss_growth_after_first_pass'] * 100:.2f}%")
+    for tf in TRANSFORMS:
+        k = f"gpufeed/floor_cpu_time/{tf}/{t2}"
+        if k in summary["ratios"]:
+            print(f"CPU time per sample, floor/gpufeed ({tf}, {t2} threads): "
+                  f"{summary['ratios'][k]:.3f}")
+    if "quality" in report:
+        for tf, q in report["quality"].items():
+            print(f"quality {tf}: mean |gpufeed - torchvision| {q['mean']:.3f} "
+                  f"(median {q['median']:.3f}, p99 {q['p99']:.3f}, max {q['max']:.3f}) "
+                  f"over {q['images']} images; by scale " +
+                  ", ".join(f"{k}: {v['images']} @ {v['mean']:.2f}" for k, v in q["by_scale"].items()))
+
+    # --- the targets (2 threads, this machine) ---
+    r = summary["ratios"]
+    targets = [
+        ("train >= 2.5x PyTorch DataLoader", r.get(f"gpufeed/pytorch/train/{t2}"), 2.5),
+        ("train >= 1.25x DALI CPU", r.get(f"gpufeed/dali/train/{t2}"), 1.25),
+        ("train >= 2x LibTorch torch::data", r.get(f"gpufeed/libtorch/train/{t2}"), 2.0),
+        ("train >= 90% of the decode floor", r.get(f"gpufeed/floor/train/{t2}"), 0.90),
+        ("train above full-size decode rate", r.get(f"gpufeed/full/train/{t2}"), 1.0),
+        ("eval >= 2.0x PyTorch DataLoader", r.get(f"gpufeed/pytorch/eval/{t2}"), 2.0),
+        (f"train {t2} threads >= 1.85x 1 thread",
+         summary["scaling"].get(f"gpufeed/train/{t2}v{min(threads)}"), 1.85),
+    ]
+    summary["targets"] = []
+    bounds = {"train >= 2.5x PyTorch DataLoader": r.get(f"floor/pytorch/train/{t2}"),
+              "train >= 1.25x DALI CPU": r.get(f"floor/dali/train/{t2}"),
+              "train >= 2x LibTorch torch::data": r.get(f"floor/libtorch/train/{t2}"),
+              "eval >= 2.0x PyTorch DataLoader": r.get(f"floor/pytorch/eval/{t2}")}
+    print("\ntargets:")
+    for name, value, bar in targets:
+        ok = value is not None and not math.isnan(value) and value >= bar
+        bound = bounds.get(name)
+        summary["targets"].append({"target": name, "value": value, "met": ok,
+                                   "decode_floor_bound": bound})
+        print(f"  {'MET ' if ok else 'MISS'} {name}: {value if value is None else round(value, 3)}"
+              + (f" (the decode floor alone would reach {bound:.2f})" if bound else ""))
+    g = summary["rss_growth_after_first_pass"]
+    ok = not math.isnan(g) and g < 0.05
+    summary["targets"].append({"target": "RSS growth after the first pass < 5%", "value": g,
+                               "met": ok})
+    print(f"  {'MET ' if ok else 'MISS'} RSS growth after the first pass < 5%: {g * 100:.2f}%")
+    if "quality" in report:
+        q = report["quality"]["eval"]["mean"]
+        summary["targets"].append({"target": "eval mean |diff| <= 3.0", "value": q,
+                                   "met": q <= 3.0})
+        print(f"  {'MET ' if q <= 3.0 else 'MISS'} eval mean |gpufeed - torchvision| <= 3.0: {q:.3f}")
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

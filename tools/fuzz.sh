@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Fuzzes the decoder: a libFuzzer target (tests/fuzz) over probe + decode + the loader's train
+# transform on arbitrary bytes, built with clang, ASan and UBSan in its own build folder, seeded
+# with every generated bug-case variant (and ../shared/bugcases when present), for a bounded time.
+# Fails when libFuzzer finds a crash, a leak, an escaped exception, a timeout, or any output from
+# the library; the input is kept under $BUILD/artifacts/ (turn it into a test in
+# tests/bugkinds.cpp or tests/test_decode.cpp, fix, and run again).
+#
+#   tools/fuzz.sh [SECONDS]       # default 60; GPUFEED_FUZZ_JOBS=N runs N processes in parallel
+#
+# Installs clang and libclang-rt-14-dev (libFuzzer, sanitizers) when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_TO_RUN=${1:-60}
+BUILD=${GPUFEED_FUZZ_BUILD_DIR:-build/fuzz}
+JOBS=${GPUFEED_FUZZ_JOBS:-1}
+
+missing=()
+for p in clang libclang-rt-14-dev; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "fuzz: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+if [ ! -f "$BUILD/build.ninja" ]; then
+  cmake -S tests/fuzz -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
+fi
+cmake --build "$BUILD" -j "$(nproc)" --target fuzz_decode fuzz_seeds
+
+SEEDS="$BUILD/seeds"
+CORPUS="$BUILD/corpus"  # grows across runs on the same machine
+rm -rf "$SEEDS"
+"$BUILD/fuzz_seeds" "$SEEDS"
+mkdir -p "$CORPUS" "$BUILD/artifacts"
+DIRS=("$CORPUS" "$SEEDS")
+[ -d ../shared/bugcases/files ] && DIRS+=(../shared/bugcases/files)
+
+# detect_leaks: every error path must free what it allocated (libjpeg's longjmp included).
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+PARALLEL=()
+# -jobs makes libFuzzer fork workers that log to fuzz-N.log in the current folder.
+((JOBS > 1)) && PARALLEL=(-jobs="$JOBS" -workers="$JOBS")
+echo "fuzz: running fuzz_decode for ${SECONDS_TO_RUN} s (${JOBS} job(s))"
+"$BUILD/fuzz_decode" -max_total_time="$SECONDS_TO_RUN" -max_len=65536 -timeout=10 \
+  -rss_limit_mb=3072 -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/" \
+  "${PARALLEL[@]}" "${DIRS[@]}"

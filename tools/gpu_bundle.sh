@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds, on this (CPU) machine, what tools/gpu_check.sh runs on the GPU machine, and gathers it
+# in .gpu_bundle/ (git-ignored; name it in the device tool's `carry`):
+#   bin/  gpufeed, test_gpu, test_prefetch, gpufeed_gpu_bench (sm_90 + sm_80 code)
+#   lib/  the shared libraries they need that the GPU image lacks (Debian's libjpeg-turbo, giflib,
+#         libpng, libwebp, OpenCV core/imgproc, oneTBB, spdlog, fmt, ...). Torch, CUDA and glibc are
+#         taken from the GPU image (torch 2.11.0+cu130 there too).
+# The bundle is built with GPUFEED_WITH_IMGCODECS=OFF: OpenCV's codecs pull in ~150 MB of
+# libraries (GDAL, x265, ...); BMP/PNM/TIFF then decode as kUnsupported, which the GPU check never
+# needs. Fails if the bundle exceeds 60 MiB (the device tool carries 64 MiB per call).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./setup.sh --no-build
+BUILD=build/gpu
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUFEED_WITH_IMGCODECS=OFF \
+  -DGPUFEED_BUILD_TESTS=ON -DTORCH_CUDA_ARCH_LIST="8.0;9.0" -DCMAKE_CUDA_ARCHITECTURES="80;90" >/dev/null
+cmake --build "$BUILD" -j "$(nproc)" --target gpufeed test_gpu test_prefetch gpufeed_gpu_bench
+B=.gpu_bundle
+rm -rf "$B"
+mkdir -p "$B/bin" "$B/lib" "$B/lib-compat"
+cp "$BUILD/tools/gpufeed" "$BUILD/tests/test_gpu" "$BUILD/tests/test_prefetch" \
+   "$BUILD/tools/gpufeed_gpu_bench" "$B/bin/"
+strip --strip-unneeded "$B"/bin/*
+# Libraries: everything the binaries resolve here except torch/CUDA (from the GPU image's torch)
+# and glibc; libstdc++/libgcc_s go to lib-compat, used only if the image's own are too old.
+for bin in "$B"/bin/*; do ldd "$bin"; done | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
+  case "$lib" in
+    */site-packages/*|/usr/local/cuda*|*/libcuda.so*) ;;
+    */libc.so.*|*/libm.so.*|*/libpthread.so.*|*/libdl.so.*|*/librt.so.*|*/libutil.so.*|*/libresolv.so.*|*/ld-linux*) ;;
+    */libstdc++.so.*|*/libgcc_s.so.*) cp -L "$lib" "$B/lib-compat/" ;;
+    *) cp -L "$lib" "$B/lib/" ;;
+  esac
+done
+size_kb=$(du -sk "$B" | cut -f1)
+echo "gpu_bundle: $(ls "$B/lib" | wc -l) libraries, $((size_kb / 1024)) MiB in $B"
+if [ "$size_kb" -gt $((60 * 1024)) ]; then
+  echo "gpu_bundle: too large to carry (> 60 MiB)" >&2
+  exit 1
+fi

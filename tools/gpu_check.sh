@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The GPU check, made to run inside one device call (<= 8 minutes), results under $OUT.
+#
+#   here:            tools/gpu_bundle.sh               # build + gather .gpu_bundle (<= 60 MiB)
+#   GPU machine:     bash tools/gpu_check.sh            # device tool: carry [".gpu_bundle"]
+#   here, dry run:   bash tools/gpu_check.sh --dry-run  # CPU parts only, tiny sizes
+#
+# Steps (each time-boxed, each result kept even when a later step fails):
+#   1. GPU unit tests (test_gpu): prefetched tensors equal the CPU prefetcher's output for both
+#      layouts and all dtypes; the copy/compute overlap test (<= 1.05x compute-only step time,
+#      CUDA events); test_prefetch.
+#   2. H2D bandwidth from pinned slots vs a plain cudaMemcpyAsync peak, same run
+#      (gpufeed_gpu_bench), and the fused conversion kernel's time.
+#   3. Synthetic ImageNet-sized JPEGs generated there; `gpufeed train` ResNet-50, bf16 autocast,
+#      channels_last, 200 steps: images/s, data wait, GPU busy fraction (CUDA events; NVML too
+#      when the run reports it); then torchvision's DataLoader feeding the same model on the same
+#      files (tools/baselines/torch_train.py), for the ratio.
+#   4. A summary table printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DRY=0
+[ "${1:-}" = "--dry-run" ] && DRY=1
+OUT=${OUT:-$(mktemp -d /tmp/gpu_check.XXXX)}
+mkdir -p "$OUT"
+B=${GPUFEED_BUNDLE:-.gpu_bundle}
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && [ "$DRY" = 1 ] && PY=.venv/bin/python
+if [ ! -x "$B/bin/gpufeed" ]; then
+  echo "gpu_check: $B/bin/gpufeed missing: run tools/gpu_bundle.sh here and carry .gpu_bundle" >&2
+  exit 2
+fi
+TORCH_LIB=$("$PY" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+NV_ROOT=$("$PY" -c 'import os, torch; print(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia"))')
+export LD_LIBRARY_PATH="$PWD/$B/lib:$TORCH_LIB:$NV_ROOT/cu13/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+if ! "$B/bin/gpufeed" --version >/dev/null 2>"$OUT/ldd_error.txt"; then
+  echo "gpu_check: binaries do not start with the image's libstdc++; using the carried one"
+  export LD_LIBRARY_PATH="$PWD/$B/lib-compat:$LD_LIBRARY_PATH"
+fi
+G="$B/bin/gpufeed"
+THREADS=$(nproc)
+{ echo "date: $(date -u)"; echo "threads: $THREADS"; nvidia-smi 2>&1 | head -15;
+  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'; } \
+  > "$OUT/machine.txt"
+cat "$OUT/machine.txt"
+
+run() {  # run NAME SECONDS CMD... : log to $OUT/NAME.log, remember the exit code
+  local name=$1 secs=$2; shift 2
+  echo "== $name"
+  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc" | tee -a "$OUT/status.txt"
+  tail -n 15 "$OUT/$name.log"
+  return 0
+}
+
+run test_gpu 120 "$B/bin/test_gpu" --gtest_output=json:"$OUT/test_gpu.json"
+run test_prefetch 60 "$B/bin/test_prefetch"
+run h2d_bench 60 "$B/bin/gpufeed_gpu_bench" 256 224
+
+if [ "$DRY" = 1 ]; then
+  CLASSES=4 PER_CLASS=16 STEPS=4 WARM=1 BATCH=8 ARCH=resnet18 DEVICE=cpu SIZE=64
+else
+  CLASSES=100 PER_CLASS=64 STEPS=200 WARM=20 BATCH=256 ARCH=resnet50 DEVICE=cuda:0 SIZE=224
+fi
+DATA=/tmp/gpufeed_gpu_check_data
+run make_dataset 240 "$G" make-dataset --out "$DATA" --classes "$CLASSES" --per-class "$PER_CLASS" \
+  --min-size 350 --max-size 500 --seed 1
+
+# gpufeed: enough epochs over the generated set for STEPS steps.
+PER_EPOCH=$(( CLASSES * PER_CLASS / BATCH ))
+EPOCHS=$(( (STEPS + PER_EPOCH - 1) / PER_EPOCH ))
+EXTRA=()
+[ "$DEVICE" != cpu ] && EXTRA+=(--precision bf16)
+run train_gpufeed 300 "$G" train --data "$DATA" --arch "$ARCH" --epochs "$EPOCHS" \
+  --batch-size "$BATCH" --workers "$THREADS" --device "$DEVICE" --channels-last \
+  --image-size "$SIZE" --lr 0.1 --progress lines --metrics "$OUT/train_metrics.jsonl" \
+  --metrics-every 10 --trace "$OUT/train_trace.json" "${EXTRA[@]}"
+# NVML utilisation next to the CUDA-event busy fraction, per metrics record.
+run train_profile_summary 30 "$PY" -c 'import json, sys
+for r in map(json.loads, open(sys.argv[1])):
+    if r["type"] in ("steps", "epoch", "summary"):
+        print(r["type"], r.get("first_step", ""), "nvml_util_%", r.get("gpu_util_percent"),
+              "event_busy", r.get("gpu_busy_fraction"), "wait", round(r.get("data_wait_fraction", 0), 3))
+    if r["type"] == "summary":
+        print(r.get("nvml")); print(r["verdict"]["text"])' "$OUT/train_metrics.jsonl"
+
+# Harness paths that only a GPU exercises: DDP over NCCL at world size 1, DataParallel on one
+# device, fp16 with loss scaling (few steps each; exit status and finite loss are the check).
+run ddp_nccl_world1 120 "$G" launch --nproc-per-node 1 --master-port 0 -- "$PWD/$G" train \
+  --data "$DATA" --arch resnet18 --device cuda --precision bf16 --channels-last --batch-size 64 \
+  --epochs 1 --max-steps-per-epoch 20 --workers "$THREADS" --progress off
+run data_parallel_1 120 "$G" train --data "$DATA" --devices 0 --arch resnet18 --batch-size 64 \
+  --epochs 1 --max-steps-per-epoch 20 --workers "$THREADS" --progress off
+run fp16_scaler 120 "$G" train --data "$DATA" --device cuda:0 --precision fp16 --arch resnet18 \
+  --batch-size 64 --epochs 1 --max-steps-per-epoch 30 --workers "$THREADS" --progress off
+
+BF16=(); [ "$DEVICE" != cpu ] && BF16=(--bf16)
+run train_torch 300 "$PY" tools/baselines/torch_train.py --data "$DATA" --arch "$ARCH" \
+  --batch-size "$BATCH" --workers "$THREADS" --steps "$STEPS" --warmup-steps "$WARM" \
+  --image-size "$SIZE" --device "$DEVICE" --channels-last "${BF16[@]}"
+
+echo "== summary (full logs in $OUT)"
+cat "$OUT/status.txt"
+grep -h "overlap:" "$OUT/test_gpu.log" 2>/dev/null
+grep -h -E '"(memcpy_peak_gb_per_s|slot_h2d_gb_per_s|slot_over_peak|convert_bf16_cl_ms)"' "$OUT/h2d_bench.log" 2>/dev/null
+grep -h -E "^epoch|verdict|busy|steps:" "$OUT/train_gpufeed.log" 2>/dev/null | tail -n 6
+tail -n 3 "$OUT/train_profile_summary.log" 2>/dev/null
+grep -h -E '"(images_per_s|gpu_busy_fraction_events|data_wait_fraction)"' "$OUT/train_torch.log" 2>/dev/null
