@@ -406,6 +406,17 @@ def main():
                 cf = summary["cpu_us_per_sample"].get(f"floor/{tf}/{t}")
                 if cg and cf:
                     summary["ratios"][f"gpufeed/floor_cpu_time/{tf}/{t}"] = cf / cg
+    # CPU time per sample at the most threads over that at the fewest: 1.0 means no parallel
+    # overhead (no contention, no spinning); wall-clock scaling can still fall short when other
+    # work on the machine takes the cores.
+    if len(threads) > 1:
+        lo, hi = min(threads), max(threads)
+        for m in ("gpufeed", "floor"):
+            for tf in TRANSFORMS:
+                a = summary["cpu_us_per_sample"].get(f"{m}/{tf}/{lo}")
+                b = summary["cpu_us_per_sample"].get(f"{m}/{tf}/{hi}")
+                if a and b:
+                    summary["scaling"][f"{m}/{tf}/cpu_time_per_sample_{hi}v{lo}"] = b / a
     # RSS across passes: growth of the last pass's RSS over the first pass's.
     growth = []
     for r in results:
@@ -425,16 +436,18 @@ def main():
                          if r["method"] == "floor" and r["transform"] == "train"), {})
     summary["floor_train_scale_histogram"] = floor_scales
 
-    report = {"machine": machine(), "args": {k: v for k, v in vars(args).items() if k != "child"},
+    report = {"machine": dict(machine(), load_average_at_end=list(os.getloadavg())), "args": {k: v for k, v in vars(args).items() if k != "child"},
               "unavailable": unavailable, "results": results, "summary": summary}
     if not args.no_quality:
         report["quality"] = quality(args, runner)
 
     # --- the table ---
     t2 = max(threads)
-    print(f"\n{report['machine']['cpu']}, {report['machine']['cores']} cores; {args.data}; "
-          f"batch {args.batch_size}, {args.image_size}px; {args.warmup} warm-up + {args.epochs} "
-          f"timed passes; median of {args.rounds} rounds")
+    mach = report["machine"]
+    print(f"\n{mach['cpu']}, {mach['cores']} cores, load average {mach['load_average_at_start'][0]:.1f}"
+          f" -> {mach['load_average_at_end'][0]:.1f}; {args.data}; batch {args.batch_size}, "
+          f"{args.image_size}px; {args.warmup} warm-up + {args.epochs} timed passes; median of "
+          f"{args.rounds} rounds")
     head = f"{'method':10s} {'transform':9s}" + "".join(f" {t:>2d} thr img/s" for t in threads)
     head += f"  {'gpufeed/x':>9s}  {'peak RSS':>9s}"
     print(head)
@@ -451,7 +464,8 @@ def main():
     for k, v in summary["gpufeed_per_sample_us"].items():
         print(f"gpufeed {k} threads per sample: " + ", ".join(f"{s} {v[s]:.0f} us" for s in v))
     for k, v in summary["scaling"].items():
-        print(f"thread scaling {k}: {v:.2f}x")
+        print(f"thread scaling {k}: {v:.2f}x" if "cpu_time" not in k else
+              f"{k.replace('/cpu_time_per_sample_', ': CPU time per sample ')}: {v:.2f}x")
     print(f"RSS growth after the first pass: {summary['rss_growth_after_first_pass'] * 100:.2f}%")
     for tf in TRANSFORMS:
         k = f"gpufeed/floor_cpu_time/{tf}/{t2}"

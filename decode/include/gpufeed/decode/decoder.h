@@ -159,8 +159,11 @@ ImageFormat sniff(std::span<const uint8_t> bytes);
 /// kTruncated (header cut short), kCorrupt (zero width/height, malformed markers).
 ImageInfo probe(std::span<const uint8_t> bytes, std::string_view source);
 
-/// Decodes bytes to RGB. Holds per-thread state (libjpeg decompressor, scratch rows), so keep one
-/// per thread and reuse it; not thread-safe itself.
+/// Decodes bytes to RGB. Holds per-thread state (libjpeg decompressor, scratch rows, and the memory
+/// libjpeg asks for per image, kept between images), so keep one per thread and reuse it: once it
+/// has decoded its largest baseline JPEG, decoding another (into an ImageBuffer that has grown
+/// as large) allocates nothing. Progressive JPEGs' whole-image coefficient buffers and the other
+/// formats' decoders still allocate per image. Not thread-safe itself.
 class Decoder {
  public:
   Decoder();
