@@ -589,16 +589,18 @@ Bytes make_png(const PngSpec& spec, const Bytes& samples) {
 }
 
 Bytes make_gif(int width, int height, const std::vector<uint8_t>& palette,
-               const std::vector<GifFrame>& frames) {
+               const std::vector<GifFrame>& frames, int background) {
+  const auto put_table = [](Bytes& out, Bytes table) {
+    table.resize(768, 0);
+    out.insert(out.end(), table.begin(), table.end());
+  };
   Bytes out = {'G', 'I', 'F', '8', '9', 'a'};
   put_le16(out, width);
   put_le16(out, height);
-  out.push_back(0xF7);  // global table, 256 entries
-  out.push_back(0);     // background index
+  out.push_back(palette.empty() ? 0x70 : 0xF7);  // global table of 256 entries, or none
+  out.push_back(static_cast<uint8_t>(background));
   out.push_back(0);
-  std::vector<uint8_t> table = palette;
-  table.resize(768, 0);
-  out.insert(out.end(), table.begin(), table.end());
+  if (!palette.empty()) put_table(out, palette);
   for (const GifFrame& f : frames) {
     if (f.transparent >= 0) {
       const uint8_t gce[] = {0x21, 0xF9, 4, 0x01, 0, 0, static_cast<uint8_t>(f.transparent), 0};
@@ -609,7 +611,8 @@ Bytes make_gif(int width, int height, const std::vector<uint8_t>& palette,
     put_le16(out, f.top);
     put_le16(out, f.width);
     put_le16(out, f.height);
-    out.push_back(f.interlace ? 0x40 : 0);
+    out.push_back(static_cast<uint8_t>((f.local.empty() ? 0 : 0x87) | (f.interlace ? 0x40 : 0)));
+    if (!f.local.empty()) put_table(out, f.local);
     out.push_back(8);  // LZW minimum code size
     std::vector<int> rows;
     if (f.interlace) {

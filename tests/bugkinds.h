@@ -106,12 +106,15 @@ struct GifFrame {
   Bytes indices;          ///< width * height palette indices, row-major
   bool interlace = false;
   int transparent = -1;   ///< graphic control extension's transparent index, -1 for none
+  Bytes local;            ///< local colour table (RGB triples, zero-padded to 256); empty: global
 };
 
-/// A GIF89a with a 256-entry global table (`palette`, RGB triples, zero-padded) and the frames,
-/// LZW-coded as literal 9-bit codes (every decoder reads it).
+/// A GIF89a of `width` x `height` with a 256-entry global table (`palette`, RGB triples,
+/// zero-padded; empty: no global table), background index `background`, and the frames, LZW-coded
+/// as literal 9-bit codes with a clear code every 250 literals, so the code width never grows
+/// (every decoder reads it).
 Bytes make_gif(int width, int height, const std::vector<uint8_t>& palette,
-               const std::vector<GifFrame>& frames);
+               const std::vector<GifFrame>& frames, int background = 0);
 
 /// WebP through libwebp: lossless when quality > 100, else lossy at `quality`. `rgba` is
 /// [h, w, 4].

@@ -236,101 +236,24 @@ Bytes with_exif(Bytes jpeg, int orientation) {
 
 using Palette = std::vector<std::array<uint8_t, 3>>;
 
-struct GifFrame {
-  GifFrame(int l, int t, int w, int h, Bytes idx, bool il = false, int tr = -1, Palette loc = {})
-      : left(l),
-        top(t),
-        width(w),
-        height(h),
-        indices(std::move(idx)),
-        interlace(il),
-        transparent(tr),
-        local(std::move(loc)) {}
-  int left, top, width, height;
-  Bytes indices;  // width * height, row-major
-  bool interlace;
-  int transparent;  // -1: none
-  Palette local;    // empty: use the global table
+/// gpufeed::test::GifFrame with a constructor, for brace lists of frames.
+struct GifFrame : gpufeed::test::GifFrame {
+  GifFrame(int l, int t, int w, int h, Bytes idx, bool il = false, int tr = -1, Bytes loc = {})
+      : gpufeed::test::GifFrame{l, t, w, h, std::move(idx), il, tr, std::move(loc)} {}
 };
 
-void put_le16(Bytes& out, int v) {
-  out.push_back(static_cast<uint8_t>(v & 0xFF));
-  out.push_back(static_cast<uint8_t>(v >> 8));
-}
-
-void put_palette(Bytes& out, Palette p) {
-  p.resize(256, {0, 0, 0});
+Bytes flat(const Palette& p) {
+  Bytes out;
   for (const auto& c : p) out.insert(out.end(), c.begin(), c.end());
+  return out;
 }
 
-/// GIF with 256-entry tables and "uncompressed" LZW: literal 9-bit codes, with a clear code
-/// every 250 literals so the code width never grows. Every decoder reads it.
+/// make_gif (tests/bugkinds.h) with the palette as RGB triples.
 Bytes make_gif(int sw, int sh, const Palette& global, int background,
                const std::vector<GifFrame>& frames) {
-  Bytes out = {'G', 'I', 'F', '8', '9', 'a'};
-  put_le16(out, sw);
-  put_le16(out, sh);
-  out.push_back(global.empty() ? 0x70 : 0xF7);
-  out.push_back(static_cast<uint8_t>(background));
-  out.push_back(0);
-  if (!global.empty()) put_palette(out, global);
-  for (const GifFrame& f : frames) {
-    if (f.transparent >= 0) {
-      const uint8_t gce[] = {0x21, 0xF9, 4, 0x01, 0, 0, static_cast<uint8_t>(f.transparent), 0};
-      out.insert(out.end(), std::begin(gce), std::end(gce));
-    }
-    out.push_back(0x2C);
-    put_le16(out, f.left);
-    put_le16(out, f.top);
-    put_le16(out, f.width);
-    put_le16(out, f.height);
-    out.push_back(static_cast<uint8_t>((f.local.empty() ? 0 : 0x87) | (f.interlace ? 0x40 : 0)));
-    if (!f.local.empty()) put_palette(out, f.local);
-    out.push_back(8);  // LZW minimum code size
-    std::vector<int> rows;
-    if (f.interlace) {
-      for (int y = 0; y < f.height; y += 8) rows.push_back(y);
-      for (int y = 4; y < f.height; y += 8) rows.push_back(y);
-      for (int y = 2; y < f.height; y += 4) rows.push_back(y);
-      for (int y = 1; y < f.height; y += 2) rows.push_back(y);
-    } else {
-      for (int y = 0; y < f.height; ++y) rows.push_back(y);
-    }
-    Bytes lzw;
-    uint32_t acc = 0;
-    int bits = 0;
-    const auto code = [&](int c) {
-      acc |= static_cast<uint32_t>(c) << bits;
-      bits += 9;
-      while (bits >= 8) {
-        lzw.push_back(static_cast<uint8_t>(acc & 0xFF));
-        acc >>= 8;
-        bits -= 8;
-      }
-    };
-    int run = 0;
-    code(256);
-    for (int y : rows)
-      for (int x = 0; x < f.width; ++x) {
-        if (run == 250) {
-          code(256);
-          run = 0;
-        }
-        code(f.indices[static_cast<size_t>(y) * f.width + x]);
-        ++run;
-      }
-    code(257);
-    if (bits > 0) lzw.push_back(static_cast<uint8_t>(acc & 0xFF));
-    for (size_t at = 0; at < lzw.size(); at += 255) {
-      const size_t n = std::min<size_t>(255, lzw.size() - at);
-      out.push_back(static_cast<uint8_t>(n));
-      out.insert(out.end(), lzw.begin() + static_cast<ptrdiff_t>(at),
-                 lzw.begin() + static_cast<ptrdiff_t>(at + n));
-    }
-    out.push_back(0);
-  }
-  out.push_back(0x3B);
-  return out;
+  return gpufeed::test::make_gif(sw, sh, flat(global),
+                                 std::vector<gpufeed::test::GifFrame>(frames.begin(), frames.end()),
+                                 background);
 }
 
 // --- comparison helpers
@@ -525,7 +448,7 @@ TEST(ScaledSize, IsCeilOfDimTimesNumOverEight) {
           << dim << " " << num;
 }
 
-TEST(ChooseScale, PicksSmallestPowerOfTwoWhoseScaledCropCoversTheOutput) {
+TEST(ChooseScale, PicksCheapestScaleWhoseScaledCropCoversTheOutput) {
   ImageInfo jpeg;
   jpeg.format = ImageFormat::kJpeg;
   jpeg.width = 4000;
@@ -1526,7 +1449,7 @@ TEST(Gif, UsesTheLocalColourTableAndDeinterlaces) {
   for (int y = 0; y < h; ++y)
     for (int x = 0; x < w; ++x)
       idx[static_cast<size_t>(y) * w + x] = static_cast<uint8_t>(y * 10 + x);
-  const Bytes gif = make_gif(w, h, test_palette(), 0, {{0, 0, w, h, idx, true, -1, local}});
+  const Bytes gif = make_gif(w, h, test_palette(), 0, {{0, 0, w, h, idx, true, -1, flat(local)}});
   ImageBuffer out;
   decode(gif, out);
   EXPECT_EQ(max_abs_diff(out, palette_image(idx, w, h, local)), 0);

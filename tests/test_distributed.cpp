@@ -23,38 +23,16 @@
 #include "gpufeed/harness/resnet.h"
 #include "gpufeed/harness/torch_file.h"
 #include "gpufeed/loader/synthetic.h"
+#include "test_util.h"
 
 using namespace gpufeed;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("gpufeed_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
-fs::path tiny_dataset(const fs::path& root) {
-  loader::SyntheticOptions so;
-  so.num_classes = 4;
-  so.images_per_class = 8;
-  so.min_size = 36;
-  so.max_size = 56;
-  loader::write_synthetic_image_folder(root, so);
-  return root;
-}
-
-std::string read(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test::read_text;
+using test::TempDir;
+using test::tiny_dataset;
 
 // How a process ended: its exit code, or 128 + the signal that killed it.
 int code_of(int status) {
@@ -110,7 +88,7 @@ TEST(Launch, TwoGlooRanksStayIdenticalAndEqualOneProcessOnTheUnionOfTheirBatches
       run(kEnv + kGpufeed + " launch --nproc-per-node 2 --master-port 0 -- gpufeed" + common +
               " --batch-size 2 --checkpoint " + (dir.path / "rank{rank}.pt").string(),
           dir.path / "launch.log");
-  const std::string log = read(dir.path / "launch.log");
+  const std::string log = read_text(dir.path / "launch.log");
   ASSERT_EQ(launched, 0) << log;
   EXPECT_NE(log.find("world 2, global batch 8 (2 x 2 accum x 2)"), std::string::npos) << log;
   EXPECT_NE(log.find("backend gloo"), std::string::npos) << log;
@@ -118,7 +96,7 @@ TEST(Launch, TwoGlooRanksStayIdenticalAndEqualOneProcessOnTheUnionOfTheirBatches
                     (dir.path / "single.pt").string(),
                 dir.path / "single.log"),
             0)
-      << read(dir.path / "single.log");
+      << read_text(dir.path / "single.log");
   const auto r0 = load(dir.path / "rank0.pt"), r1 = load(dir.path / "rank1.pt"),
              one = load(dir.path / "single.pt");
   ASSERT_EQ(r0.size(), one.size());
@@ -143,7 +121,7 @@ TEST(Launch, KilledRankMakesThePeerFailNamingTheCauseAndTheLauncherReportsIt) {
               " launch --nproc-per-node 2 --master-port 0 --stop-timeout 60 -- gpufeed" +
               train_args(data) + " --batch-size 4 --max-steps-per-epoch 4",
           dir.path / "launch.log");
-  const std::string log = read(dir.path / "launch.log");
+  const std::string log = read_text(dir.path / "launch.log");
   EXPECT_EQ(code, 128 + 9) << log;  // the first failure's code: rank 1, SIGKILL
   EXPECT_NE(log.find("rank 1 (local rank 1, pid"), std::string::npos) << log;
   EXPECT_NE(log.find("was killed by signal 9"), std::string::npos) << log;
@@ -168,9 +146,9 @@ TEST(Train, StartedLikeTorchrunWithoutTheLauncherAPeerDeathIsAnErrorNamingTheCau
       (dir.path / "rc0").string() + "; wait $p1; echo $? > " + (dir.path / "rc1").string();
   std::ofstream(dir.path / "run.sh") << script << "\n";
   ASSERT_EQ(std::system(("sh " + (dir.path / "run.sh").string()).c_str()), 0);
-  const std::string log0 = read(dir.path / "r0.log");
-  EXPECT_EQ(std::stoi(read(dir.path / "rc1")), 128 + 9);
-  EXPECT_EQ(std::stoi(read(dir.path / "rc0")), 1) << log0;
+  const std::string log0 = read_text(dir.path / "r0.log");
+  EXPECT_EQ(std::stoi(read_text(dir.path / "rc1")), 128 + 9);
+  EXPECT_EQ(std::stoi(read_text(dir.path / "rc0")), 1) << log0;
   EXPECT_NE(log0.find("joined via torchrun"), std::string::npos) << log0;
   EXPECT_NE(log0.find("gpufeed: error: rank 0 of 2:"), std::string::npos) << log0;
   EXPECT_NE(log0.find("another rank may have exited"), std::string::npos) << log0;
@@ -184,14 +162,14 @@ TEST(Signals, SigintFinishesTheStepWritesACheckpointAndExits130ThenResumes) {
                           " --batch-size 8 --epochs 2 --max-steps-per-epoch 3 --save-checkpoint " +
                           ckpt.string();
   const int code = run("GPUFEED_TEST_FAULT=signal=INT:step=2 " + cmd, dir.path / "a.log");
-  const std::string log = read(dir.path / "a.log");
+  const std::string log = read_text(dir.path / "a.log");
   EXPECT_EQ(code, 130) << log;
   EXPECT_NE(log.find("stopped by signal 2"), std::string::npos) << log;
   auto c = harness::load_torch_file(ckpt).toGenericDict();
   EXPECT_EQ(c.at("step").toInt(), 2);
   EXPECT_EQ(c.at("sampler").toGenericDict().at("batches_consumed").toInt(), 2);
   ASSERT_EQ(run(cmd + " --resume " + ckpt.string(), dir.path / "b.log"), 0)
-      << read(dir.path / "b.log");
+      << read_text(dir.path / "b.log");
   c = harness::load_torch_file(ckpt).toGenericDict();
   EXPECT_EQ(c.at("step").toInt(), 6);
   EXPECT_EQ(c.at("epoch").toInt(), 2);
@@ -206,7 +184,7 @@ TEST(Signals, SecondSigintExitsAtOnceWithoutACheckpoint) {
               train_args(data) + " --batch-size 8 --max-steps-per-epoch 3 --save-checkpoint " +
               ckpt.string(),
           dir.path / "a.log");
-  const std::string log = read(dir.path / "a.log");
+  const std::string log = read_text(dir.path / "a.log");
   EXPECT_EQ(code, 130) << log;
   EXPECT_NE(log.find("second SIGINT"), std::string::npos) << log;
   EXPECT_FALSE(fs::exists(ckpt));
@@ -221,7 +199,7 @@ TEST(Signals, SigtermOnOneRankStopsBothRanksAfterTheSameStep) {
               " launch --nproc-per-node 2 --master-port 0 -- gpufeed" + train_args(data) +
               " --batch-size 4 --max-steps-per-epoch 4 --save-checkpoint " + ckpt.string(),
           dir.path / "launch.log");
-  const std::string log = read(dir.path / "launch.log");
+  const std::string log = read_text(dir.path / "launch.log");
   EXPECT_EQ(code, 143) << log;
   EXPECT_NE(log.find("rank 0 exited with code 143"), std::string::npos) << log;
   EXPECT_NE(log.find("rank 1 exited with code 143"), std::string::npos) << log;
@@ -239,12 +217,12 @@ TEST(Checkpoint, CrashWhileWritingLeavesThePreviousCheckpointLoadable) {
                           ckpt.string();
   // The second write (end of epoch 2) aborts the process after its first 1 MiB.
   const int code = run("GPUFEED_TEST_FAULT=abort-checkpoint-write=2 " + cmd, dir.path / "a.log");
-  EXPECT_EQ(code, 128 + 6) << read(dir.path / "a.log");
+  EXPECT_EQ(code, 128 + 6) << read_text(dir.path / "a.log");
   const auto c = harness::load_torch_file(ckpt).toGenericDict();
   EXPECT_EQ(c.at("epoch").toInt(), 1);
   EXPECT_EQ(c.at("step").toInt(), 2);
   ASSERT_EQ(run(cmd + " --resume " + ckpt.string(), dir.path / "b.log"), 0)
-      << read(dir.path / "b.log");
+      << read_text(dir.path / "b.log");
   EXPECT_EQ(harness::load_torch_file(ckpt).toGenericDict().at("step").toInt(), 4);
 }
 
@@ -258,7 +236,7 @@ TEST(Signals, LauncherForwardsSigtermToEveryWorkerAndExits143) {
               " launch --nproc-per-node 2 --master-port 0 -- gpufeed" + train_args(data) +
               " --batch-size 4 --max-steps-per-epoch 4 --save-checkpoint " + ckpt.string(),
           dir.path / "launch.log");
-  const std::string log = read(dir.path / "launch.log");
+  const std::string log = read_text(dir.path / "launch.log");
   EXPECT_EQ(code, 143) << log;
   EXPECT_NE(log.find("passing it to the workers"), std::string::npos) << log;
   EXPECT_NE(log.find("rank 0 exited with code 143"), std::string::npos) << log;
@@ -272,8 +250,8 @@ TEST(Ckpt, ListsAndConvertsAPythonCheckpointIntoAFileLibTorchReads) {
   TempDir dir("ckptcli");
   const fs::path nested = fs::path(GPUFEED_GOLDEN_DIR) / "ckpt_nested_module.pt";
   ASSERT_EQ(run(kGpufeed + " ckpt list " + nested.string(), dir.path / "list.log"), 0)
-      << read(dir.path / "list.log");
-  const std::string list = read(dir.path / "list.log");
+      << read_text(dir.path / "list.log");
+  const std::string list = read_text(dir.path / "list.log");
   EXPECT_NE(list.find("args: object of argparse.Namespace"), std::string::npos) << list;
   EXPECT_NE(
       list.find("state_dict under 'model' (122 tensors), keys had the 'module.' prefix (stripped)"),
@@ -286,7 +264,7 @@ TEST(Ckpt, ListsAndConvertsAPythonCheckpointIntoAFileLibTorchReads) {
                     " --add-prefix module.",
                 dir.path / "convert.log"),
             0)
-      << read(dir.path / "convert.log");
+      << read_text(dir.path / "convert.log");
   // LibTorch's own reader, which maps an OrderedDict to None, reads the converted file.
   std::ifstream in(out, std::ios::binary);
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

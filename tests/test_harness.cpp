@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -21,6 +22,7 @@
 #include "gpufeed/harness/torch_file.h"
 #include "gpufeed/harness/trainer.h"
 #include "gpufeed/loader/synthetic.h"
+#include "test_util.h"
 
 using namespace gpufeed;
 namespace fs = std::filesystem;
@@ -33,27 +35,8 @@ const bool kOneThread = [] {
   return true;
 }();
 
-// A scratch folder per test, removed at the end.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("gpufeed_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
-// 4 classes x 8 small JPEGs: 4 micro-batches of 8 per epoch.
-fs::path tiny_dataset(const fs::path& root) {
-  loader::SyntheticOptions so;
-  so.num_classes = 4;
-  so.images_per_class = 8;
-  so.min_size = 36;
-  so.max_size = 56;
-  loader::write_synthetic_image_folder(root, so);
-  return root;
-}
+using test::TempDir;
+using test::tiny_dataset;  // 4 classes x 8 small JPEGs: 4 micro-batches of 8 per epoch
 
 // A small run whose samples do not interact: BatchNorm frozen (running statistics, no batch
 // statistics), each residual block starting as the identity so activations stay tame.
@@ -462,6 +445,36 @@ TEST(Trainer, AccumulatingMicroBatchesEqualsOneLargerBatch) {
   torch::manual_seed(0);
   harness::ResNet init = harness::make_resnet({"resnet18", 4, /*zero_init_residual=*/true});
   EXPECT_GT(max_param_diff(a.model(), init), 1e-4) << "the runs must have moved the weights";
+}
+
+TEST(Trainer, OnErrorSkipReplacesABadFileAndCountsItRaiseStopsNamingIt) {
+  TempDir dir("train_skip");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  std::vector<fs::path> files;
+  for (const auto& e : fs::recursive_directory_iterator(data))
+    if (e.is_regular_file()) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  ASSERT_EQ(files.size(), 32u);
+  const fs::path bad = files[5];
+  std::ofstream(bad, std::ios::binary | std::ios::trunc) << "not an image at all";
+
+  harness::TrainOptions o = tiny_run(data);
+  o.error_policy = loader::ErrorPolicy::kSkip;
+  o.max_skips = 1;
+  harness::Trainer skip(o);
+  const auto history = skip.fit();
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_EQ(history[0].samples, 32);      // batch shapes and count unchanged
+  EXPECT_EQ(history[0].skipped_samples, 1);
+
+  o.error_policy = loader::ErrorPolicy::kRaise;
+  harness::Trainer raise(o);
+  try {
+    raise.fit();
+    ADD_FAILURE() << "a bad file under --on-error raise must stop training";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(bad.filename().string()), std::string::npos) << e.what();
+  }
 }
 
 TEST(Trainer, ResumedRunContinuesWithTheUninterruptedRunsBatchesAndLosses) {

@@ -173,4 +173,34 @@ TEST(Inspect, TextNamesEachFileItsHeaderAndResultThenCountsPerKind) {
       << out;
 }
 
+
+TEST(BenchCli, OnErrorSkipCountsTheBadFileAndRaiseStopsNamingIt) {
+  TempDir tmp;
+  fs::create_directories(tmp.path / "data" / "a");
+  kinds::JpegSpec s;
+  s.width = 48;
+  s.height = 40;
+  const std::vector<uint8_t> good = kinds::make_jpeg(s, kinds::pattern(48, 40, 3));
+  for (int i = 0; i < 7; ++i) write_file(tmp.path / "data" / "a" / ("ok" + std::to_string(i) + ".jpg"), good);
+  write_file(tmp.path / "data" / "a" / "broken.jpg", std::vector<uint8_t>(good.begin(), good.begin() + 20));
+  const std::string common = "bench --data '" + (tmp.path / "data").string() +
+                             "' --workers 1 --batch-size 4 --image-size 32 --json";
+  std::string out, err;
+  int status = gpufeed(common + " --on-error skip --max-skips 1", tmp.path, out, err);
+  ASSERT_EQ(status, 0) << out << err;
+  const auto r = nlohmann::json::parse(out);
+  EXPECT_EQ(r["samples"], 8);
+  EXPECT_EQ(r["skipped"], 1);
+  EXPECT_NE(err.find("broken.jpg"), std::string::npos) << err;  // the warning names the file
+
+  status = gpufeed(common, tmp.path, out, err);  // --on-error raise, the default
+  EXPECT_NE(status, 0);
+  EXPECT_NE(err.find("broken.jpg"), std::string::npos) << err;
+  EXPECT_NE(err.find("truncated"), std::string::npos) << err;
+
+  status = gpufeed(common + " --on-error ignore", tmp.path, out, err);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(err.find("--on-error"), std::string::npos) << err;
+}
+
 }  // namespace

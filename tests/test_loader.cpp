@@ -13,6 +13,7 @@
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/loader/synthetic.h"
 #include "gpufeed/loader/transform.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace gpufeed::loader;
@@ -99,19 +100,7 @@ Collected run_epoch(Loader& loader, int64_t epoch, int64_t start = 0) {
   return c;
 }
 
-class CountingAllocator : public HostAllocator {
- public:
-  void* allocate(size_t bytes) override {
-    ++live;
-    ++total;
-    return default_host_allocator()->allocate(bytes);
-  }
-  void deallocate(void* p, size_t bytes) noexcept override {
-    --live;
-    default_host_allocator()->deallocate(p, bytes);
-  }
-  std::atomic<int> live{0}, total{0};
-};
+using gpufeed::test::CountingAllocator;
 
 }  // namespace
 

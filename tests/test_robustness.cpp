@@ -34,6 +34,7 @@
 #include "gpufeed/loader/dataset.h"
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/loader/transform.h"
+#include "test_util.h"
 
 namespace {
 
@@ -119,19 +120,7 @@ class CountingDataset : public Dataset {
   std::shared_ptr<const Dataset> inner_;
 };
 
-class CountingAllocator : public HostAllocator {
- public:
-  void* allocate(size_t bytes) override {
-    ++live;
-    ++total;
-    return default_host_allocator()->allocate(bytes);
-  }
-  void deallocate(void* p, size_t bytes) noexcept override {
-    --live;
-    default_host_allocator()->deallocate(p, bytes);
-  }
-  std::atomic<int> live{0}, total{0};
-};
+using gpufeed::test::CountingAllocator;
 
 /// What a consumer saw of one epoch.
 struct Epoch {

@@ -75,6 +75,8 @@ struct Args {
   std::vector<int> scales{8};
   std::string dump;
   bool json = false;
+  std::string on_error = "raise";
+  int64_t max_skips = 100;
 };
 
 loader::LoaderOptions loader_options(const Args& a, int workers) {
@@ -83,6 +85,8 @@ loader::LoaderOptions loader_options(const Args& a, int workers) {
   o.num_workers = workers;
   o.prefetch_depth = a.prefetch_depth;
   o.seed = a.seed;
+  o.error_policy = a.on_error == "skip" ? loader::ErrorPolicy::kSkip : loader::ErrorPolicy::kRaise;
+  o.max_skips = a.max_skips;
   if (a.transform == "train") {
     o.transform.kind = loader::TransformOptions::Kind::kTrain;
     o.transform.rrc.size = a.image_size;
@@ -370,6 +374,8 @@ std::string describe(const nlohmann::json& r) {
         p["read"].get<double>(), p["decode"].get<double>(), p["resize"].get<double>(),
         p["other"].get<double>(), rss.back().get<double>() / (1 << 20),
         r["peak_rss_bytes"].get<double>() / (1 << 20));
+    if (const auto skipped = r["skipped"].get<int64_t>(); skipped > 0)
+      s += fmt::format("; {} samples skipped (--on-error skip)", skipped);
   } else if (mode == "floor") {
     const auto& w = r["decode_work"];
     s += fmt::format(
@@ -402,6 +408,14 @@ Run add_bench(CLI::App& app) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--prefetch-depth", a->prefetch_depth)->capture_default_str();
   app.add_option("--seed", a->seed)->capture_default_str();
+  app.add_option("--on-error", a->on_error,
+                 "a file that cannot be read or decoded: raise (stop, naming it) or skip (replace "
+                 "it by the next good sample, counted and reported)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"raise", "skip"}));
+  app.add_option("--max-skips", a->max_skips, "--on-error skip: more skips than this in one pass is an error")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--mode", a->mode,
                  "loader: the Loader; floor: only the loader's decode work (same plans, scales and "
                  "crops; files preloaded, no resize); full: whole-image decodes at each --scales")

@@ -205,6 +205,15 @@ Run add_train(CLI::App& app) {
   app.add_flag("--freeze-bn", o->freeze_bn, "BatchNorm in eval mode (running statistics, not updated)");
   app.add_option("--seed", o->seed)->capture_default_str();
   app.add_option("--prefetch-depth", o->prefetch_depth, "loader batch slots")->capture_default_str();
+  app.add_option("--on-error", o->error_policy,
+                 "a file that cannot be read or decoded: raise (stop, naming it) or skip (replace "
+                 "it by the next good sample, counted and reported)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, loader::ErrorPolicy>{{"raise", loader::ErrorPolicy::kRaise},
+                                                     {"skip", loader::ErrorPolicy::kSkip}}));
+  app.add_option("--max-skips", o->max_skips, "--on-error skip: more skips than this in one epoch is an error")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   str("--init-weights", "load this state_dict first (Python or gpufeed file): fine-tuning");
   str("--checkpoint", "write the final state_dict here (torch.load-able); {rank}: every rank writes one");
   str("--save-checkpoint", "training checkpoint (model, optimizer, schedule, sampler, RNG), written "
@@ -303,6 +312,8 @@ Run add_train(CLI::App& app) {
           static_cast<long long>(st.epoch + 1), static_cast<long long>(o->epochs), st.loss,
           100 * st.top1, st.images_per_s, 100 * st.data_wait_fraction, st.lr, st.seconds);
       if (st.skipped_steps > 0) line += format("  skipped_steps %lld", static_cast<long long>(st.skipped_steps));
+      if (st.skipped_samples > 0)
+        line += format("  skipped_samples %lld", static_cast<long long>(st.skipped_samples));
       if (st.val_top1) {
         line += format("  val_loss %.4f  val_top1 %.1f%%  val_top5 %.1f%%", *st.val_loss,
                        100 * *st.val_top1, 100 * *st.val_top5);

@@ -156,6 +156,8 @@ struct Trainer::Impl {
     lo.prefetch_depth = options.prefetch_depth;
     lo.seed = options.seed;
     lo.drop_last = false;
+    lo.error_policy = options.error_policy;
+    lo.max_skips = options.max_skips;
     if (train) {
       lo.transform.kind = loader::TransformOptions::Kind::kTrain;
       lo.transform.rrc.size = options.image_size;
@@ -702,8 +704,10 @@ std::vector<EpochStats> Trainer::fit(const std::function<void(const EpochStats&)
     st.seconds = seconds_since(t0);
     profiler.end_epoch();
     // Totals over all ranks.
+    const auto skipped_here = static_cast<double>(m.train_loader->epoch_summary().skipped);
     at::Tensor totals = at::cat({loss_sum, correct.to(at::kDouble),
-                                 at::full({1}, static_cast<double>(st.samples), stat_options.dtype(at::kDouble))});
+                                 at::full({1}, static_cast<double>(st.samples), stat_options.dtype(at::kDouble)),
+                                 at::full({1}, skipped_here, stat_options.dtype(at::kDouble))});
     if (m.group) {
       std::vector<at::Tensor> t{totals};
       m.group->all_reduce_sum(t);
@@ -711,6 +715,7 @@ std::vector<EpochStats> Trainer::fit(const std::function<void(const EpochStats&)
     const at::Tensor tot = totals.cpu();
     const double samples = tot[2].item<double>();
     st.samples = static_cast<int64_t>(samples);
+    st.skipped_samples = static_cast<int64_t>(tot[3].item<double>());
     st.loss = samples > 0 ? tot[0].item<double>() / samples : 0;
     st.top1 = samples > 0 ? tot[1].item<double>() / samples : 0;
     st.images_per_s = st.seconds > 0 ? samples / st.seconds : 0;

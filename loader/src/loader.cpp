@@ -200,6 +200,9 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   // Profiling: per-stage histograms and an optional per-sample observer (see account()).
   using Histogram = std::array<std::atomic<int64_t>, LatencyHistogram::kBuckets>;
   Histogram read_hist{}, decode_hist{}, resize_hist{};
+  // has_observer is read first (a plain relaxed load): libstdc++'s atomic<shared_ptr> load takes
+  // a spin lock, which would put a lock shared by every worker on each sample's path.
+  std::atomic<bool> has_observer{false};
   std::atomic<std::shared_ptr<const std::function<void(const SampleTiming&)>>> observer;
 
   std::atomic<int64_t> samples{0}, skipped{0}, bytes_read{0}, read_ns{0}, decode_ns{0},
@@ -311,6 +314,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     read_hist[LatencyHistogram::bucket_of_ns(c.read_ns)].fetch_add(1, std::memory_order_relaxed);
     decode_hist[LatencyHistogram::bucket_of_ns(c.decode_ns)].fetch_add(1, std::memory_order_relaxed);
     resize_hist[LatencyHistogram::bucket_of_ns(c.resize_ns)].fetch_add(1, std::memory_order_relaxed);
+    if (!has_observer.load(std::memory_order_relaxed)) return;
     if (auto obs = observer.load(std::memory_order_acquire)) {
       SampleTiming t;
       t.index = c.index;
@@ -560,7 +564,9 @@ SlotCounts Loader::slot_counts() const {
 void Loader::set_sample_observer(std::function<void(const SampleTiming&)> observer) {
   std::shared_ptr<const std::function<void(const SampleTiming&)>> p;
   if (observer) p = std::make_shared<const std::function<void(const SampleTiming&)>>(std::move(observer));
+  const bool set = p != nullptr;
   impl_->observer.store(std::move(p), std::memory_order_release);
+  impl_->has_observer.store(set, std::memory_order_release);
 }
 
 LoaderStats Loader::stats() const {

@@ -220,7 +220,9 @@ __attribute__((target("avx2"))) void horizontal_avx2(const uint8_t* row, const i
 // that -Wuninitialized flags once they are inlined into a target("avx512...") function.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)  // GCC only: clang would warn about the unknown option
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 GPUFEED_AVX512 inline void vertical_chunk_avx512(const uint8_t* const* rows, const int32_t* pairs,
                                                  int count, size_t i, uint8_t* out) {

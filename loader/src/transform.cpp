@@ -99,9 +99,19 @@ CropRect random_resized_crop_box(int width, int height, const RandomResizedCropO
   return {(width - w) / 2, (height - h) / 2, w, h};
 }
 
-CropRect center_crop_box(int width, int height, const ResizeCenterCropOptions& o) {
+namespace {
+
+/// torchvision's Resize(resize) + CenterCrop(crop) in source-pixel terms: the crop's offset in the
+/// resized image (`left`, `top`) and the source pixels per resized pixel (`sx`, `sy`).
+struct CenterCropGeometry {
+  int left, top;
+  double sx, sy;
+};
+
+CenterCropGeometry center_crop_geometry(const char* who, int width, int height,
+                                        const ResizeCenterCropOptions& o) {
   if (o.crop > o.resize) {
-    throw std::invalid_argument("center_crop_box: crop " + std::to_string(o.crop) +
+    throw std::invalid_argument(std::string(who) + ": crop " + std::to_string(o.crop) +
                                 " larger than resize " + std::to_string(o.resize));
   }
   // torchvision _compute_resized_output_size for an int size.
@@ -112,10 +122,14 @@ CropRect center_crop_box(int width, int height, const ResizeCenterCropOptions& o
   const int new_w = wide ? new_long : o.resize;
   const int new_h = wide ? o.resize : new_long;
   // CenterCrop: int(round((h - crop) / 2.0)).
-  const int top = py_round((new_h - o.crop) / 2.0);
-  const int left = py_round((new_w - o.crop) / 2.0);
-  const double sx = static_cast<double>(width) / new_w;
-  const double sy = static_cast<double>(height) / new_h;
+  return {py_round((new_w - o.crop) / 2.0), py_round((new_h - o.crop) / 2.0),
+          static_cast<double>(width) / new_w, static_cast<double>(height) / new_h};
+}
+
+}  // namespace
+
+CropRect center_crop_box(int width, int height, const ResizeCenterCropOptions& o) {
+  const auto [left, top, sx, sy] = center_crop_geometry("center_crop_box", width, height, o);
   int x0 = static_cast<int>(std::lround(left * sx));
   int y0 = static_cast<int>(std::lround(top * sy));
   int x1 = static_cast<int>(std::lround((left + o.crop) * sx));
@@ -128,21 +142,8 @@ CropRect center_crop_box(int width, int height, const ResizeCenterCropOptions& o
 }
 
 BoxF center_crop_region(int width, int height, const ResizeCenterCropOptions& o) {
-  if (o.crop > o.resize) {
-    throw std::invalid_argument("center_crop_region: crop " + std::to_string(o.crop) +
-                                " larger than resize " + std::to_string(o.resize));
-  }
   // The same resized size and offsets as center_crop_box (torchvision's), without rounding back.
-  const bool wide = width >= height;
-  const int shorter = wide ? height : width;
-  const int longer = wide ? width : height;
-  const int new_long = static_cast<int>(static_cast<int64_t>(o.resize) * longer / shorter);
-  const int new_w = wide ? new_long : o.resize;
-  const int new_h = wide ? o.resize : new_long;
-  const int top = py_round((new_h - o.crop) / 2.0);
-  const int left = py_round((new_w - o.crop) / 2.0);
-  const double sx = static_cast<double>(width) / new_w;
-  const double sy = static_cast<double>(height) / new_h;
+  const auto [left, top, sx, sy] = center_crop_geometry("center_crop_region", width, height, o);
   // A crop larger than the resized image (an image with a side below `crop` after resizing)
   // pads with zeros in torchvision; the region is clamped to the image instead.
   BoxF r{left * sx, top * sy, (left + o.crop) * sx, (top + o.crop) * sy};

@@ -39,6 +39,7 @@
 #include "gpufeed/harness/lr_schedule.h"
 #include "gpufeed/harness/profiler.h"
 #include "gpufeed/harness/resnet.h"
+#include "gpufeed/loader/loader.h"
 
 namespace gpufeed::harness {
 
@@ -60,6 +61,11 @@ struct TrainOptions {
   int workers = 0;                  ///< loader threads per process; 0 = all hardware threads
   int image_size = 224;             ///< train crop; eval resizes to size * 256/224, crops size
   int prefetch_depth = 3;           ///< loader batch slots
+  /// A file that cannot be read or decoded: raise (training stops with the file's name and the
+  /// reason) or skip (the loader replaces it by the next good sample, counts and reports it);
+  /// the same policy for train and validation (loader::ErrorPolicy).
+  loader::ErrorPolicy error_policy = loader::ErrorPolicy::kRaise;
+  int64_t max_skips = 100;          ///< skip policy: more skips than this in one epoch is an error
   uint64_t seed = 0;                ///< model init, sampler order and augmentation
 
   // --- model ---
@@ -155,6 +161,7 @@ struct EpochStats {
   double data_wait_fraction = 0;  ///< time blocked in Prefetcher::next() / seconds (this rank)
   double lr = 0;                ///< learning rate at the epoch's last step
   int64_t skipped_steps = 0;    ///< fp16: steps skipped for inf/NaN gradients
+  int64_t skipped_samples = 0;  ///< --on-error skip: training samples replaced (loader's epoch_summary), all ranks
   std::optional<double> val_loss, val_top1, val_top5;  ///< when val_data is set
 };
 

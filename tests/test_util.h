@@ -1,0 +1,70 @@
+#pragma once
+// Helpers shared by the loader, harness and distributed tests (torch-free: the sanitizer builds
+// include it too).
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <system_error>
+
+#include "gpufeed/loader/host_allocator.h"
+#include "gpufeed/loader/synthetic.h"
+
+namespace gpufeed::test {
+
+/// A scratch folder `<tmp>/gpufeed_<name>_<pid>`, emptied on construction, removed at the end.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() /
+             ("gpufeed_" + name + "_" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
+/// 4 classes x 8 small JPEGs (36..56 px) written by the synthetic-dataset writer under `root`.
+inline std::filesystem::path tiny_dataset(const std::filesystem::path& root) {
+  loader::SyntheticOptions so;
+  so.num_classes = 4;
+  so.images_per_class = 8;
+  so.min_size = 36;
+  so.max_size = 56;
+  loader::write_synthetic_image_folder(root, so);
+  return root;
+}
+
+/// The whole file as text ("" when it cannot be opened).
+inline std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// A HostAllocator that counts live and total allocations (slots must be allocated once and all
+/// returned), forwarding to the default allocator.
+class CountingAllocator : public loader::HostAllocator {
+ public:
+  void* allocate(size_t bytes) override {
+    ++live;
+    ++total;
+    return loader::default_host_allocator()->allocate(bytes);
+  }
+  void deallocate(void* p, size_t bytes) noexcept override {
+    --live;
+    loader::default_host_allocator()->deallocate(p, bytes);
+  }
+  std::atomic<int> live{0}, total{0};
+};
+
+}  // namespace gpufeed::test
