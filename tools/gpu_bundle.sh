@@ -3,11 +3,10 @@
 # in .gpu_bundle/ (git-ignored; name it in the device tool's `carry`):
 #   bin/  gpufeed, test_gpu, test_prefetch, gpufeed_gpu_bench (sm_90 + sm_80 code)
 #   lib/  the shared libraries they need that the GPU image lacks (Debian's libjpeg-turbo, giflib,
-#         libpng, libwebp, OpenCV core/imgproc, oneTBB, spdlog, fmt, ...). Torch, CUDA and glibc are
+#         libpng, libwebp, oneTBB, spdlog, fmt, ...). Torch, CUDA and glibc are
 #         taken from the GPU image (torch 2.11.0+cu130 there too).
-# The bundle is built with GPUFEED_WITH_IMGCODECS=OFF: OpenCV's codecs pull in ~150 MB of
-# libraries (GDAL, x265, ...); BMP/PNM/TIFF then decode as kUnsupported, which the GPU check never
-# needs. Fails if the bundle exceeds 60 MiB (the device tool carries 64 MiB per call).
+# The bundle is built with GPUFEED_WITH_IMGCODECS=OFF, which leaves libtiff (and its codec
+# dependencies) out: TIFF then decodes as kUnsupported, which the GPU check never needs. Fails if the bundle exceeds 60 MiB (the device tool carries 64 MiB per call).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./setup.sh --no-build

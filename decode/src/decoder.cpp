@@ -187,7 +187,7 @@ double scale_cost(ScaleFactor scale) {
   // an AMD EPYC (Zen 5) VM, `gpufeed bench --mode full --scales 8,7,6,5,4,3,2,1 --workers 1`
   // (docs/PERFORMANCE.md). Entropy decoding, the same at every scale, is most of it; 1/8, 2/8 and
   // 4/8 have SIMD IDCTs, the others scalar ones that cost more than a full-size decode.
-  static constexpr double kCost[9] = {0, 0.77, 0.83, 0.92, 0.88, 1.16, 1.27, 1.59, 1.00};
+  static constexpr double kCost[9] = {0, 0.76, 0.83, 0.91, 0.88, 1.13, 1.26, 1.51, 1.00};
   if (scale.num < 1 || scale.num > 8)
     throw std::invalid_argument(
         fmt::format("gpufeed::decode: scale {}/8 is outside 1/8..8/8", scale.num));
