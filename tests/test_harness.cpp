@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <torch/torch.h>
 
@@ -294,6 +295,36 @@ TEST(Checkpoint, FailedWriteLeavesThePreviousFileLoadable) {
   EXPECT_EQ(harness::load_torch_file(file).toGenericDict().at("step").toInt(), 2);
 }
 
+TEST(Checkpoint, WritesThroughSymlinksAndRefusesToReplaceDevicesFifosAndFolders) {
+  TempDir dir("nonregular");
+  const std::vector<char> bytes = {'a', 'b', 'c'};
+  // A FIFO stays a FIFO: the temporary-file-and-rename write would have replaced it.
+  const fs::path fifo = dir.path / "pipe.pt";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    harness::write_file_atomically(fifo, bytes);
+    ADD_FAILURE() << "writing over a FIFO must be refused";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("pipe.pt"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::is_fifo(fs::symlink_status(fifo)));
+  fs::create_directories(dir.path / "folder.pt");
+  EXPECT_THROW(harness::write_file_atomically(dir.path / "folder.pt", bytes), std::runtime_error);
+  EXPECT_TRUE(fs::is_directory(dir.path / "folder.pt"));
+  if (fs::exists("/dev/null")) {
+    EXPECT_THROW(harness::write_file_atomically("/dev/null", bytes), std::runtime_error);
+    EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  }
+  // A symlink to a regular file: the target gets the bytes, the link stays a link.
+  const fs::path target = dir.path / "real.pt", link = dir.path / "link.pt";
+  std::ofstream(target) << "old";
+  fs::create_symlink(target, link);
+  harness::write_file_atomically(link, bytes);
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(link)));
+  EXPECT_EQ(test::read_text(target), "abc");
+}
+
 TEST(Checkpoint, UnreadableFilesAreErrorsNamingTheFile) {
   TempDir dir("badfile");
   std::ofstream(dir.path / "legacy.pt") << "\x80\x02not a zip";
@@ -450,10 +481,7 @@ TEST(Trainer, AccumulatingMicroBatchesEqualsOneLargerBatch) {
 TEST(Trainer, OnErrorSkipReplacesABadFileAndCountsItRaiseStopsNamingIt) {
   TempDir dir("train_skip");
   const fs::path data = tiny_dataset(dir.path / "data");
-  std::vector<fs::path> files;
-  for (const auto& e : fs::recursive_directory_iterator(data))
-    if (e.is_regular_file()) files.push_back(e.path());
-  std::sort(files.begin(), files.end());
+  const std::vector<fs::path> files = test::list_files_of(data);
   ASSERT_EQ(files.size(), 32u);
   const fs::path bad = files[5];
   std::ofstream(bad, std::ios::binary | std::ios::trunc) << "not an image at all";
@@ -475,6 +503,56 @@ TEST(Trainer, OnErrorSkipReplacesABadFileAndCountsItRaiseStopsNamingIt) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find(bad.filename().string()), std::string::npos) << e.what();
   }
+}
+
+TEST(Trainer, ChecksOptionsAndTheValidationClassesBeforeAnyWork) {
+  TempDir dir("train_checks");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  const auto message_of = [](const harness::TrainOptions& o) -> std::string {
+    try {
+      harness::Trainer t(o);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  harness::TrainOptions o = tiny_run(data);
+  o.lr = std::nan("");
+  EXPECT_NE(message_of(o).find("lr must be finite"), std::string::npos);
+  o = tiny_run(data);
+  o.device = "banana";
+  EXPECT_NE(message_of(o).find("device 'banana'"), std::string::npos);
+  o = tiny_run(data);
+  o.max_steps_per_epoch = -1;
+  EXPECT_NE(message_of(o).find("max_steps_per_epoch"), std::string::npos);
+  o = tiny_run(data);
+  o.batch_size = 1;
+  o.freeze_bn = false;
+  EXPECT_NE(message_of(o).find("batch_size 1"), std::string::npos);
+  o.freeze_bn = true;  // BatchNorm in eval mode trains on single samples
+  EXPECT_EQ(message_of(o), "");
+
+  // A validation set with other classes fails at construction, naming both sets.
+  fs::create_directories(dir.path / "val" / "zebra");
+  fs::copy_file(test::list_files_of(data).front(), dir.path / "val" / "zebra" / "a.jpg");
+  o = tiny_run(data);
+  o.val_data = dir.path / "val";
+  const std::string m = message_of(o);
+  EXPECT_NE(m.find("zebra"), std::string::npos) << m;
+  EXPECT_NE(m.find(data.string()), std::string::npos) << m;
+}
+
+TEST(Trainer, DropsALastBatchOfOneSampleThatBatchNormCannotTrainOn) {
+  TempDir dir("train_last1");
+  const fs::path data = tiny_dataset(dir.path / "data");  // 32 images
+  fs::copy_file(test::list_files_of(data).front(), data / "class_000" / "zz_extra.jpg");
+  harness::TrainOptions o = tiny_run(data);  // batch 8: 33 = 4 x 8 + 1
+  o.freeze_bn = false;
+  harness::Trainer t(o);
+  const auto history = t.fit();  // PyTorch would raise "Expected more than 1 value per channel"
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_EQ(history[0].samples, 32);
+  EXPECT_EQ(history[0].steps, 4);
 }
 
 TEST(Trainer, ResumedRunContinuesWithTheUninterruptedRunsBatchesAndLosses) {

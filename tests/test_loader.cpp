@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
@@ -179,7 +180,53 @@ TEST(FileList, ParsesPathsWithSpacesRelativeToRoot) {
   EXPECT_EQ(list.classes().size(), 4u);
   std::ofstream(dir / "bad.txt") << "a.jpg x\n";
   EXPECT_THROW(FileList(dir / "bad.txt", "/data"), std::runtime_error);
+  std::ofstream(dir / "empty.txt") << "# nothing\n\n";
+  try {
+    FileList(dir / "empty.txt", "/data");
+    ADD_FAILURE() << "an empty list must be an error, as an empty folder is";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("empty.txt lists no samples"), std::string::npos) << e.what();
+  }
   fs::remove_all(dir);
+}
+
+TEST(ListFiles, StopsAtSymlinkLoopsAndKeepsTorchvisionsOrder) {
+  gpufeed::test::TempDir tmp("list_files");
+  const fs::path r = tmp.path / "c";
+  fs::create_directories(r / "b");
+  fs::create_directories(r / "a");
+  for (const char* f : {"b/2.jpg", "b/1.JPG", "a/x.png", "top.jpeg", "notes.txt"}) std::ofstream(r / f) << "x";
+  fs::create_directory_symlink(r, r / "a" / "loop");        // back to the root: a loop
+  fs::create_directory_symlink(r / "b", r / "again");       // a second link to b: followed,
+  fs::create_directory_symlink(r / "a", r / "b" / "cross");  // as os.walk(followlinks=True) does
+  // sorted((folder, files)) order, as torchvision's make_dataset walks.
+  const std::vector<fs::path> want = {r / "top.jpeg",         r / "a" / "x.png",
+                                      r / "again" / "1.JPG",  r / "again" / "2.jpg",
+                                      r / "again" / "cross" / "x.png",
+                                      r / "b" / "1.JPG",      r / "b" / "2.jpg",
+                                      r / "b" / "cross" / "x.png"};
+  EXPECT_EQ(list_files(r, default_image_extensions()), want);
+  // Without following links: the real folders only; with every file kept, notes.txt too.
+  EXPECT_EQ(list_files(r, default_image_extensions(), /*follow_symlinks=*/false),
+            (std::vector<fs::path>{r / "top.jpeg", r / "a" / "x.png", r / "b" / "1.JPG", r / "b" / "2.jpg"}));
+  EXPECT_EQ(list_files(r, {}).size(), want.size() + 1);
+  ImageFolder folder(tmp.path);
+  EXPECT_EQ(folder.size(), static_cast<int64_t>(want.size()));
+}
+
+TEST(ListFiles, AnUnreadableFolderIsAnErrorNamingIt) {
+  if (::geteuid() == 0) GTEST_SKIP() << "running as root: permissions do not block reads";
+  gpufeed::test::TempDir tmp("list_unreadable");
+  fs::create_directories(tmp.path / "c" / "locked");
+  std::ofstream(tmp.path / "c" / "ok.jpg") << "x";
+  fs::permissions(tmp.path / "c" / "locked", fs::perms::none);
+  try {
+    list_files(tmp.path / "c", default_image_extensions());
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("locked: Permission denied"), std::string::npos) << e.what();
+  }
+  fs::permissions(tmp.path / "c" / "locked", fs::perms::owner_all);
 }
 
 TEST(SampleRng, IsAPureFunctionOfSeedEpochAndIndex) {

@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <fstream>
+#include <string>
 
 #include "gpufeed/loader/synthetic.h"
 #include "gpufeed/prefetch/prefetcher.h"
@@ -95,8 +98,11 @@ TEST(CudaPrefetcher, FailsClearlyOrMatchesCpuPath) {
   if (!prefetch::cuda_available()) {
     prefetch::PrefetchOptions o;
     o.device = c10::Device("cuda:0");
-    auto ds = std::make_shared<loader::FileList>("/dev/null", "/");
-    auto l = std::make_shared<loader::Loader>(ds, std::make_shared<sampler::SequentialSampler>(0),
+    const fs::path list = fs::temp_directory_path() / ("gpufeed_one_" + std::to_string(::getpid()) + ".txt");
+    std::ofstream(list) << "never_read.jpg 0\n";  // the prefetcher must fail before reading it
+    auto ds = std::make_shared<loader::FileList>(list, "/");
+    fs::remove(list);
+    auto l = std::make_shared<loader::Loader>(ds, std::make_shared<sampler::SequentialSampler>(1),
                                               loader::LoaderOptions{});
     EXPECT_THROW(prefetch::make_prefetcher(l, o), std::runtime_error);
     GTEST_SKIP() << "no CUDA device visible: the CUDA prefetcher's pixel checks run on the GPU machine "

@@ -3,12 +3,14 @@
 // include it too).
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "gpufeed/loader/host_allocator.h"
 #include "gpufeed/loader/synthetic.h"
@@ -41,6 +43,15 @@ inline std::filesystem::path tiny_dataset(const std::filesystem::path& root) {
   so.max_size = 56;
   loader::write_synthetic_image_folder(root, so);
   return root;
+}
+
+/// Every regular file under `root`, sorted.
+inline std::vector<std::filesystem::path> list_files_of(const std::filesystem::path& root) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root))
+    if (e.is_regular_file()) out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 /// The whole file as text ("" when it cannot be opened).

@@ -172,6 +172,22 @@ class Dumper {
   nlohmann::json samples_ = nlohmann::json::array();
 };
 
+// The fields every record has (--mode loader, floor and full).
+nlohmann::json base_record(const char* mode, const Args& a, const loader::Dataset& ds, size_t samples,
+                             double seconds, double cpu_s, int workers, int threads) {
+  return {{"mode", mode},
+          {"data", a.data},
+          {"files", ds.size()},
+          {"samples", samples},
+          {"seconds", seconds},
+          {"images_per_s", static_cast<double>(samples) / seconds},
+          {"cpu_us_per_sample", cpu_s / static_cast<double>(std::max<size_t>(samples, 1)) * 1e6},
+          {"workers", workers},
+          {"threads", threads},
+          {"epochs", a.epochs},
+          {"warmup", a.warmup}};
+}
+
 nlohmann::json run_loader(const Args& a, std::shared_ptr<const loader::Dataset> ds, int workers,
                           bool dump) {
   const loader::LoaderOptions o = loader_options(a, workers);
@@ -212,32 +228,23 @@ nlohmann::json run_loader(const Args& a, std::shared_ptr<const loader::Dataset> 
   const double seconds = seconds_since(t0);
   const double cpu_s = process_cpu_s() - cpu0;
   const auto st = loader.stats();
-  return {{"mode", "loader"},
-          {"data", a.data},
-          {"files", ds->size()},
-          {"samples", samples},
-          {"batches", batches},
-          {"seconds", seconds},
-          {"images_per_s", static_cast<double>(samples) / seconds},
-          {"cpu_us_per_sample", cpu_s / static_cast<double>(std::max<int64_t>(samples, 1)) * 1e6},
-          {"workers", workers},
-          {"threads", threads},
-          {"batch_size", a.batch_size},
-          {"image_size", a.image_size},
-          {"transform", a.transform},
-          {"epochs", a.epochs},
-          {"warmup", a.warmup},
-          {"skipped", st.skipped},
-          {"read_s", st.read_s - before.read_s},
-          {"decode_s", st.decode_s - before.decode_s},
-          {"resize_s", st.resize_s - before.resize_s},
-          {"bytes_read", st.bytes_read - before.bytes_read},
-          {"decoded_pixels", st.decoded_pixels - before.decoded_pixels},
-          {"per_sample_us", stage_breakdown(before, st, seconds, threads, samples)},
-          {"pass_images_per_s", pass_per_s},
-          {"rss_after_pass_bytes", rss},
-          {"peak_rss_bytes", proc_status_bytes("VmHWM")},
-          {"checksum", checksum}};
+  nlohmann::json r = base_record("loader", a, *ds, static_cast<size_t>(samples), seconds, cpu_s, workers, threads);
+  r.update({{"batches", batches},
+            {"batch_size", a.batch_size},
+            {"image_size", a.image_size},
+            {"transform", a.transform},
+            {"skipped", st.skipped},
+            {"read_s", st.read_s - before.read_s},
+            {"decode_s", st.decode_s - before.decode_s},
+            {"resize_s", st.resize_s - before.resize_s},
+            {"bytes_read", st.bytes_read - before.bytes_read},
+            {"decoded_pixels", st.decoded_pixels - before.decoded_pixels},
+            {"per_sample_us", stage_breakdown(before, st, seconds, threads, samples)},
+            {"pass_images_per_s", pass_per_s},
+            {"rss_after_pass_bytes", rss},
+            {"peak_rss_bytes", proc_status_bytes("VmHWM")},
+            {"checksum", checksum}});
+  return r;
 }
 
 // What a set of decodes did, summed: pixels produced, and (JPEG) rows of the scaled images
@@ -306,22 +313,13 @@ nlohmann::json run_decode_floor(const Args& a, const loader::Dataset& ds, int wo
   const double seconds = timed_decodes(files, timed, names, threads, totals, cpu_s);
   nlohmann::json hist = nlohmann::json::object();
   for (const auto& [num, n] : scales) hist[fmt::format("{}/8", num)] = n;
-  return {{"mode", "floor"},
-          {"data", a.data},
-          {"files", ds.size()},
-          {"samples", timed.size()},
-          {"seconds", seconds},
-          {"images_per_s", static_cast<double>(timed.size()) / seconds},
-          {"cpu_us_per_sample", cpu_s / static_cast<double>(std::max<size_t>(timed.size(), 1)) * 1e6},
-          {"workers", workers},
-          {"threads", threads},
-          {"image_size", a.image_size},
-          {"transform", a.transform},
-          {"epochs", a.epochs},
-          {"warmup", a.warmup},
-          {"decoded_pixels", totals.pixels.load()},
-          {"decode_work", totals.fractions()},
-          {"scale_histogram", hist}};
+  nlohmann::json r = base_record("floor", a, ds, timed.size(), seconds, cpu_s, workers, threads);
+  r["image_size"] = a.image_size;
+  r["transform"] = a.transform;
+  r["decoded_pixels"] = totals.pixels.load();
+  r["decode_work"] = totals.fractions();
+  r["scale_histogram"] = hist;
+  return r;
 }
 
 nlohmann::json run_full_decode(const Args& a, const loader::Dataset& ds, int workers, int scale,
@@ -342,21 +340,11 @@ nlohmann::json run_full_decode(const Args& a, const loader::Dataset& ds, int wor
     const auto info = decode::probe(files[i], names[i]);
     source_pixels += int64_t{info.width} * info.height;
   }
-  return {{"mode", "full"},
-          {"data", a.data},
-          {"files", ds.size()},
-          {"samples", timed.size()},
-          {"seconds", seconds},
-          {"images_per_s", static_cast<double>(timed.size()) / seconds},
-          {"cpu_us_per_sample", cpu_s / static_cast<double>(std::max<size_t>(timed.size(), 1)) * 1e6},
-          {"source_megapixels_per_s",
-           static_cast<double>(source_pixels) * a.epochs / seconds * 1e-6},
-          {"workers", workers},
-          {"threads", threads},
-          {"scale", scale},
-          {"epochs", a.epochs},
-          {"warmup", a.warmup},
-          {"decoded_pixels", totals.pixels.load()}};
+  nlohmann::json r = base_record("full", a, ds, timed.size(), seconds, cpu_s, workers, threads);
+  r["source_megapixels_per_s"] = static_cast<double>(source_pixels) * a.epochs / seconds * 1e-6;
+  r["scale"] = scale;
+  r["decoded_pixels"] = totals.pixels.load();
+  return r;
 }
 
 std::string describe(const nlohmann::json& r) {
@@ -398,14 +386,14 @@ Run add_bench(CLI::App& app) {
   app.add_option("--workers", a->workers,
                  "loader threads (0 = all); a list such as 1,2,4 runs once per count: a thread-scaling "
                  "curve (--json, then tools/plot.py --bench)")
-      ->delimiter(',')->capture_default_str();
-  app.add_option("--batch-size", a->batch_size)->capture_default_str()->check(CLI::PositiveNumber);
+      ->delimiter(',')->capture_default_str()->check(kAtLeastZero);
+  app.add_option("--batch-size", a->batch_size)->capture_default_str()->check(kAtLeastOne);
   app.add_option("--image-size", a->image_size, "output side, pixels")->capture_default_str();
   app.add_option("--transform", a->transform, "train (RandomResizedCrop+flip) or eval (Resize+CenterCrop)")
       ->capture_default_str()->check(CLI::IsMember({"train", "eval"}));
-  app.add_option("--epochs", a->epochs, "timed passes over the data")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--epochs", a->epochs, "timed passes over the data")->capture_default_str()->check(kAtLeastOne);
   app.add_option("--warmup", a->warmup, "untimed passes before them (epochs 0..warmup-1)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(kAtLeastZero);
   app.add_option("--prefetch-depth", a->prefetch_depth)->capture_default_str();
   app.add_option("--seed", a->seed)->capture_default_str();
   app.add_option("--on-error", a->on_error,
@@ -415,7 +403,7 @@ Run add_bench(CLI::App& app) {
       ->check(CLI::IsMember({"raise", "skip"}));
   app.add_option("--max-skips", a->max_skips, "--on-error skip: more skips than this in one pass is an error")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kAtLeastZero);
   app.add_option("--mode", a->mode,
                  "loader: the Loader; floor: only the loader's decode work (same plans, scales and "
                  "crops; files preloaded, no resize); full: whole-image decodes at each --scales")

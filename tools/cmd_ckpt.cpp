@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "torch_errors.h"
 #include "gpufeed/harness/checkpoint.h"
 #include "gpufeed/harness/torch_file.h"
 
@@ -104,11 +105,11 @@ Run add_ckpt(CLI::App& app) {
                 "('module.' and '_orig_mod.' on every key are always removed)");
   c->add_option("--add-prefix", *add,
                 "prepend this to every key (e.g. module. for a DDP-wrapped model)");
-  return [l, c, in, out, strip, add] {
+  return without_backtrace([l, c, in, out, strip, add] {
     if (l->parsed()) return list(*in);
     if (c->parsed()) return convert(*in, *out, *strip, *add);
     return 2;
-  };
+  });
 }
 
 }  // namespace gpufeed::tools

@@ -35,16 +35,6 @@ struct Target {
   fs::path png_name;
 };
 
-bool has_image_extension(const fs::path& p) {
-  std::string name = p.filename().string();
-  std::transform(name.begin(), name.end(), name.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  const auto& exts = loader::default_image_extensions();
-  return std::any_of(exts.begin(), exts.end(), [&](const std::string& e) {
-    return name.size() >= e.size() && name.compare(name.size() - e.size(), e.size(), e) == 0;
-  });
-}
-
 /// Files named directly, and files under folders (recursively, sorted; with image extensions
 /// unless `all_files`). A path that does not exist is still a target: it reports an io error.
 std::vector<Target> collect(const std::vector<std::string>& paths, bool all_files) {
@@ -56,16 +46,14 @@ std::vector<Target> collect(const std::vector<std::string>& paths, bool all_file
       targets.push_back({root, fs::path(root.filename().string() + ".png")});
       continue;
     }
+    // Folders are walked as ImageFolder walks them (symlink loops listed once; an unreadable
+    // folder is an error naming it).
     std::vector<fs::path> found;
-    const auto opts = fs::directory_options::follow_directory_symlink |
-                      fs::directory_options::skip_permission_denied;
-    for (fs::recursive_directory_iterator it(root, opts, ec), end; !ec && it != end; it.increment(ec)) {
-      std::error_code sec;
-      if (it->is_directory(sec)) continue;
-      if (all_files || has_image_extension(it->path())) found.push_back(it->path());
+    try {
+      found = loader::list_files(root, all_files ? std::vector<std::string>{} : loader::default_image_extensions());
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(std::string("inspect: ") + e.what());
     }
-    if (ec) throw std::runtime_error("inspect: cannot list " + root.string() + ": " + ec.message());
-    std::sort(found.begin(), found.end());
     const fs::path base = root.filename().empty() ? root.parent_path().filename() : root.filename();
     for (const fs::path& f : found)
       targets.push_back({f, base / fs::path(fs::relative(f, root).string() + ".png")});

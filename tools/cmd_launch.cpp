@@ -270,10 +270,10 @@ Run add_launch(CLI::App& app) {
   app.add_option("--nproc-per-node", o->nproc_per_node,
                  "worker processes on this node (one per device)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kAtLeastOne);
   app.add_option("--nnodes", o->nnodes, "nodes in the job")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kAtLeastOne);
   app.add_option("--node-rank", o->node_rank, "this node's index, 0-based")->capture_default_str();
   app.add_option("--master-addr", o->master_addr, "address of node 0 (rank 0 hosts the TCPStore)")
       ->capture_default_str();

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "torch_errors.h"
 #include "gpufeed/harness/torch_file.h"
 #include "gpufeed/harness/trainer.h"
 
@@ -37,7 +38,7 @@ std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) {
   int expected = 0;
   if (!g_stop_signal.compare_exchange_strong(expected, sig) && sig == SIGINT) {
-    static const char msg[] = "gpufeed: second SIGINT, exiting without a checkpoint\n";
+    static const char msg[] = "gpufeed: second SIGINT, exiting now (no further checkpoint is written)\n";
     [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, msg, sizeof msg - 1);
     ::_exit(128 + SIGINT);
   }
@@ -161,10 +162,10 @@ Run add_train(CLI::App& app) {
   str("--data", "training set: ImageFolder root, flat folder of <class>_*.jpg, or file list")->required();
   str("--val-data", "validation set, same classes (evaluated after every epoch)");
   app.add_option("--arch", o->arch, "resnet18, resnet34, resnet50, resnet101, resnet152")->capture_default_str();
-  app.add_option("--epochs", o->epochs)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", o->batch_size, "per process and micro-batch")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--epochs", o->epochs)->capture_default_str()->check(kAtLeastOne);
+  app.add_option("--batch-size", o->batch_size, "per process and micro-batch")->capture_default_str()->check(kAtLeastOne);
   app.add_option("--accum-steps", o->accum_steps, "micro-batches per optimizer step (gradient accumulation)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(kAtLeastOne);
   app.add_option("--lr", o->lr, "learning rate per 256 images, scaled by the global batch "
                  "(batch size x accum steps x ranks) / 256")->capture_default_str();
   app.add_option("--momentum", o->momentum)->capture_default_str();
@@ -188,7 +189,7 @@ Run add_train(CLI::App& app) {
   app.add_option("--loss-scale-init", o->grad_scaler.init_scale, "fp16: initial loss scale")->capture_default_str();
   app.add_option("--loss-scale-growth-interval", o->grad_scaler.growth_interval, "fp16: finite steps before growing")
       ->capture_default_str();
-  app.add_option("--workers", o->workers, "loader threads per process (0 = all)")->capture_default_str();
+  app.add_option("--workers", o->workers, "loader threads per process (0 = all)")->capture_default_str()->check(kAtLeastZero);
   app.add_option("--image-size", o->image_size, "train crop side, pixels")->capture_default_str();
   app.add_option("--device", o->device, "cpu, cuda or cuda:N (distributed: cuda = cuda:LOCAL_RANK)")->capture_default_str();
   str("--devices", "DataParallel over these devices: 0,1,... (CUDA indices) or full names");
@@ -203,6 +204,8 @@ Run add_train(CLI::App& app) {
   app.add_flag("--channels-last", o->channels_last, "model and inputs in channels_last");
   app.add_flag("--zero-init-residual", o->zero_init_residual, "each block starts as the identity");
   app.add_flag("--freeze-bn", o->freeze_bn, "BatchNorm in eval mode (running statistics, not updated)");
+  app.add_flag("--drop-last", o->drop_last,
+               "drop each rank's last, shorter training batch (on by itself when it would hold 1 sample)");
   app.add_option("--seed", o->seed)->capture_default_str();
   app.add_option("--prefetch-depth", o->prefetch_depth, "loader batch slots")->capture_default_str();
   app.add_option("--on-error", o->error_policy,
@@ -210,10 +213,11 @@ Run add_train(CLI::App& app) {
                  "it by the next good sample, counted and reported)")
       ->transform(CLI::CheckedTransformer(
           std::map<std::string, loader::ErrorPolicy>{{"raise", loader::ErrorPolicy::kRaise},
-                                                     {"skip", loader::ErrorPolicy::kSkip}}));
+                                                     {"skip", loader::ErrorPolicy::kSkip}}))
+      ->option_text("raise|skip (default raise)");
   app.add_option("--max-skips", o->max_skips, "--on-error skip: more skips than this in one epoch is an error")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kAtLeastZero);
   str("--init-weights", "load this state_dict first (Python or gpufeed file): fine-tuning");
   str("--checkpoint", "write the final state_dict here (torch.load-able); {rank}: every rank writes one");
   str("--save-checkpoint", "training checkpoint (model, optimizer, schedule, sampler, RNG), written "
@@ -224,13 +228,13 @@ Run add_train(CLI::App& app) {
   app.add_option("--max-steps-per-epoch", o->max_steps_per_epoch, "optimizer steps; 0 = whole epoch")->capture_default_str();
   str("--metrics", "write JSON-lines metrics here (tools/plot.py draws them)");
   app.add_option("--metrics-every", o->profile.metrics_every_steps, "steps per metrics record")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(kAtLeastOne);
   str("--trace", "write a Chrome trace (Perfetto, chrome://tracing) here");
   app.add_option("--trace-max-events", o->profile.trace_max_events,
                  "trace size bound: first and last half of the run are kept")->capture_default_str();
   str("--progress", "progress display: auto, bar, lines or off", "auto")
       ->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "plain", "off"}));
-  return [o, s, no_benchmark] {
+  return without_backtrace([o, s, no_benchmark] {
     auto get = [&](const char* k) -> const std::string& { return s->at(k); };
     auto path = [&](const char* k) -> std::optional<std::filesystem::path> {
       if (get(k).empty()) return std::nullopt;
@@ -333,7 +337,7 @@ Run add_train(CLI::App& app) {
       std::cout << profile_report(trainer.profile(), *o) << std::flush;
     }
     return 0;
-  };
+  });
 }
 
 }  // namespace gpufeed::tools

@@ -3,10 +3,16 @@
 // callback that runs it (returning the process exit code).
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <limits>
 
 namespace gpufeed::tools {
 
 using Run = std::function<int()>;
+
+/// Option checks with plain messages ("Value 0 not in range 1 to 2147483647"; CLI11's
+/// PositiveNumber prints its bound as a 300-digit double).
+inline const CLI::Range kAtLeastOne{int64_t{1}, int64_t{std::numeric_limits<int>::max()}};
+inline const CLI::Range kAtLeastZero{int64_t{0}, int64_t{std::numeric_limits<int>::max()}};
 
 Run add_train(CLI::App& app);
 Run add_bench(CLI::App& app);

@@ -730,7 +730,19 @@ void set_write_fault_hook(WriteFaultHook hook) {
   g_write_hook = std::move(hook);
 }
 
-void write_file_atomically(const fs::path& path, const std::vector<char>& bytes) {
+void write_file_atomically(const fs::path& requested, const std::vector<char>& bytes) {
+  // A symlink is written through (its target is replaced, the link stays), as torch.save's
+  // open() would. Anything that exists and is not a regular file (a device such as /dev/null, a
+  // FIFO, a folder) is refused: the rename below would replace the node itself with a file.
+  std::error_code ec;
+  const fs::path path =
+      fs::is_symlink(fs::symlink_status(requested, ec)) ? fs::weakly_canonical(requested, ec) : requested;
+  const fs::file_status st = fs::status(path, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st)) {
+    fail(requested.string(),
+         "exists and is not a regular file: the write goes to a temporary file renamed into "
+         "place, which would replace it; name a regular file");
+  }
   if (!path.parent_path().empty()) fs::create_directories(path.parent_path());
   const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
   WriteFaultHook hook;
@@ -770,7 +782,6 @@ void write_file_atomically(const fs::path& path, const std::vector<char>& bytes)
     fs::remove(tmp, ec);
     fail(path.string(), std::string("close failed: ") + std::strerror(errno));
   }
-  std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) {
     fs::remove(tmp, ec);

@@ -1,5 +1,7 @@
 #include "gpufeed/harness/trace.h"
 
+#include "gpufeed/harness/torch_file.h"
+
 #include <algorithm>
 #include <fstream>
 #include <map>
@@ -132,18 +134,12 @@ void TraceRecorder::write(const std::filesystem::path& path, const std::string& 
   other["kept_events"] = events.size();
   const nlohmann::json doc = {
       {"traceEvents", std::move(list)}, {"displayTimeUnit", "ms"}, {"otherData", std::move(other)}};
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error("trace: cannot write " + tmp.string());
-    out << doc.dump();
-    if (!out.flush()) throw std::runtime_error("trace: write failed for " + tmp.string());
+  const std::string text = doc.dump();
+  try {
+    write_file_atomically(path, std::vector<char>(text.begin(), text.end()));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("trace: ") + e.what());
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec)
-    throw std::runtime_error("trace: cannot rename to " + path.string() + ": " + ec.message());
 }
 
 }  // namespace gpufeed::harness

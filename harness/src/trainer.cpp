@@ -155,7 +155,7 @@ struct Trainer::Impl {
     lo.num_workers = options.workers;
     lo.prefetch_depth = options.prefetch_depth;
     lo.seed = options.seed;
-    lo.drop_last = false;
+    lo.drop_last = train && options.drop_last;
     lo.error_policy = options.error_policy;
     lo.max_skips = options.max_skips;
     if (train) {
@@ -396,6 +396,33 @@ struct Trainer::Impl {
   }
 };
 
+namespace {
+
+// Validation labels index the training set's classes, so both must list the same classes in the
+// same order. Throws std::invalid_argument naming both sets and the first difference.
+void check_same_classes(const loader::Dataset& val, const fs::path& val_root, const loader::Dataset& train,
+                        const fs::path& train_root) {
+  const auto& a = train.classes();
+  const auto& b = val.classes();
+  if (a == b) return;
+  const auto list = [](const std::vector<std::string>& c) {
+    std::string s;
+    for (size_t i = 0; i < c.size() && i < 8; ++i) s += (i ? ", " : "") + c[i];
+    if (c.size() > 8) s += ", ... (" + std::to_string(c.size()) + " in all)";
+    return s;
+  };
+  size_t k = 0;
+  while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
+  std::string first = "class " + std::to_string(k) + " is " +
+                      (k < b.size() ? "'" + b[k] + "'" : "missing") + " in the validation set, " +
+                      (k < a.size() ? "'" + a[k] + "'" : "missing") + " in the training set";
+  throw std::invalid_argument("Trainer: the classes of the validation set " + val_root.string() + " [" +
+                              list(b) + "] differ from the training set " + train_root.string() + " [" +
+                              list(a) + "]: " + first);
+}
+
+}  // namespace
+
 Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.options = std::move(options);
@@ -405,6 +432,16 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
   }
   if (o.label_smoothing < 0 || o.label_smoothing >= 1) {
     throw std::invalid_argument("Trainer: label_smoothing must be in [0, 1)");
+  }
+  // torch.optim.SGD's own checks, made before any work.
+  if (!std::isfinite(o.lr) || o.lr < 0) throw std::invalid_argument("Trainer: lr must be finite and >= 0, got " + std::to_string(o.lr));
+  if (!std::isfinite(o.momentum) || o.momentum < 0) throw std::invalid_argument("Trainer: momentum must be finite and >= 0");
+  if (!std::isfinite(o.weight_decay) || o.weight_decay < 0) throw std::invalid_argument("Trainer: weight_decay must be finite and >= 0");
+  if (o.max_steps_per_epoch < 0) throw std::invalid_argument("Trainer: max_steps_per_epoch must be >= 0 (0 = whole epoch)");
+  if (o.batch_size == 1 && !o.freeze_bn) {
+    throw std::invalid_argument(
+        "Trainer: batch_size 1 cannot train BatchNorm (PyTorch: \"Expected more than 1 value per "
+        "channel when training\"); use a larger batch or freeze_bn (--freeze-bn)");
   }
 
   // Distributed? torchrun's or Slurm's environment, or neither.
@@ -425,7 +462,11 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
     device = "cuda:0";
   }
   if (!o.dp_devices.empty()) device = o.dp_devices.front();
-  m.device = c10::Device(device);
+  try {
+    m.device = c10::Device(device);
+  } catch (const c10::Error&) {
+    throw std::invalid_argument("Trainer: device '" + device + "' is not cpu, cuda or cuda:N");
+  }
   if (m.device.is_cuda()) {
     if (!prefetch::cuda_available()) throw std::runtime_error("Trainer: " + device + " asked for, but no CUDA device is available");
     c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(m.device);
@@ -446,6 +487,18 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
   so.rank = m.rank;
   so.seed = o.seed;
   m.train_sampler = std::make_shared<sampler::DistributedSampler>(m.train_set->size(), so);
+  if (o.val_data) {  // before any training, not after the first epoch
+    const auto val = loader::open_dataset(*o.val_data);
+    check_same_classes(*val, *o.val_data, *m.train_set, o.data);
+  }
+  if (!o.drop_last && !o.freeze_bn && m.train_sampler->size() % o.batch_size == 1) {
+    m.options.drop_last = true;
+    gpufeed::log_text(LogLevel::kWarn,
+                      "train: each rank's last batch would hold 1 sample (" +
+                          std::to_string(m.train_sampler->size()) + " samples per rank, batch " +
+                          std::to_string(o.batch_size) +
+                          "), which BatchNorm cannot train on: dropping it every epoch (drop_last)");
+  }
   m.train_loader = std::make_shared<loader::Loader>(m.train_set, m.train_sampler, m.loader_options(true),
                                                     prefetch::host_allocator_for(m.device));
   m.prefetch_options.device = m.device;
@@ -752,9 +805,7 @@ std::vector<EpochStats> Trainer::fit(const std::function<void(const EpochStats&)
 EvalStats Trainer::evaluate(const fs::path& root) {
   Impl& m = *impl_;
   auto dataset = loader::open_dataset(root);
-  if (dataset->classes() != m.train_set->classes()) {
-    throw std::runtime_error("evaluate: classes of " + root.string() + " differ from the training set's");
-  }
+  check_same_classes(*dataset, root, *m.train_set, m.options.data);
   const int64_t n_total = dataset->size();
   sampler::DistributedSamplerOptions so;
   so.num_replicas = m.world;

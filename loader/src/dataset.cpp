@@ -3,9 +3,15 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
+#include <utility>
+
+#include <sys/stat.h>
+
+#include "gpufeed/log.h"
 
 namespace gpufeed::loader {
 namespace fs = std::filesystem;
@@ -25,27 +31,39 @@ bool has_extension(const fs::path& p, const std::vector<std::string>& exts) {
   });
 }
 
-// Files of one class in torchvision's order: sorted(os.walk(dir)) visits folders by sorted path,
-// and each folder's files are sorted by name.
-std::vector<fs::path> class_files(const fs::path& dir, const ImageFolderOptions& options) {
-  std::vector<std::pair<std::string, std::string>> found;  // (folder, file name)
-  auto opts = fs::directory_options::skip_permission_denied;
-  if (options.follow_symlinks) opts |= fs::directory_options::follow_directory_symlink;
+void walk(const fs::path& dir, const std::vector<std::string>& extensions, bool follow_symlinks,
+          std::set<std::pair<dev_t, ino_t>>& seen,
+          std::vector<std::pair<std::string, std::string>>& found) {
+  const auto cannot = [](const fs::path& d, const std::error_code& ec) {
+    return std::runtime_error("cannot list " + d.string() + ": " + ec.message());
+  };
   std::error_code ec;
-  for (fs::recursive_directory_iterator it(dir, opts, ec), end; it != end; it.increment(ec)) {
-    if (ec) break;
+  fs::directory_iterator it(dir, ec);
+  if (ec) throw cannot(dir, ec);
+  std::vector<fs::path> subdirs;
+  for (const fs::directory_iterator end; it != end; it.increment(ec)) {
     std::error_code sec;
-    if (it->is_directory(sec)) continue;
-    if (has_extension(it->path(), options.extensions)) {
-      found.emplace_back(it->path().parent_path().string(), it->path().filename().string());
+    if (it->is_directory(sec)) {  // follows a symlink
+      if (follow_symlinks || !it->is_symlink(sec)) subdirs.push_back(it->path());
+      continue;
     }
+    if (extensions.empty() || has_extension(it->path(), extensions))
+      found.emplace_back(dir.string(), it->path().filename().string());
   }
-  if (ec) throw std::runtime_error("ImageFolder: cannot list " + dir.string() + ": " + ec.message());
-  std::sort(found.begin(), found.end());
-  std::vector<fs::path> out;
-  out.reserve(found.size());
-  for (auto& [folder, name] : found) out.push_back(fs::path(folder) / name);
-  return out;
+  if (ec) throw cannot(dir, ec);
+  for (const fs::path& sub : subdirs) {
+    struct stat st {};
+    if (::stat(sub.c_str(), &st) != 0) throw cannot(sub, std::error_code(errno, std::generic_category()));
+    const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
+    if (seen.count(id)) {
+      gpufeed::log()->warn("{}: links back to a folder above it (a symlink loop): not descended into",
+                           sub.string());
+      continue;
+    }
+    seen.insert(id);  // `seen` holds the folders from the root down to this one
+    walk(sub, extensions, follow_symlinks, seen, found);
+    seen.erase(id);
+  }
 }
 
 }  // namespace
@@ -54,6 +72,20 @@ const std::vector<std::string>& default_image_extensions() {
   static const std::vector<std::string> exts = {".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm",
                                                 ".tif", ".tiff", ".webp", ".gif"};
   return exts;
+}
+
+std::vector<fs::path> list_files(const fs::path& dir, const std::vector<std::string>& extensions,
+                                bool follow_symlinks) {
+  std::set<std::pair<dev_t, ino_t>> seen;
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0) seen.emplace(st.st_dev, st.st_ino);
+  std::vector<std::pair<std::string, std::string>> found;  // (folder, file name)
+  walk(dir, extensions, follow_symlinks, seen, found);
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> out;
+  out.reserve(found.size());
+  for (auto& [folder, name] : found) out.push_back(fs::path(folder) / name);
+  return out;
 }
 
 ImageFolder::ImageFolder(const fs::path& root, ImageFolderOptions options) : root_(root) {
@@ -69,7 +101,12 @@ ImageFolder::ImageFolder(const fs::path& root, ImageFolderOptions options) : roo
     throw std::runtime_error("ImageFolder: couldn't find any class folder in " + root.string());
   }
   for (size_t label = 0; label < classes_.size(); ++label) {
-    const auto files = class_files(root / classes_[label], options);
+    std::vector<fs::path> files;
+    try {
+      files = list_files(root / classes_[label], options.extensions, options.follow_symlinks);
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(std::string("ImageFolder: ") + e.what());
+    }
     if (files.empty()) {
       throw std::runtime_error("ImageFolder: found no valid file for the class " + classes_[label] +
                                " in " + (root / classes_[label]).string());
@@ -118,6 +155,7 @@ FileList::FileList(const fs::path& list_file, const fs::path& root) {
     samples_.push_back({p.is_absolute() ? p : root / p, label});
     max_label = std::max(max_label, label);
   }
+  if (samples_.empty()) throw std::runtime_error("FileList: " + list_file.string() + " lists no samples");
   for (int64_t c = 0; c <= max_label; ++c) classes_.push_back(std::to_string(c));
 }
 

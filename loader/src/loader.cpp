@@ -14,6 +14,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "gpufeed/log.h"
 
 namespace gpufeed::loader {
@@ -226,7 +228,17 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     const size_t bytes = label_offset + static_cast<size_t>(options.batch_size) * sizeof(int64_t);
     slots.resize(static_cast<size_t>(options.prefetch_depth));
     for (Slot& slot : slots) {
-      slot.base = allocator->allocate(bytes);
+      try {
+        slot.base = allocator->allocate(bytes);
+      } catch (const std::bad_alloc&) {
+        for (Slot& done : slots)
+          if (done.base) allocator->deallocate(done.base, done.bytes);
+        throw std::runtime_error(fmt::format(
+            "Loader: cannot allocate {} batch slot(s) of {:.1f} MiB (batch_size {} x {}x{}x3 "
+            "uint8): lower batch_size, the image size or prefetch_depth",
+            options.prefetch_depth, static_cast<double>(bytes) / (1 << 20), options.batch_size,
+            side, side));
+      }
       slot.bytes = bytes;
       slot.images = static_cast<uint8_t*>(slot.base);
       slot.labels = reinterpret_cast<int64_t*>(static_cast<uint8_t*>(slot.base) + label_offset);
@@ -398,6 +410,13 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<sampler::
   // cv::setNumThreads(n) installs a process-wide tbb::global_control(max_allowed_parallelism, n)
   // that would starve our arena (n = 0 leaves it no worker at all). Its loops nest inside our
   // tasks on the same TBB workers instead: one parallel layer, no extra threads.
+  if (options.num_workers < 0) throw std::invalid_argument("Loader: num_workers must be >= 0 (0 = all hardware threads)");
+  if (const unsigned hw = std::thread::hardware_concurrency();
+      hw > 0 && static_cast<unsigned>(options.num_workers) > hw) {
+    // DataLoader warns the same way: more decode threads than hardware threads only add switching.
+    gpufeed::log()->warn("loader: num_workers {} exceeds the {} hardware threads of this machine",
+                         options.num_workers, hw);
+  }
   impl_ = std::make_shared<Impl>(std::move(dataset), std::move(sampler), std::move(options),
                                  std::move(allocator));
 }

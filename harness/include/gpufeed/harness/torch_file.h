@@ -47,7 +47,10 @@ c10::IValue load_torch_bytes(const std::vector<char>& bytes, const std::string& 
 /// (the temporary file is removed).
 void save_torch_file(const c10::IValue& value, const std::filesystem::path& path);
 
-/// Atomically replaces `path` with `bytes` (the write save_torch_file does).
+/// Atomically replaces `path` with `bytes` (the write save_torch_file does). A symlink is written
+/// through (its target is replaced). Throws std::runtime_error naming the path when it exists and
+/// is not a regular file (a device, FIFO or folder: renaming over it would replace the node), or
+/// on I/O failure.
 void write_file_atomically(const std::filesystem::path& path, const std::vector<char>& bytes);
 
 /// Fault injection for tests: when set, write_file_atomically calls the hook after each chunk

@@ -61,6 +61,10 @@ struct TrainOptions {
   int workers = 0;                  ///< loader threads per process; 0 = all hardware threads
   int image_size = 224;             ///< train crop; eval resizes to size * 256/224, crops size
   int prefetch_depth = 3;           ///< loader batch slots
+  /// Drop each rank's last, shorter training batch (DataLoader's drop_last). Also turned on, with
+  /// a warning, when that batch would hold a single sample while BatchNorm trains: PyTorch cannot
+  /// train BatchNorm on one sample ("Expected more than 1 value per channel").
+  bool drop_last = false;
   /// A file that cannot be read or decoded: raise (training stops with the file's name and the
   /// reason) or skip (the loader replaces it by the next good sample, counts and reports it);
   /// the same policy for train and validation (loader::ErrorPolicy).

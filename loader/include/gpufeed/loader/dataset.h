@@ -46,6 +46,18 @@ class SampleList : public Dataset {
 /// torchvision's list leaves it out, which would silently drop such files). Lower case.
 const std::vector<std::string>& default_image_extensions();
 
+/// Files under `dir`, recursively, in torchvision's ImageFolder order (folders sorted by path,
+/// then file names sorted, byte order), keeping those whose name ends with one of `extensions`
+/// (compared case-insensitively; empty keeps every file). Symlinked folders are followed when
+/// `follow_symlinks` (torchvision's os.walk(followlinks=True)), except a link back to a folder
+/// above it (same device and inode: a symlink loop), which is not descended into, with a warning
+/// naming it, where os.walk would descend until the path grows too long. Throws
+/// std::runtime_error naming the folder that cannot be listed and why (e.g. permission denied),
+/// where os.walk would skip it silently.
+std::vector<std::filesystem::path> list_files(const std::filesystem::path& dir,
+                                              const std::vector<std::string>& extensions,
+                                              bool follow_symlinks = true);
+
 /// Options of ImageFolder.
 struct ImageFolderOptions {
   /// File extensions accepted, compared case-insensitively, with the dot.
@@ -57,8 +69,10 @@ struct ImageFolderOptions {
 /// torchvision.datasets.ImageFolder's layout: root/<class>/**/<file>. Classes are the sorted
 /// names of root's subfolders (label = position); within a class, files are found recursively and
 /// ordered as torchvision orders them (folders sorted, then file names sorted, byte order).
-/// Throws std::runtime_error naming the folder when root is missing, has no class folders, or a
-/// class folder has no file with an accepted extension (torchvision raises FileNotFoundError).
+/// Files are found by list_files (symlink loops listed once; an unreadable folder is an error).
+/// Throws std::runtime_error naming the folder when root is missing, has no class folders, a
+/// folder cannot be listed, or a class folder has no file with an accepted extension
+/// (torchvision raises FileNotFoundError).
 class ImageFolder : public SampleList {
  public:
   explicit ImageFolder(const std::filesystem::path& root, ImageFolderOptions options = {});
@@ -71,7 +85,8 @@ class ImageFolder : public SampleList {
 /// A text file of "<path> <label>" lines; the path is relative to `root` (or absolute) and may
 /// contain spaces (the label is the last field). Blank lines and lines starting with '#' are
 /// ignored. Classes are named by their label number, "0".."max". Throws std::runtime_error naming
-/// the list file and line for a malformed line or a negative label, and when the list is missing.
+/// the list file and line for a malformed line or a negative label, and when the list is missing
+/// or lists no sample.
 class FileList : public SampleList {
  public:
   FileList(const std::filesystem::path& list_file, const std::filesystem::path& root);

@@ -174,7 +174,9 @@ struct SampleTiming {
 class Loader {
  public:
   /// Allocates all slots up front. Throws std::invalid_argument for a null dataset/sampler or
-  /// bad options (batch_size < 1, prefetch_depth < 1).
+  /// bad options (batch_size < 1, prefetch_depth < 1, num_workers < 0), std::runtime_error
+  /// naming the sizes when the slots cannot be allocated. Logs a warning when num_workers exceeds
+  /// the hardware threads (as DataLoader does).
   Loader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<sampler::Sampler> sampler,
          LoaderOptions options, std::shared_ptr<HostAllocator> allocator = nullptr);
   ~Loader();
