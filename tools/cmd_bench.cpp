@@ -7,6 +7,10 @@
 //                  nothing else: files preloaded into memory, no resize, no slots
 //   --mode full    whole-image decode of the same files at each --scales factor (8 = full size):
 //                  the reference rate, and the measurement behind decode::choose_scale's costs
+//
+// The loader's "per sample" split (read, decode, resize, other) is each stage's wall time summed
+// over the worker threads, divided by the samples: on a loaded machine, where workers are
+// preempted mid-stage, it can exceed the CPU time per sample (getrusage) printed beside it.
 #include <sys/resource.h>
 #include <tbb/blocked_range.h>
 #include <tbb/global_control.h>
