@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -215,16 +216,37 @@ TEST(ListFiles, StopsAtSymlinkLoopsAndKeepsTorchvisionsOrder) {
 }
 
 TEST(ListFiles, AnUnreadableFolderIsAnErrorNamingIt) {
-  if (::geteuid() == 0) GTEST_SKIP() << "running as root: permissions do not block reads";
   gpufeed::test::TempDir tmp("list_unreadable");
   fs::create_directories(tmp.path / "c" / "locked");
   std::ofstream(tmp.path / "c" / "ok.jpg") << "x";
   fs::permissions(tmp.path / "c" / "locked", fs::perms::none);
-  try {
-    list_files(tmp.path / "c", default_image_extensions());
-    ADD_FAILURE() << "expected an error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("locked: Permission denied"), std::string::npos) << e.what();
+  const auto check = [&]() -> std::string {
+    try {
+      list_files(tmp.path / "c", default_image_extensions());
+      return "no error";
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+  };
+  if (::geteuid() != 0) {
+    EXPECT_NE(check().find("locked: Permission denied"), std::string::npos) << check();
+  } else {
+    // Root reads anything: check as user nobody in a child process (CI runs as root).
+    fs::permissions(tmp.path, fs::perms::all);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(2);
+      ::_exit(check().find("locked: Permission denied") != std::string::npos ? 0 : 1);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 2) {
+      fs::permissions(tmp.path / "c" / "locked", fs::perms::owner_all);
+      GTEST_SKIP() << "cannot switch to uid 65534 to test permissions as root";
+    }
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "as nobody, listing must fail naming the locked folder";
   }
   fs::permissions(tmp.path / "c" / "locked", fs::perms::owner_all);
 }
