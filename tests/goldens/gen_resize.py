@@ -10,6 +10,7 @@
   loader's decode-at-scale + resize can be held to a mean difference bound.
 """
 import json
+import os
 import pathlib
 
 import numpy as np
@@ -52,7 +53,9 @@ def _resize_cases(folder: pathlib.Path):
 
 
 def _file_cases(folder: pathlib.Path):
-    data = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data" / "imagenet-sample"
+    # $GPUFEED_SHARED_DIR (ctest passes the build's), else ../shared beside the checkout.
+    data = pathlib.Path(os.environ.get("GPUFEED_SHARED_DIR")
+                        or pathlib.Path(__file__).resolve().parents[3] / "shared") / "data" / "imagenet-sample"
     if not data.is_dir():
         return []
     files = sorted(p for p in data.iterdir() if p.suffix.lower() in (".jpeg", ".jpg"))

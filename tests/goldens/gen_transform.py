@@ -11,6 +11,7 @@
   extensions, spaces, non-image files), and on ../shared/data/hymenoptera when present.
 """
 import json
+import os
 import pathlib
 
 import numpy as np
@@ -131,7 +132,9 @@ def _folder_cases(out: pathlib.Path):
     (root / "not_a_class.jpg").write_bytes(b"")
     cases = []
     roots = [root]
-    shared = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data" / "hymenoptera" / "train"
+    # $GPUFEED_SHARED_DIR (ctest passes the build's), else ../shared beside the checkout.
+    shared = pathlib.Path(os.environ.get("GPUFEED_SHARED_DIR")
+                        or pathlib.Path(__file__).resolve().parents[3] / "shared") / "data" / "hymenoptera" / "train"
     if shared.is_dir():
         roots.append(shared)
     for r in roots:
