@@ -15,16 +15,7 @@ APT_PACKAGES=(
 )
 TORCH_SPEC="torch==2.11.0 torchvision==0.26.0"
 
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
-fi
+tools/apt_install.sh "${APT_PACKAGES[@]}"
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

@@ -185,29 +185,9 @@ Bytes make_jpeg(Source s, int w = kW, int h = kH, int quality = 92) {
 
 // --- JPEG byte surgery ---------------------------------------------------------------------------
 
-/// Offset of the first marker 0xFF `code` (a segment start, walking the marker structure up to
-/// SOS), or npos.
-size_t find_marker(const Bytes& j, uint8_t code) {
-  size_t pos = 2;
-  while (pos + 4 <= j.size() && j[pos] == 0xFF) {
-    const uint8_t m = j[pos + 1];
-    if (m == code) return pos;
-    if (m == 0xDA) break;
-    pos += 2 + (static_cast<size_t>(j[pos + 2]) << 8 | j[pos + 3]);
-  }
-  return std::string::npos;
-}
-
-/// [begin, end) of the entropy-coded data after the first SOS (up to the next non-RST marker).
-std::pair<size_t, size_t> scan_data(const Bytes& j) {
-  const size_t sos = find_marker(j, 0xDA);
-  const size_t begin = sos + 2 + (static_cast<size_t>(j[sos + 2]) << 8 | j[sos + 3]);
-  size_t end = begin;
-  while (end + 1 < j.size() &&
-         !(j[end] == 0xFF && j[end + 1] != 0x00 && (j[end + 1] < 0xD0 || j[end + 1] > 0xD7)))
-    ++end;
-  return {begin, end};
-}
+// Marker walking and the scan's byte range: tests/bugkinds.h.
+using gpufeed::test::find_jpeg_marker;
+using gpufeed::test::jpeg_scan_data;
 
 void put_be16(Bytes& j, size_t at, int v) {
   j[at] = static_cast<uint8_t>(v >> 8);
@@ -546,7 +526,7 @@ TEST(Probe, ReportsProgressiveJpegFromSof2) {
 
 TEST(Probe, ReadsSofFlagsFromTheMarkerType) {
   Bytes j = make_jpeg(Source::k420, 32, 32);
-  const size_t sof = find_marker(j, 0xC0);
+  const size_t sof = find_jpeg_marker(j, 0xC0);
   ASSERT_NE(sof, std::string::npos);
   struct Case {
     uint8_t marker;
@@ -672,10 +652,10 @@ TEST(Probe, ThrowsTypedErrorsForBadHeaders) {
             })->kind(),
             ErrorKind::kUnsupported);
   const Bytes j = make_jpeg(Source::k420, 16, 16);
-  EXPECT_EQ(error_of([&] { probe(std::span(j).first(find_marker(j, 0xC0) + 6), "t"); })->kind(),
+  EXPECT_EQ(error_of([&] { probe(std::span(j).first(find_jpeg_marker(j, 0xC0) + 6), "t"); })->kind(),
             ErrorKind::kTruncated);
   Bytes zero = j;
-  put_be16(zero, find_marker(zero, 0xC0) + 7, 0);  // width
+  put_be16(zero, find_jpeg_marker(zero, 0xC0) + 7, 0);  // width
   EXPECT_EQ(error_of([&] { probe(zero, "z"); })->kind(), ErrorKind::kCorrupt);
   Bytes no_sof = {0xFF, 0xD8, 0xFF, 0xD9};
   EXPECT_EQ(error_of([&] { probe(no_sof, "n"); })->kind(), ErrorKind::kCorrupt);
@@ -994,7 +974,7 @@ TEST(DecodeErrors, EmptyInputIsEmpty) {
 TEST(DecodeErrors, TruncatedJpegIsTruncatedAndGreyFilledWhenAllowed) {
   for (Source s : {Source::k420, Source::k444, Source::kRestart}) {
     const Bytes j = make_jpeg(s);
-    const auto [begin, end] = scan_data(j);
+    const auto [begin, end] = jpeg_scan_data(j);
     for (double frac : {0.3, 0.6, 0.8}) {
       const Bytes cut_bytes(j.begin(),
                             j.begin() + static_cast<ptrdiff_t>(begin + (end - begin) * frac));
@@ -1022,8 +1002,8 @@ TEST(DecodeErrors, TruncatedJpegIsTruncatedAndGreyFilledWhenAllowed) {
 
 TEST(DecodeErrors, TruncatedHeaderIsTruncated) {
   const Bytes j = make_jpeg(Source::k420);
-  const size_t sos = find_marker(j, 0xDA);
-  for (size_t n : {size_t{2}, size_t{3}, size_t{20}, find_marker(j, 0xC0) + 5, sos + 4})
+  const size_t sos = find_jpeg_marker(j, 0xDA);
+  for (size_t n : {size_t{2}, size_t{3}, size_t{20}, find_jpeg_marker(j, 0xC0) + 5, sos + 4})
     EXPECT_EQ(kind_of_decode(Bytes(j.begin(), j.begin() + static_cast<ptrdiff_t>(n))),
               ErrorKind::kTruncated)
         << n;
@@ -1037,7 +1017,7 @@ TEST(DecodeErrors, CorruptEntropyDataIsCorrupt) {
   for (Source s :
        {Source::k420, Source::k444, Source::k411, Source::kRestart, Source::kProgressive}) {
     const Bytes j = make_jpeg(s);
-    const auto [begin, end] = scan_data(j);
+    const auto [begin, end] = jpeg_scan_data(j);
     // A marker inside the entropy data: the decoder runs out of bits there ("premature end of
     // data segment").
     Bytes marker = j;
@@ -1053,7 +1033,7 @@ TEST(DecodeErrors, CorruptEntropyDataIsCorrupt) {
   // Restart markers let libjpeg check each interval: a marker out of sequence, or an interval
   // whose data decodes to fewer bits than it holds, is corruption.
   const Bytes j = make_jpeg(Source::kRestart);
-  const auto [begin, end] = scan_data(j);
+  const auto [begin, end] = jpeg_scan_data(j);
   std::vector<size_t> rst;
   for (size_t i = begin; i + 1 < end; ++i)
     if (j[i] == 0xFF && j[i + 1] >= 0xD0 && j[i + 1] <= 0xD7) rst.push_back(i);
@@ -1067,7 +1047,7 @@ TEST(DecodeErrors, CorruptEntropyDataIsCorrupt) {
 
   // With allow_truncated the damaged image is returned, warnings counted.
   Bytes marker = make_jpeg(Source::k420);
-  const auto [b2, e2] = scan_data(marker);
+  const auto [b2, e2] = jpeg_scan_data(marker);
   marker[b2 + (e2 - b2) / 2] = 0xFF;
   marker[b2 + (e2 - b2) / 2 + 1] = 0xD9;
   DecodeOptions lenient;
@@ -1104,7 +1084,7 @@ TEST(DecodeErrors, EndlessProgressiveScansAreCutOff) {
 TEST(DecodeErrors, ZeroSizeInFrameHeaderIsCorrupt) {
   for (size_t field : {size_t{5}, size_t{7}}) {  // height, width
     Bytes j = make_jpeg(Source::k420);
-    put_be16(j, find_marker(j, 0xC0) + field, 0);
+    put_be16(j, find_jpeg_marker(j, 0xC0) + field, 0);
     const auto e = error_of([&] {
       ImageBuffer out;
       decode(j, out, {}, "zero.jpg");
@@ -1118,10 +1098,10 @@ TEST(DecodeErrors, ZeroSizeInFrameHeaderIsCorrupt) {
 TEST(DecodeErrors, HugeHeaderIsTooLargeBeforeAnyAllocation) {
   // 65500 x 65500 declared, no scan data: the limit must fire from the header alone.
   Bytes j = make_jpeg(Source::k420, 16, 16);
-  const size_t sof = find_marker(j, 0xC0);
+  const size_t sof = find_jpeg_marker(j, 0xC0);
   put_be16(j, sof + 5, 65500);
   put_be16(j, sof + 7, 65500);
-  j.resize(find_marker(j, 0xDA));
+  j.resize(find_jpeg_marker(j, 0xDA));
   j.insert(j.end(), {0xFF, 0xD9});
   const auto t0 = std::chrono::steady_clock::now();
   const auto e = error_of([&] {
@@ -1170,7 +1150,7 @@ TEST(DecodeErrors, UnknownBytesAreUnsupported) {
 
 TEST(DecodeErrors, TwelveBitLosslessAndHierarchicalJpegAreUnsupported) {
   const Bytes j = make_jpeg(Source::k420, 32, 32);
-  const size_t sof = find_marker(j, 0xC0);
+  const size_t sof = find_jpeg_marker(j, 0xC0);
   Bytes twelve = j;
   twelve[sof + 4] = 12;
   auto e = error_of([&] {

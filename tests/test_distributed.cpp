@@ -59,6 +59,16 @@ std::string train_args(const fs::path& data) {
          "--zero-init-residual --lr 0.8 --seed 0";
 }
 
+// Two ranks through `gpufeed launch`, 4 steps of batch 4 with a training checkpoint, and a fault
+// injected by GPUFEED_TEST_FAULT; returns the launcher's exit code, its output in `log`.
+int launch_two_ranks_with_fault(const std::string& fault, const fs::path& data, const fs::path& ckpt,
+                                const fs::path& log) {
+  return run("GPUFEED_TEST_FAULT=" + fault + " " + kEnv + kGpufeed +
+                 " launch --nproc-per-node 2 --master-port 0 -- gpufeed" + train_args(data) +
+                 " --batch-size 4 --max-steps-per-epoch 4 --save-checkpoint " + ckpt.string(),
+             log);
+}
+
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -195,10 +205,7 @@ TEST(Signals, SigtermOnOneRankStopsBothRanksAfterTheSameStep) {
   const fs::path data = tiny_dataset(dir.path / "data");
   const fs::path ckpt = dir.path / "train.pt";
   const int code =
-      run("GPUFEED_TEST_FAULT=signal=TERM:step=2:rank=0 " + kEnv + kGpufeed +
-              " launch --nproc-per-node 2 --master-port 0 -- gpufeed" + train_args(data) +
-              " --batch-size 4 --max-steps-per-epoch 4 --save-checkpoint " + ckpt.string(),
-          dir.path / "launch.log");
+      launch_two_ranks_with_fault("signal=TERM:step=2:rank=0", data, ckpt, dir.path / "launch.log");
   const std::string log = read_text(dir.path / "launch.log");
   EXPECT_EQ(code, 143) << log;
   EXPECT_NE(log.find("rank 0 exited with code 143"), std::string::npos) << log;
@@ -232,10 +239,7 @@ TEST(Signals, LauncherForwardsSigtermToEveryWorkerAndExits143) {
   const fs::path ckpt = dir.path / "train.pt";
   // Rank 1 signals the launcher (as a terminal or a scheduler would); the launcher passes it on.
   const int code =
-      run("GPUFEED_TEST_FAULT=signal-launcher=TERM:step=2:rank=1 " + kEnv + kGpufeed +
-              " launch --nproc-per-node 2 --master-port 0 -- gpufeed" + train_args(data) +
-              " --batch-size 4 --max-steps-per-epoch 4 --save-checkpoint " + ckpt.string(),
-          dir.path / "launch.log");
+      launch_two_ranks_with_fault("signal-launcher=TERM:step=2:rank=1", data, ckpt, dir.path / "launch.log");
   const std::string log = read_text(dir.path / "launch.log");
   EXPECT_EQ(code, 143) << log;
   EXPECT_NE(log.find("passing it to the workers"), std::string::npos) << log;

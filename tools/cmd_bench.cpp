@@ -91,14 +91,10 @@ loader::LoaderOptions loader_options(const Args& a, int workers) {
   o.seed = a.seed;
   o.error_policy = a.on_error == "skip" ? loader::ErrorPolicy::kSkip : loader::ErrorPolicy::kRaise;
   o.max_skips = a.max_skips;
-  if (a.transform == "train") {
-    o.transform.kind = loader::TransformOptions::Kind::kTrain;
-    o.transform.rrc.size = a.image_size;
-  } else {
-    o.transform.kind = loader::TransformOptions::Kind::kEval;
-    o.transform.eval.crop = a.image_size;
-    o.transform.eval.resize = static_cast<int>(std::lround(a.image_size * 256.0 / 224.0));
-  }
+  o.transform = loader::TransformOptions::imagenet(a.transform == "train"
+                                                       ? loader::TransformOptions::Kind::kTrain
+                                                       : loader::TransformOptions::Kind::kEval,
+                                                   a.image_size);
   return o;
 }
 

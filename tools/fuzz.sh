@@ -15,16 +15,7 @@ SECONDS_TO_RUN=${1:-60}
 BUILD=${GPUFEED_FUZZ_BUILD_DIR:-build/fuzz}
 JOBS=${GPUFEED_FUZZ_JOBS:-1}
 
-missing=()
-for p in clang libclang-rt-14-dev; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "fuzz: installing ${missing[*]}"
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
-fi
+tools/apt_install.sh clang libclang-rt-14-dev
 
 if [ ! -f "$BUILD/build.ninja" ]; then
   cmake -S tests/fuzz -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -735,8 +735,11 @@ void write_file_atomically(const fs::path& requested, const std::vector<char>& b
   // open() would. Anything that exists and is not a regular file (a device such as /dev/null, a
   // FIFO, a folder) is refused: the rename below would replace the node itself with a file.
   std::error_code ec;
-  const fs::path path =
-      fs::is_symlink(fs::symlink_status(requested, ec)) ? fs::weakly_canonical(requested, ec) : requested;
+  fs::path path = requested;
+  if (fs::is_symlink(fs::symlink_status(requested, ec))) {
+    fs::path target = fs::weakly_canonical(requested, ec);
+    if (!ec) path = std::move(target);  // else: rename over the link, as before
+  }
   const fs::file_status st = fs::status(path, ec);
   if (fs::exists(st) && !fs::is_regular_file(st)) {
     fail(requested.string(),

@@ -124,6 +124,7 @@ struct Trainer::Impl {
   std::shared_ptr<ProcessGroup> group;  // distributed runs only
   int rank = 0, world = 1;
   std::shared_ptr<loader::Dataset> train_set;
+  std::shared_ptr<loader::Dataset> val_set;  // options.val_data, listed and checked once at start
   std::shared_ptr<sampler::DistributedSampler> train_sampler;
   std::shared_ptr<loader::Loader> train_loader;
   std::unique_ptr<prefetch::Prefetcher> prefetcher;
@@ -158,14 +159,9 @@ struct Trainer::Impl {
     lo.drop_last = train && options.drop_last;
     lo.error_policy = options.error_policy;
     lo.max_skips = options.max_skips;
-    if (train) {
-      lo.transform.kind = loader::TransformOptions::Kind::kTrain;
-      lo.transform.rrc.size = options.image_size;
-    } else {
-      lo.transform.kind = loader::TransformOptions::Kind::kEval;
-      lo.transform.eval.crop = options.image_size;
-      lo.transform.eval.resize = static_cast<int>(std::lround(options.image_size * 256.0 / 224.0));
-    }
+    lo.transform = loader::TransformOptions::imagenet(
+        train ? loader::TransformOptions::Kind::kTrain : loader::TransformOptions::Kind::kEval,
+        options.image_size);
     return lo;
   }
 
@@ -488,8 +484,8 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
   so.seed = o.seed;
   m.train_sampler = std::make_shared<sampler::DistributedSampler>(m.train_set->size(), so);
   if (o.val_data) {  // before any training, not after the first epoch
-    const auto val = loader::open_dataset(*o.val_data);
-    check_same_classes(*val, *o.val_data, *m.train_set, o.data);
+    m.val_set = loader::open_dataset(*o.val_data);
+    check_same_classes(*m.val_set, *o.val_data, *m.train_set, o.data);
   }
   if (!o.drop_last && !o.freeze_bn && m.train_sampler->size() % o.batch_size == 1) {
     m.options.drop_last = true;
@@ -804,8 +800,11 @@ std::vector<EpochStats> Trainer::fit(const std::function<void(const EpochStats&)
 
 EvalStats Trainer::evaluate(const fs::path& root) {
   Impl& m = *impl_;
-  auto dataset = loader::open_dataset(root);
-  check_same_classes(*dataset, root, *m.train_set, m.options.data);
+  std::shared_ptr<loader::Dataset> dataset = m.val_set;
+  if (!dataset || root != *m.options.val_data) {
+    dataset = loader::open_dataset(root);
+    check_same_classes(*dataset, root, *m.train_set, m.options.data);
+  }
   const int64_t n_total = dataset->size();
   sampler::DistributedSamplerOptions so;
   so.num_replicas = m.world;

@@ -219,7 +219,9 @@ class Trainer {
 
   /// Loss, top-1 and top-5 of the current model on `root` (same classes as the training set). In
   /// a distributed run every rank evaluates its shard (DistributedSampler order, without
-  /// padding duplicates counted) and the totals are summed across ranks.
+  /// padding duplicates counted) and the totals are summed across ranks. The validation set of
+  /// TrainOptions is listed once, at construction; another root is listed here. Throws
+  /// std::invalid_argument naming both class lists when the classes differ.
   EvalStats evaluate(const std::filesystem::path& root);
 
   /// The model being trained.

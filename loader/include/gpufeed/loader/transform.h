@@ -86,6 +86,18 @@ struct TransformOptions {
 
   /// Output height = width, pixels ([H, W, 3] per sample).
   int output_size() const { return kind == Kind::kTrain ? rrc.size : eval.crop; }
+
+  /// The ImageNet recipe of torchvision's reference scripts at output side `size`: train is
+  /// RandomResizedCrop(size) + RandomHorizontalFlip(); eval is Resize(round(size * 256 / 224)) +
+  /// CenterCrop(size) (Resize(256) + CenterCrop(224) at 224).
+  static TransformOptions imagenet(Kind kind, int size) {
+    TransformOptions t;
+    t.kind = kind;
+    t.rrc.size = size;
+    t.eval.crop = size;
+    t.eval.resize = static_cast<int>(size * 256.0 / 224.0 + 0.5);
+    return t;
+  }
 };
 
 /// The crop box RandomResizedCrop.get_params would choose for a width x height image, with the
