@@ -98,22 +98,6 @@ loader::LoaderOptions loader_options(const Args& a, int workers) {
   return o;
 }
 
-// One sample's plan as the loader makes it (the file's header, the transform's box and flip, the
-// decode's scale and crop), for the floor and for --dump.
-struct PlannedSample {
-  loader::SamplePlan plan;
-  decode::DecodeOptions decode;
-};
-
-PlannedSample plan_for(const std::vector<uint8_t>& bytes, const std::string& source,
-                       const loader::LoaderOptions& o, int64_t epoch, int64_t index) {
-  const decode::ImageInfo info = decode::probe(bytes, source);
-  PlannedSample p;
-  p.plan = loader::plan_sample(o.transform, info.width, info.height, o.seed, epoch, index);
-  p.decode = loader::decode_options_for(p.plan, info, o.decode);
-  return p;
-}
-
 // The stage times of a timed window, per sample, microseconds. `other` is what the threads spent
 // outside read/decode/resize (scheduling, waiting for a free slot, idling at epoch ends).
 nlohmann::json stage_breakdown(const loader::LoaderStats& before, const loader::LoaderStats& after,
@@ -143,7 +127,8 @@ class Dumper {
       const int64_t index = b.indices[static_cast<size_t>(k)];
       const auto& ref = ds_.at(index);
       decode::read_file(ref.path, bytes);
-      const PlannedSample p = plan_for(bytes, ref.path.string(), o_, epoch_, index);
+      const loader::PlannedSample p =
+          loader::plan_for(decode::probe(bytes, ref.path.string()), o_, epoch_, index);
       const auto& r = p.plan.region;
       const auto& c = p.decode.crop;
       samples_.push_back({{"index", index}, {"path", ref.path.string()}, {"label", b.labels[k]},
@@ -302,7 +287,8 @@ nlohmann::json run_decode_floor(const Args& a, const loader::Dataset& ds, int wo
   std::map<int, int64_t> scales;
   for (int e = 0; e < a.warmup + a.epochs; ++e) {
     for (size_t i = 0; i < files.size(); ++i) {
-      const PlannedSample p = plan_for(files[i], names[i], o, e, static_cast<int64_t>(i));
+      const loader::PlannedSample p =
+          loader::plan_for(decode::probe(files[i], names[i]), o, e, static_cast<int64_t>(i));
       (e < a.warmup ? warm : timed).emplace_back(i, p.decode);
       if (e >= a.warmup) ++scales[p.decode.scale.num];
     }

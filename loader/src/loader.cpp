@@ -82,8 +82,8 @@ int64_t lap_ns(Clock::time_point& t) {
   return ns;
 }
 
-// The one place a sample becomes pixels: read, probe, plan from the header, decode only the
-// crop at the cheapest DCT scale that still covers the output, resize straight into `out`.
+// The one place a sample becomes pixels: read, probe, plan (plan_for), decode only the crop at
+// the cheapest DCT scale that still covers the output, resize straight into `out`.
 SampleCost transform_into(const SampleRef& ref, int64_t index, int64_t epoch,
                           const LoaderOptions& o, uint8_t* out) {
   Worker& w = thread_worker();
@@ -97,46 +97,90 @@ SampleCost transform_into(const SampleRef& ref, int64_t index, int64_t epoch,
   cost.bytes = static_cast<int64_t>(w.bytes.size());
 
   w.source.assign(ref.path.native());
-  const decode::ImageInfo info = decode::probe(w.bytes, w.source);
-  // Plans are made in the frame the decoder returns: displayed when EXIF orientation is applied.
-  const bool upright = o.decode.apply_exif_orientation && info.orientation >= 5;
-  const SamplePlan plan = plan_sample(o.transform, upright ? info.height : info.width,
-                                      upright ? info.width : info.height, o.seed, epoch, index);
-  const decode::DecodeResult decoded =
-      w.decoder.decode(w.bytes, w.source, decode_options_for(plan, info, o.decode), w.image);
+  const PlannedSample p = plan_for(decode::probe(w.bytes, w.source), o, epoch, index);
+  const decode::DecodeResult decoded = w.decoder.decode(w.bytes, w.source, p.decode, w.image);
   cost.decode_ns = lap_ns(t0);
   cost.pixels = static_cast<int64_t>(w.image.width) * w.image.height;
 
   // Straight into the slot's row, mirrored there when the plan flips.
-  resize_sample(plan, decoded, w.image, w.resizer, out);
+  resize_sample(p.plan, decoded, w.image, w.resizer, out);
   cost.resize_ns = lap_ns(t0);
   return cost;
-}
-
-}  // namespace
-
-void load_sample(const Dataset& dataset, int64_t index, int64_t epoch, const LoaderOptions& options,
-                 uint8_t* out) {
-  transform_into(dataset.at(index), index, epoch, options, out);
 }
 
 int worker_count(int requested) {
   return requested > 0 ? requested : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
+// ---------------------------------------------------------------------------------------------
+// The slot ring: exactly prefetch_depth batch slots, allocated up front by the HostAllocator, and
+// the free list. A slot is taken when its batch is scheduled and comes back when the consumer's
+// last Batch copy (its lease) is gone, or when an unfinished batch is cancelled. Not locked
+// itself: the loader's mutex guards acquire/release.
+
 struct Slot {
   void* base = nullptr;
   size_t bytes = 0;
-  uint8_t* images = nullptr;
-  int64_t* labels = nullptr;
+  uint8_t* images = nullptr;  // [batch_size, S, S, 3] uint8
+  int64_t* labels = nullptr;  // [batch_size] int64, 64-byte aligned after the images
 };
 
-// One batch being assembled in one slot.
+class SlotRing {
+ public:
+  SlotRing(HostAllocator& allocator, int depth, int64_t batch_size, int64_t side)
+      : allocator_(allocator), slots_(static_cast<size_t>(depth)) {
+    const auto image_bytes = static_cast<size_t>(side * side * 3 * batch_size);
+    const size_t label_offset = (image_bytes + 63) / 64 * 64;
+    const size_t bytes = label_offset + static_cast<size_t>(batch_size) * sizeof(int64_t);
+    for (Slot& slot : slots_) {
+      try {
+        slot.base = allocator_.allocate(bytes);
+      } catch (const std::bad_alloc&) {
+        deallocate_all();
+        throw std::runtime_error(fmt::format(
+            "Loader: cannot allocate {} batch slot(s) of {:.1f} MiB (batch_size {} x {}x{}x3 "
+            "uint8): lower batch_size, the image size or prefetch_depth",
+            depth, static_cast<double>(bytes) / (1 << 20), batch_size, side, side));
+      }
+      slot.bytes = bytes;
+      slot.images = static_cast<uint8_t*>(slot.base);
+      slot.labels = reinterpret_cast<int64_t*>(static_cast<uint8_t*>(slot.base) + label_offset);
+      free_.push_back(&slot);
+    }
+  }
+  ~SlotRing() { deallocate_all(); }
+  SlotRing(const SlotRing&) = delete;
+  SlotRing& operator=(const SlotRing&) = delete;
+
+  /// A free slot, or nullptr when every slot is busy.
+  Slot* acquire() {
+    if (free_.empty()) return nullptr;
+    Slot* s = free_.back();
+    free_.pop_back();
+    return s;
+  }
+  void release(Slot* slot) { free_.push_back(slot); }
+  int free_count() const { return static_cast<int>(free_.size()); }
+  int size() const { return static_cast<int>(slots_.size()); }
+
+ private:
+  void deallocate_all() {
+    for (Slot& s : slots_)
+      if (s.base) allocator_.deallocate(s.base, s.bytes);
+  }
+  HostAllocator& allocator_;
+  std::vector<Slot> slots_;
+  std::vector<Slot*> free_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// One batch being assembled in one slot, from scheduling until next() hands it out.
+
 struct InFlight {
   int64_t batch_index = 0;
   Slot* slot = nullptr;
   std::vector<int64_t> indices;
-  bool done = false;                 // guarded by Impl::mu
+  bool done = false;                 // guarded by the loader's mutex
   std::mutex mu;                     // guards error, error_k and skipped
   std::exception_ptr error;          // of the failing sample first in sampler order (error_k)
   size_t error_k = SIZE_MAX;
@@ -151,7 +195,34 @@ struct InFlight {
       error = std::move(e);
     }
   }
+  void add_skip(SkippedSample skip) {
+    std::lock_guard<std::mutex> g(mu);
+    skipped.push_back(std::move(skip));
+  }
 };
+
+// The in-order hand-out: the epoch's batch list, the batches scheduled and not yet handed out
+// (front = the next one next() returns, whatever order their samples finish in), and the two
+// cursors a checkpoint needs. Guarded by the loader's mutex.
+struct EpochSchedule {
+  int64_t epoch = 0;
+  std::shared_ptr<const std::vector<std::vector<int64_t>>> batches;  // this rank's, sampler order
+  std::shared_ptr<const std::vector<int64_t>> order;                 // the batches, flattened
+  std::deque<std::shared_ptr<InFlight>> pending;
+  int64_t next_submit = 0;  // next batch to schedule
+  int64_t consumed = 0;     // batches handed out (or dropped by a raise), resume point included
+
+  int64_t total() const { return batches ? static_cast<int64_t>(batches->size()) : 0; }
+  bool more_to_schedule() const { return next_submit < total(); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The skip policy, both halves: the worker's replacement search (replace_failed) and the
+// consumer's per-epoch account with its limit (SkipAccount::add_batch, in sampler order).
+
+/// Replacement candidates tried after a failing sample: the next this many samples of the rank's
+/// epoch order (loader.h promises 63).
+constexpr int64_t kMaxReplacementCandidates = 63;
 
 // kind and reason of a failure, as SkippedSample reports them.
 void describe_failure(const std::exception_ptr& failure, SkippedSample& skip) {
@@ -169,152 +240,46 @@ void describe_failure(const std::exception_ptr& failure, SkippedSample& skip) {
   }
 }
 
-struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
-  std::shared_ptr<const Dataset> dataset;
-  std::shared_ptr<sampler::Sampler> sampler;
-  LoaderOptions options;
-  std::shared_ptr<HostAllocator> allocator;
-  int64_t sample_bytes = 0;
-  // oneTBB's market starts hardware_concurrency - 1 workers (it keeps a slot for the main thread);
-  // the arena's tasks run only on workers (we enqueue, the consumer never joins), so allow one
-  // worker per loader thread. The effective limit is the minimum over live global_controls.
-  tbb::global_control parallelism;
-  tbb::task_arena arena;
-
-  std::vector<Slot> slots;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<Slot*> free_slots;
-  std::deque<std::shared_ptr<InFlight>> inflight;
-  std::shared_ptr<const std::vector<std::vector<int64_t>>> batches;
-  std::shared_ptr<const std::vector<int64_t>> epoch_indices;  // the batches, flattened
-  int64_t epoch = 0;
-  int64_t next_submit = 0;
-  int64_t consumed = 0;
-  int running_tasks = 0;
-  bool shutdown = false;
-  std::atomic<uint64_t> generation{0};
-  // The skip account of the current epoch over the batches next() returned (guarded by mu);
-  // `ended` once the skip limit stopped the epoch early.
+// The epoch's account over the batches next() handed out.
+struct SkipAccount {
   EpochSummary summary;
-  bool ended = false;
+  bool ended = false;  // the limit stopped the epoch early
 
-  // Profiling: per-stage histograms and an optional per-sample observer (see account()).
+  void reset(int64_t epoch) {
+    summary = EpochSummary{};
+    summary.epoch = epoch;
+    ended = false;
+  }
+  // Adds a handed-out batch (its skips sorted by position); true when the epoch's skips now
+  // exceed max_skips under kSkip. Counted in sampler order, so the same batch crosses the limit
+  // for any thread count.
+  bool add_batch(InFlight& f, const LoaderOptions& o) {
+    std::sort(f.skipped.begin(), f.skipped.end(),
+              [](const SkippedSample& a, const SkippedSample& b) { return a.position < b.position; });
+    ++summary.batches;
+    summary.samples += static_cast<int64_t>(f.indices.size());
+    for (const SkippedSample& s : f.skipped) {
+      ++summary.skipped_by_kind[s.kind];
+      summary.skips.push_back(s);
+    }
+    summary.skipped += static_cast<int64_t>(f.skipped.size());
+    return o.error_policy == ErrorPolicy::kSkip && summary.skipped > o.max_skips;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Counters: totals, per-stage histograms and the optional per-sample observer. Lock-free; every
+// worker updates them after each sample.
+
+struct Counters {
   using Histogram = std::array<std::atomic<int64_t>, LatencyHistogram::kBuckets>;
   Histogram read_hist{}, decode_hist{}, resize_hist{};
   // has_observer is read first (a plain relaxed load): libstdc++'s atomic<shared_ptr> load takes
   // a spin lock, which would put a lock shared by every worker on each sample's path.
   std::atomic<bool> has_observer{false};
   std::atomic<std::shared_ptr<const std::function<void(const SampleTiming&)>>> observer;
-
   std::atomic<int64_t> samples{0}, skipped{0}, bytes_read{0}, read_ns{0}, decode_ns{0},
       resize_ns{0}, pixels{0};
-
-  Impl(std::shared_ptr<const Dataset> d, std::shared_ptr<sampler::Sampler> s, LoaderOptions o,
-       std::shared_ptr<HostAllocator> a)
-      : dataset(std::move(d)),
-        sampler(std::move(s)),
-        options(std::move(o)),
-        allocator(a ? std::move(a) : default_host_allocator()),
-        parallelism(tbb::global_control::max_allowed_parallelism,
-                    std::max<size_t>(tbb::global_control::active_value(
-                                         tbb::global_control::max_allowed_parallelism),
-                                     static_cast<size_t>(worker_count(options.num_workers)) + 1)),
-        arena(worker_count(options.num_workers), /*reserved_for_masters=*/0) {
-    const int64_t side = options.transform.output_size();
-    sample_bytes = side * side * 3;
-    const auto image_bytes = static_cast<size_t>(sample_bytes * options.batch_size);
-    const size_t label_offset = (image_bytes + 63) / 64 * 64;
-    const size_t bytes = label_offset + static_cast<size_t>(options.batch_size) * sizeof(int64_t);
-    slots.resize(static_cast<size_t>(options.prefetch_depth));
-    for (Slot& slot : slots) {
-      try {
-        slot.base = allocator->allocate(bytes);
-      } catch (const std::bad_alloc&) {
-        for (Slot& done : slots)
-          if (done.base) allocator->deallocate(done.base, done.bytes);
-        throw std::runtime_error(fmt::format(
-            "Loader: cannot allocate {} batch slot(s) of {:.1f} MiB (batch_size {} x {}x{}x3 "
-            "uint8): lower batch_size, the image size or prefetch_depth",
-            options.prefetch_depth, static_cast<double>(bytes) / (1 << 20), options.batch_size,
-            side, side));
-      }
-      slot.bytes = bytes;
-      slot.images = static_cast<uint8_t*>(slot.base);
-      slot.labels = reinterpret_cast<int64_t*>(static_cast<uint8_t*>(slot.base) + label_offset);
-      free_slots.push_back(&slot);
-    }
-  }
-
-  ~Impl() {
-    for (Slot& slot : slots) allocator->deallocate(slot.base, slot.bytes);
-  }
-
-  // Cancels queued samples of the current epoch and waits until no task runs. Slots of unfinished
-  // batches go back to the free list; slots held by the consumer stay with their Batch.
-  void drain(std::unique_lock<std::mutex>& lk) {
-    generation.fetch_add(1);
-    cv.wait(lk, [&] { return running_tasks == 0; });
-    for (auto& f : inflight) free_slots.push_back(f->slot);
-    inflight.clear();
-  }
-
-  void pump(std::unique_lock<std::mutex>&) {
-    if (shutdown || !batches) return;
-    while (!free_slots.empty() && next_submit < static_cast<int64_t>(batches->size())) {
-      auto f = std::make_shared<InFlight>();
-      f->batch_index = next_submit;
-      f->slot = free_slots.back();
-      free_slots.pop_back();
-      f->indices = (*batches)[static_cast<size_t>(next_submit)];
-      ++next_submit;
-      inflight.push_back(f);
-      ++running_tasks;
-      // The task captures only plain values and pointers: the InFlight stays owned by
-      // `inflight` and the epoch's indices by `epoch_indices` until drain() or next() has seen
-      // the task finish (running_tasks, done), so it never frees anything after it says so.
-      // Its captures are written under tbb_handoff_mutex() and read under it by the task.
-      std::lock_guard<std::mutex> handoff(tbb_handoff_mutex());
-      arena.enqueue([this, f = f.get(), gen = generation.load(), ep = epoch,
-                     flat = epoch_indices.get()] {
-        Impl* self;
-        InFlight* batch;
-        uint64_t batch_gen;
-        int64_t batch_epoch;
-        const std::vector<int64_t>* order;
-        {
-          std::lock_guard<std::mutex> handed_over(tbb_handoff_mutex());
-          self = this;
-          batch = f;
-          batch_gen = gen;
-          batch_epoch = ep;
-          order = flat;
-        }
-        self->run_batch(*batch, batch_gen, batch_epoch, *order);
-        // Notify under the lock: once running_tasks drops to 0 a draining destructor may free
-        // the Impl (and cv) as soon as it can take mu, so the task must be done with both by then.
-        std::lock_guard<std::mutex> g(self->mu);
-        batch->done = true;
-        --self->running_tasks;
-        self->cv.notify_all();
-      });
-    }
-  }
-
-  void run_batch(InFlight& f, uint64_t gen, int64_t ep, const std::vector<int64_t>& flat) {
-    const auto n = f.indices.size();
-    const int64_t base_pos = f.batch_index * options.batch_size;
-    tsan_release(&tsan_chunks_start);
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, 1), [&](const tbb::blocked_range<size_t>& r) {
-      tsan_acquire(&tsan_chunks_start);
-      for (size_t k = r.begin(); k < r.end(); ++k) {
-        if (generation.load(std::memory_order_relaxed) != gen) break;  // cancelled
-        run_sample(f, k, gen, ep, base_pos + static_cast<int64_t>(k), flat);
-      }
-      tsan_release(&tsan_chunks_end);
-    });
-    tsan_acquire(&tsan_chunks_end);
-  }
 
   void account(const SampleCost& c) {
     samples.fetch_add(1, std::memory_order_relaxed);
@@ -340,42 +305,213 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     }
   }
 
+  void set_observer(std::function<void(const SampleTiming&)> fn) {
+    std::shared_ptr<const std::function<void(const SampleTiming&)>> p;
+    if (fn) p = std::make_shared<const std::function<void(const SampleTiming&)>>(std::move(fn));
+    const bool set = p != nullptr;
+    observer.store(std::move(p), std::memory_order_release);
+    has_observer.store(set, std::memory_order_release);
+  }
+
+  LoaderStats stats() const {
+    LoaderStats s;
+    s.samples = samples.load();
+    s.skipped = skipped.load();
+    s.bytes_read = bytes_read.load();
+    s.read_s = static_cast<double>(read_ns.load()) * 1e-9;
+    s.decode_s = static_cast<double>(decode_ns.load()) * 1e-9;
+    s.resize_s = static_cast<double>(resize_ns.load()) * 1e-9;
+    s.decoded_pixels = pixels.load();
+    return s;
+  }
+
+  LoaderHistograms histograms() const {
+    const auto copy = [](const Histogram& from, LatencyHistogram& to) {
+      for (size_t k = 0; k < from.size(); ++k) to.counts[k] = from[k].load(std::memory_order_relaxed);
+    };
+    LoaderHistograms h;
+    copy(read_hist, h.read);
+    copy(decode_hist, h.decode);
+    copy(resize_hist, h.resize);
+    return h;
+  }
+};
+
+}  // namespace
+
+PlannedSample plan_for(const decode::ImageInfo& info, const LoaderOptions& options, int64_t epoch,
+                       int64_t index) {
+  // Plans are made in the frame the decoder returns: displayed when EXIF orientation is applied.
+  const bool upright = options.decode.apply_exif_orientation && info.orientation >= 5;
+  PlannedSample p;
+  p.plan = plan_sample(options.transform, upright ? info.height : info.width,
+                       upright ? info.width : info.height, options.seed, epoch, index);
+  p.decode = decode_options_for(p.plan, info, options.decode);
+  return p;
+}
+
+void load_sample(const Dataset& dataset, int64_t index, int64_t epoch, const LoaderOptions& options,
+                 uint8_t* out) {
+  transform_into(dataset.at(index), index, epoch, options, out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The loader: a oneTBB arena runs one task per scheduled batch (a parallel_for over its samples,
+// written straight into the batch's slot); next() hands batches out in schedule order.
+
+struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
+  std::shared_ptr<const Dataset> dataset;
+  std::shared_ptr<sampler::Sampler> sampler;
+  LoaderOptions options;
+  std::shared_ptr<HostAllocator> allocator;
+  int64_t sample_bytes = 0;
+  // oneTBB's market starts hardware_concurrency - 1 workers (it keeps a slot for the main thread);
+  // the arena's tasks run only on workers (we enqueue, the consumer never joins), so allow one
+  // worker per loader thread. The effective limit is the minimum over live global_controls.
+  tbb::global_control parallelism;
+  tbb::task_arena arena;
+
+  std::mutex mu;  // guards ring, schedule, skips, running_tasks, shutdown
+  std::condition_variable cv;
+  SlotRing ring;
+  EpochSchedule schedule;
+  SkipAccount skips;
+  int running_tasks = 0;
+  bool shutdown = false;
+  std::atomic<uint64_t> generation{0};  // bumped to cancel the samples still queued
+  Counters counters;
+
+  Impl(std::shared_ptr<const Dataset> d, std::shared_ptr<sampler::Sampler> s, LoaderOptions o,
+       std::shared_ptr<HostAllocator> a)
+      : dataset(std::move(d)),
+        sampler(std::move(s)),
+        options(std::move(o)),
+        allocator(a ? std::move(a) : default_host_allocator()),
+        sample_bytes(int64_t{options.transform.output_size()} * options.transform.output_size() * 3),
+        parallelism(tbb::global_control::max_allowed_parallelism,
+                    std::max<size_t>(tbb::global_control::active_value(
+                                         tbb::global_control::max_allowed_parallelism),
+                                     static_cast<size_t>(worker_count(options.num_workers)) + 1)),
+        arena(worker_count(options.num_workers), /*reserved_for_masters=*/0),
+        ring(*allocator, options.prefetch_depth, options.batch_size, options.transform.output_size()) {}
+
+  // Cancels queued samples of the current epoch and waits until no task runs. Slots of unfinished
+  // batches go back to the ring; slots held by the consumer stay with their Batch.
+  void drain(std::unique_lock<std::mutex>& lk) {
+    generation.fetch_add(1);
+    cv.wait(lk, [&] { return running_tasks == 0; });
+    for (auto& f : schedule.pending) ring.release(f->slot);
+    schedule.pending.clear();
+  }
+
+  // Schedules batches while slots are free.
+  void pump(std::unique_lock<std::mutex>&) {
+    if (shutdown) return;
+    while (schedule.more_to_schedule()) {
+      Slot* slot = ring.acquire();
+      if (!slot) return;
+      auto f = std::make_shared<InFlight>();
+      f->batch_index = schedule.next_submit;
+      f->slot = slot;
+      f->indices = (*schedule.batches)[static_cast<size_t>(schedule.next_submit)];
+      ++schedule.next_submit;
+      schedule.pending.push_back(f);
+      enqueue(f.get());
+    }
+  }
+
+  void enqueue(InFlight* f) {
+    ++running_tasks;
+    // The task captures only plain values and pointers: the InFlight stays owned by
+    // schedule.pending and the epoch's order by schedule.order until drain() or next() has seen
+    // the task finish (running_tasks, done), so it never frees anything after it says so.
+    // Its captures are written under tbb_handoff_mutex() and read under it by the task.
+    std::lock_guard<std::mutex> handoff(tbb_handoff_mutex());
+    arena.enqueue([this, f, gen = generation.load(), ep = schedule.epoch,
+                   flat = schedule.order.get()] {
+      Impl* self;
+      InFlight* batch;
+      uint64_t batch_gen;
+      int64_t batch_epoch;
+      const std::vector<int64_t>* order;
+      {
+        std::lock_guard<std::mutex> handed_over(tbb_handoff_mutex());
+        self = this;
+        batch = f;
+        batch_gen = gen;
+        batch_epoch = ep;
+        order = flat;
+      }
+      self->run_batch(*batch, batch_gen, batch_epoch, *order);
+      // Notify under the lock: once running_tasks drops to 0 a draining destructor may free
+      // the Impl (and cv) as soon as it can take mu, so the task must be done with both by then.
+      std::lock_guard<std::mutex> g(self->mu);
+      batch->done = true;
+      --self->running_tasks;
+      self->cv.notify_all();
+    });
+  }
+
+  bool cancelled(uint64_t gen) const { return generation.load(std::memory_order_relaxed) != gen; }
+
+  void run_batch(InFlight& f, uint64_t gen, int64_t ep, const std::vector<int64_t>& flat) {
+    const auto n = f.indices.size();
+    const int64_t base_pos = f.batch_index * options.batch_size;
+    tsan_release(&tsan_chunks_start);
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, 1), [&](const tbb::blocked_range<size_t>& r) {
+      tsan_acquire(&tsan_chunks_start);
+      for (size_t k = r.begin(); k < r.end(); ++k) {
+        if (cancelled(gen)) break;
+        run_sample(f, k, gen, ep, base_pos + static_cast<int64_t>(k), flat);
+      }
+      tsan_release(&tsan_chunks_end);
+    });
+    tsan_acquire(&tsan_chunks_end);
+  }
+
+  // Loads dataset sample `index` into position k of the batch's slot; throws what loading throws.
+  void load_into(InFlight& f, size_t k, int64_t index, int64_t ep) {
+    const SampleRef& ref = dataset->at(index);
+    counters.account(transform_into(ref, index, ep, options,
+                                    f.slot->images + static_cast<size_t>(sample_bytes) * k));
+    f.slot->labels[k] = ref.label;
+  }
+
   void run_sample(InFlight& f, size_t k, uint64_t gen, int64_t ep, int64_t pos,
                   const std::vector<int64_t>& flat) {
-    uint8_t* out = f.slot->images + static_cast<size_t>(sample_bytes) * k;
     const int64_t index = f.indices[k];
-    std::exception_ptr failure;
     try {
-      const SampleRef& ref = dataset->at(index);
-      account(transform_into(ref, index, ep, options, out));
-      f.slot->labels[k] = ref.label;
-      return;
+      load_into(f, k, index, ep);
     } catch (...) {
-      failure = std::current_exception();
+      if (options.error_policy == ErrorPolicy::kRaise) {
+        f.fail(k, std::current_exception());
+      } else {
+        replace_failed(f, k, gen, ep, pos, flat, std::current_exception());
+      }
     }
-    if (options.error_policy == ErrorPolicy::kRaise) {
-      f.fail(k, std::move(failure));
-      return;
-    }
-    // Skip policy: the replacement is the next sample of this rank's epoch list that loads, a
-    // choice fixed by (epoch, position) and the files alone, so every run and every thread count
-    // picks the same. max_skips is enforced by next(), in sampler order, for the same reason.
+  }
+
+  // The skip policy's worker half: the replacement is the next sample of this rank's epoch order
+  // that loads, a choice fixed by (epoch, position) and the files alone, so every run and every
+  // thread count picks the same. (The limit is SkipAccount's, checked by next() in sampler order
+  // for the same reason.)
+  void replace_failed(InFlight& f, size_t k, uint64_t gen, int64_t ep, int64_t pos,
+                      const std::vector<int64_t>& flat, const std::exception_ptr& failure) {
     SkippedSample skip;
-    skip.index = index;
+    skip.index = f.indices[k];
     skip.position = pos;
-    if (index >= 0 && index < dataset->size()) skip.path = dataset->at(index).path.string();
+    if (skip.index >= 0 && skip.index < dataset->size()) skip.path = dataset->at(skip.index).path.string();
     describe_failure(failure, skip);
-    gpufeed::log()->warn("skipping sample {} ({}): {}: {}", index, skip.path, skip.kind,
+    gpufeed::log()->warn("skipping sample {} ({}): {}: {}", skip.index, skip.path, skip.kind,
                          skip.reason);
-    skipped.fetch_add(1, std::memory_order_relaxed);
+    counters.skipped.fetch_add(1, std::memory_order_relaxed);
     const auto len = static_cast<int64_t>(flat.size());
-    for (int64_t step = 1; step < std::min<int64_t>(len, 64); ++step) {
-      if (generation.load(std::memory_order_relaxed) != gen) return;  // cancelled
+    const int64_t candidates = std::min(len - 1, kMaxReplacementCandidates);
+    for (int64_t step = 1; step <= candidates; ++step) {
+      if (cancelled(gen)) return;
       const int64_t candidate = flat[static_cast<size_t>((pos + step) % len)];
       try {
-        const SampleRef& ref = dataset->at(candidate);
-        account(transform_into(ref, candidate, ep, options, out));
-        f.slot->labels[k] = ref.label;
+        load_into(f, k, candidate, ep);
         skip.replaced_by = candidate;
         break;
       } catch (...) {
@@ -383,19 +519,55 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
       }
     }
     if (skip.replaced_by < 0) {
-      f.fail(k, std::make_exception_ptr(std::runtime_error(
-                    "loader: no replacement loads for " + skip.path + " (" + skip.kind + ": " +
-                    skip.reason + ") among the next " + std::to_string(std::min<int64_t>(len, 64) - 1) +
-                    " samples of epoch " + std::to_string(ep))));
+      f.fail(k, std::make_exception_ptr(std::runtime_error(fmt::format(
+                    "loader: no replacement loads for {} ({}: {}) among the next {} samples of "
+                    "epoch {}",
+                    skip.path, skip.kind, skip.reason, std::max<int64_t>(candidates, 0), ep))));
     }
-    std::lock_guard<std::mutex> g(f.mu);
-    f.skipped.push_back(std::move(skip));
+    f.add_skip(std::move(skip));
   }
 
   void release(Slot* slot) {
     std::unique_lock<std::mutex> lk(mu);
-    free_slots.push_back(slot);
+    ring.release(slot);
     pump(lk);
+  }
+
+  // The end of the epoch: std::nullopt for next(), the summary warning once.
+  std::optional<Batch> epoch_exhausted() {
+    if (schedule.batches && !skips.ended && !skips.summary.complete) {
+      skips.summary.complete = true;
+      if (skips.summary.skipped > 0) gpufeed::log()->warn("loader: {}", skips.summary.to_string());
+    }
+    return std::nullopt;
+  }
+
+  // The skip limit was crossed by batch `f`: the epoch ends here (in-flight batches are
+  // cancelled, nothing more is scheduled) and next() throws.
+  [[noreturn]] void end_epoch_at_skip_limit(std::unique_lock<std::mutex>& lk, InFlight& f) {
+    EpochSummary at_limit = skips.summary;
+    skips.ended = true;
+    ring.release(f.slot);
+    drain(lk);
+    schedule.next_submit = schedule.total();
+    gpufeed::log()->error("loader: {}", at_limit.to_string());
+    throw SkipLimitExceeded(std::move(at_limit), options.max_skips);
+  }
+
+  Batch hand_out(InFlight& f) {
+    Batch b;
+    b.images = f.slot->images;
+    b.labels = f.slot->labels;
+    b.size = static_cast<int64_t>(f.indices.size());
+    b.height = b.width = options.transform.output_size();
+    b.epoch = schedule.epoch;
+    b.batch_index = f.batch_index;
+    b.indices = std::move(f.indices);
+    b.skipped = std::move(f.skipped);
+    b.lease = std::shared_ptr<void>(f.slot, [owner = shared_from_this()](void* p) {
+      owner->release(static_cast<Slot*>(p));
+    });
+    return b;
   }
 };
 
@@ -437,14 +609,13 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
   auto batches = std::make_shared<std::vector<std::vector<int64_t>>>(bs.batches());
   auto flat = std::make_shared<std::vector<int64_t>>();
   for (const auto& b : *batches) flat->insert(flat->end(), b.begin(), b.end());
-  m.batches = std::move(batches);
-  m.epoch_indices = std::move(flat);
-  m.epoch = epoch;
-  m.summary = EpochSummary{};
-  m.summary.epoch = epoch;
-  m.ended = false;
-  m.next_submit = std::clamp<int64_t>(start_batch, 0, static_cast<int64_t>(m.batches->size()));
-  m.consumed = m.next_submit;
+  EpochSchedule& s = m.schedule;
+  s.batches = std::move(batches);
+  s.order = std::move(flat);
+  s.epoch = epoch;
+  s.next_submit = std::clamp<int64_t>(start_batch, 0, s.total());
+  s.consumed = s.next_submit;
+  m.skips.reset(epoch);
   m.pump(lk);
 }
 
@@ -452,61 +623,26 @@ std::optional<Batch> Loader::next() {
   Impl& m = *impl_;
   std::unique_lock<std::mutex> lk(m.mu);
   m.pump(lk);
-  if (m.inflight.empty()) {
-    if (m.batches && m.next_submit < static_cast<int64_t>(m.batches->size())) {
+  EpochSchedule& s = m.schedule;
+  if (s.pending.empty()) {
+    if (s.more_to_schedule()) {
       throw std::logic_error("Loader::next: all " + std::to_string(m.options.prefetch_depth) +
                              " slots are held by unreleased Batches; release one first or raise "
                              "prefetch_depth");
     }
-    if (m.batches && !m.ended && !m.summary.complete) {
-      m.summary.complete = true;  // the end-of-epoch report, once
-      if (m.summary.skipped > 0) gpufeed::log()->warn("loader: {}", m.summary.to_string());
-    }
-    return std::nullopt;
+    return m.epoch_exhausted();
   }
-  std::shared_ptr<InFlight> f = m.inflight.front();
+  std::shared_ptr<InFlight> f = s.pending.front();
   m.cv.wait(lk, [&] { return f->done; });
-  m.inflight.pop_front();
-  ++m.consumed;
+  s.pending.pop_front();
+  ++s.consumed;
   if (f->error) {
-    m.free_slots.push_back(f->slot);
+    m.ring.release(f->slot);
     m.pump(lk);
     std::rethrow_exception(f->error);
   }
-  std::sort(f->skipped.begin(), f->skipped.end(),
-            [](const SkippedSample& a, const SkippedSample& b) { return a.position < b.position; });
-  EpochSummary& sum = m.summary;
-  ++sum.batches;
-  sum.samples += static_cast<int64_t>(f->indices.size());
-  for (const SkippedSample& s : f->skipped) {
-    ++sum.skipped_by_kind[s.kind];
-    sum.skips.push_back(s);
-  }
-  sum.skipped += static_cast<int64_t>(f->skipped.size());
-  if (m.options.error_policy == ErrorPolicy::kSkip && sum.skipped > m.options.max_skips) {
-    // Counted in sampler order, so the same batch crosses the limit for any thread count. The
-    // epoch ends here: in-flight batches are cancelled and nothing more is scheduled.
-    EpochSummary at_limit = sum;
-    m.ended = true;
-    m.free_slots.push_back(f->slot);
-    m.drain(lk);
-    m.next_submit = static_cast<int64_t>(m.batches->size());
-    gpufeed::log()->error("loader: {}", at_limit.to_string());
-    throw SkipLimitExceeded(std::move(at_limit), m.options.max_skips);
-  }
-  Batch b;
-  b.images = f->slot->images;
-  b.labels = f->slot->labels;
-  b.size = static_cast<int64_t>(f->indices.size());
-  b.height = b.width = m.options.transform.output_size();
-  b.epoch = m.epoch;
-  b.batch_index = f->batch_index;
-  b.indices = std::move(f->indices);
-  b.skipped = std::move(f->skipped);
-  b.pinned = m.allocator->pinned();
-  Slot* slot = f->slot;
-  b.lease = std::shared_ptr<void>(slot, [owner = impl_](void* p) { owner->release(static_cast<Slot*>(p)); });
-  return b;
+  if (m.skips.add_batch(*f, m.options)) m.end_epoch_at_skip_limit(lk, *f);
+  return m.hand_out(*f);
 }
 
 int64_t Loader::num_batches() const {
@@ -516,19 +652,19 @@ int64_t Loader::num_batches() const {
 
 sampler::SamplerState Loader::state() const {
   std::lock_guard<std::mutex> g(impl_->mu);
-  return {impl_->epoch, impl_->consumed};
+  return {impl_->schedule.epoch, impl_->schedule.consumed};
 }
 
 const LoaderOptions& Loader::options() const { return impl_->options; }
 const Dataset& Loader::dataset() const { return *impl_->dataset; }
 int64_t Loader::epoch_skips() const {
   std::lock_guard<std::mutex> g(impl_->mu);
-  return impl_->summary.skipped;
+  return impl_->skips.summary.skipped;
 }
 
 EpochSummary Loader::epoch_summary() const {
   std::lock_guard<std::mutex> g(impl_->mu);
-  return impl_->summary;
+  return impl_->skips.summary;
 }
 
 std::string EpochSummary::to_string() const {
@@ -559,46 +695,22 @@ SkipLimitExceeded::SkipLimitExceeded(EpochSummary summary, int64_t max_skips)
       summary_(std::move(summary)),
       max_skips_(max_skips) {}
 
-LoaderHistograms Loader::histograms() const {
-  const auto copy = [](const Impl::Histogram& from, LatencyHistogram& to) {
-    for (size_t k = 0; k < from.size(); ++k) to.counts[k] = from[k].load(std::memory_order_relaxed);
-  };
-  LoaderHistograms h;
-  copy(impl_->read_hist, h.read);
-  copy(impl_->decode_hist, h.decode);
-  copy(impl_->resize_hist, h.resize);
-  return h;
-}
+LoaderHistograms Loader::histograms() const { return impl_->counters.histograms(); }
 
 SlotCounts Loader::slot_counts() const {
   Impl& m = *impl_;
   std::lock_guard<std::mutex> g(m.mu);
   SlotCounts c;
-  for (const auto& f : m.inflight) (f->done ? c.ready : c.in_flight) += 1;
-  c.free = static_cast<int>(m.free_slots.size());
-  c.held = static_cast<int>(m.slots.size()) - c.ready - c.in_flight - c.free;
+  for (const auto& f : m.schedule.pending) (f->done ? c.ready : c.in_flight) += 1;
+  c.free = m.ring.free_count();
+  c.held = m.ring.size() - c.ready - c.in_flight - c.free;
   return c;
 }
 
 void Loader::set_sample_observer(std::function<void(const SampleTiming&)> observer) {
-  std::shared_ptr<const std::function<void(const SampleTiming&)>> p;
-  if (observer) p = std::make_shared<const std::function<void(const SampleTiming&)>>(std::move(observer));
-  const bool set = p != nullptr;
-  impl_->observer.store(std::move(p), std::memory_order_release);
-  impl_->has_observer.store(set, std::memory_order_release);
+  impl_->counters.set_observer(std::move(observer));
 }
 
-LoaderStats Loader::stats() const {
-  const Impl& m = *impl_;
-  LoaderStats s;
-  s.samples = m.samples.load();
-  s.skipped = m.skipped.load();
-  s.bytes_read = m.bytes_read.load();
-  s.read_s = static_cast<double>(m.read_ns.load()) * 1e-9;
-  s.decode_s = static_cast<double>(m.decode_ns.load()) * 1e-9;
-  s.resize_s = static_cast<double>(m.resize_ns.load()) * 1e-9;
-  s.decoded_pixels = m.pixels.load();
-  return s;
-}
+LoaderStats Loader::stats() const { return impl_->counters.stats(); }
 
 }  // namespace gpufeed::loader

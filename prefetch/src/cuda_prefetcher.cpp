@@ -61,7 +61,8 @@ class CudaPrefetcher final : public Prefetcher {
       : loader_(std::move(loader)),
         options_(options),
         stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, options.device.index())) {
-    if (options_.depth < 1) throw std::invalid_argument("CudaPrefetcher: depth must be >= 1");
+    if (options_.device_prefetch_depth < 1)
+      throw std::invalid_argument("CudaPrefetcher: device_prefetch_depth must be >= 1");
   }
 
   ~CudaPrefetcher() override {
@@ -94,7 +95,7 @@ class CudaPrefetcher final : public Prefetcher {
     c10::cuda::CUDACachingAllocator::recordStream(p.batch.labels.storage().data_ptr(), current);
     p.batch.wait_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    fill();  // keep `depth` copies in flight behind this step
+    fill();  // keep `device_prefetch_depth` copies in flight behind this step
     return std::move(p.batch);
   }
 
@@ -123,7 +124,7 @@ class CudaPrefetcher final : public Prefetcher {
 
   void fill() {
     release_finished(false);
-    while (!exhausted_ && static_cast<int>(ready_.size()) < options_.depth) {
+    while (!exhausted_ && static_cast<int>(ready_.size()) < options_.device_prefetch_depth) {
       // Never hold every loader slot: the loader needs one to work ahead.
       if (static_cast<int>(copying_.size()) >= loader_->options().prefetch_depth - 1 &&
           !copying_.empty()) {

@@ -32,7 +32,6 @@ struct Batch {
   int64_t batch_index = 0;     ///< position within the epoch, 0-based, in sampler order
   std::vector<int64_t> indices;          ///< [size] dataset indices, in sampler order
   std::vector<SkippedSample> skipped;    ///< samples the skip policy replaced, by position
-  bool pinned = false;         ///< images/labels live in page-locked memory
   std::shared_ptr<void> lease;  ///< keeps the slot out of the ring while held
 
   /// Bytes of `images`: size * height * width * 3.

@@ -224,6 +224,23 @@ class Loader {
   std::shared_ptr<Impl> impl_;
 };
 
+/// One sample's plan as the loader's workers make it from the file's header: the transform's
+/// box, region and flip (plan_sample), and the decode's DCT scale and crop window
+/// (decode_options_for).
+struct PlannedSample {
+  SamplePlan plan;
+  decode::DecodeOptions decode;
+};
+
+/// Plans sample `index` of `epoch` for a source with header `info` (decode::probe) exactly as the
+/// loader does: in the frame the decoder returns (width and height swapped when
+/// options.decode.apply_exif_orientation and the EXIF orientation transposes, 5..8), with
+/// options.transform, options.seed and options.decode. The one place a sample's work is planned:
+/// the loader, the benchmark's decode floor and anything else that must replay the loader's work
+/// call it. Pure function of its arguments; throws what plan_sample throws.
+PlannedSample plan_for(const decode::ImageInfo& info, const LoaderOptions& options, int64_t epoch,
+                       int64_t index);
+
 /// Decodes and transforms one sample exactly as the loader's workers do, into `out`
 /// ([S, S, 3] uint8, S = options.transform.output_size()). For tests and tools; uses a
 /// thread-local decoder. Throws decode::DecodeError.

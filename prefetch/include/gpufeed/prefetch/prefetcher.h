@@ -31,7 +31,10 @@ struct PrefetchOptions {
   c10::ScalarType dtype = c10::kFloat;      ///< kFloat, kBFloat16 or kHalf; kByte skips normalising
   bool channels_last = false;               ///< NHWC strides on a [N, 3, H, W] tensor
   NormalizeOptions normalize{};
-  int depth = 2;                            ///< CUDA: batches whose copy may be in flight at once
+  /// CUDA: batches staged on the device ahead of the consumer (their H2D copy and conversion in
+  /// flight or done); each holds its loader slot until its copy completed. The CPU path converts
+  /// on demand and ignores it. (Not the loader's prefetch_depth, which counts host slots.)
+  int device_prefetch_depth = 2;
 };
 
 /// A point on a CUDA stream's timeline (a timing-enabled CUDA event), for profilers: the GPU
@@ -70,8 +73,10 @@ struct DeviceBatch {
 std::pair<at::Tensor, at::Tensor> as_tensors(const loader::Batch& batch);
 
 /// uint8 [N, H, W, 3] (any device) -> [N, 3, H, W] `dtype`, (x/255 - mean)/std, laid out NCHW
-/// contiguous or channels_last. Two elementwise kernels at most. For kByte, only the permute
-/// and layout are applied.
+/// contiguous or channels_last. On CUDA one fused kernel (reads the batch once, writes the result
+/// once); on the CPU four elementwise passes (copy to float32 in the target layout, multiply,
+/// subtract, and a cast for bfloat16/float16), with the same float32 arithmetic, so float32
+/// results are bit-identical across devices. For kByte, only the permute and layout are applied.
 at::Tensor convert_images(const at::Tensor& nhwc_u8, c10::ScalarType dtype, bool channels_last,
                           const NormalizeOptions& normalize);
 
