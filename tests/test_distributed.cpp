@@ -280,3 +280,75 @@ TEST(Ckpt, ListsAndConvertsAPythonCheckpointIntoAFileLibTorchReads) {
   harness::find_state_dict(harness::load_torch_file(out), out.string(), &src);
   EXPECT_EQ(src.stripped_prefix, "module.");
 }
+
+// Issue 11, kinds 1 and 3 on the command line: `ckpt list` names the wrappers it peeled,
+// `ckpt convert` writes keys without them (and drops keys on request), and `train
+// --init-weights-exclude` fine-tunes a 1000-class file onto a 4-class folder.
+TEST(Ckpt, ListNamesTheWrappersConvertStripsThemAndDropsKeysTrainExcludesTheHead) {
+  TempDir dir("ckptwrap");
+  const fs::path wrapped = fs::path(GPUFEED_GOLDEN_DIR) / "ckpt_compile_ddp.pt";
+  ASSERT_EQ(run(kGpufeed + " ckpt list " + wrapped.string(), dir.path / "list.log"), 0)
+      << read_text(dir.path / "list.log");
+  const std::string list = read_text(dir.path / "list.log");
+  EXPECT_NE(list.find("keys had the '_orig_mod.module.' prefix (stripped): wrappers torch.compile "
+                      "(_orig_mod.) > DistributedDataParallel/DataParallel (module.)"),
+            std::string::npos)
+      << list;
+  EXPECT_NE(list.find("\nconv1.weight\t[64, 3, 7, 7]\tFloat"), std::string::npos) << list;
+  const fs::path out = dir.path / "plain.pt";
+  ASSERT_EQ(run(kGpufeed + " ckpt convert " + wrapped.string() + " " + out.string() + " --drop fc",
+                dir.path / "convert.log"),
+            0)
+      << read_text(dir.path / "convert.log");
+  const std::string conv = read_text(dir.path / "convert.log");
+  EXPECT_NE(conv.find("dropped 2 keys: fc.weight fc.bias"), std::string::npos) << conv;
+  EXPECT_NE(conv.find("120 tensors, plain dict, keys without a wrapper prefix"), std::string::npos) << conv;
+  std::ifstream in(out, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto d = torch::pickle_load(bytes).toGenericDict();
+  EXPECT_EQ(d.size(), 120u);
+  EXPECT_TRUE(d.contains("conv1.weight"));
+  EXPECT_FALSE(d.contains("fc.weight"));
+  EXPECT_NE(run(kGpufeed + " ckpt convert " + wrapped.string() + " " + out.string() + " --drop classifier",
+                dir.path / "nomatch.log"),
+            0);
+  EXPECT_NE(read_text(dir.path / "nomatch.log").find("key pattern 'classifier' matches no key"), std::string::npos)
+      << read_text(dir.path / "nomatch.log");
+
+  const fs::path data = tiny_dataset(dir.path / "data");
+  const fs::path r18 = fs::path(GPUFEED_GOLDEN_DIR) / "ckpt_r18_1000.pt";
+  const std::string train = kEnv + kGpufeed + train_args(data) +
+                            " --batch-size 8 --max-steps-per-epoch 1 --init-weights " + r18.string();
+  EXPECT_EQ(run(train, dir.path / "refused.log"), 1);
+  EXPECT_NE(read_text(dir.path / "refused.log").find("fc.weight: [1000, 512] in the file, [4, 512] in the model"),
+            std::string::npos)
+      << read_text(dir.path / "refused.log");
+  ASSERT_EQ(run(train + " --init-weights-exclude fc", dir.path / "train.log"), 0) << read_text(dir.path / "train.log");
+  EXPECT_NE(read_text(dir.path / "train.log").find("left at their initial values (excluded): fc.weight, fc.bias"),
+            std::string::npos)
+      << read_text(dir.path / "train.log");
+}
+
+// Issue 11, kind 5 across ranks: 3 images over 4 ranks with batch 2 leave every rank one sample
+// (padded), which the single-sample rule drops: every rank refuses at start-up, naming the sizes.
+TEST(Launch, FourRanksOnThreeImagesAreRefusedAtStartUpNamingTheSizes) {
+  TempDir dir("fourranks");
+  const fs::path src = tiny_dataset(dir.path / "src");
+  fs::create_directories(dir.path / "three" / "only");
+  for (int i = 0; i < 3; ++i) {
+    fs::copy_file(test::list_files_of(src).at(static_cast<size_t>(i)),
+                  dir.path / "three" / "only" / ("img" + std::to_string(i) + ".jpg"));
+  }
+  const int code = run(kEnv + kGpufeed + " launch --nproc-per-node 4 --master-port 0 -- gpufeed train --data " +
+                           (dir.path / "three").string() +
+                           " --arch resnet18 --image-size 32 --workers 1 --progress off --batch-size 2",
+                       dir.path / "launch.log");
+  const std::string log = read_text(dir.path / "launch.log");
+  EXPECT_EQ(code, 1) << log;
+  EXPECT_NE(log.find("an epoch would take no optimizer step: " + (dir.path / "three").string() +
+                     " has 3 images; world size 4 gives each rank 1"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("batch size 2 with drop_last (turned on"), std::string::npos) << log;
+  EXPECT_EQ(log.find("steps: 0"), std::string::npos) << log;
+}

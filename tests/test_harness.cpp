@@ -12,7 +12,9 @@
 #include <cmath>
 #include <iostream>
 #include <fstream>
+#include <limits>
 #include <map>
+#include <regex>
 
 #include "golden.h"
 #include "gpufeed/harness/amp.h"
@@ -87,6 +89,26 @@ double logits_error(const fs::path& weights, harness::StateDictSource* source) {
   return (logits - io.at("logits").toTensor()).abs().max().item<double>();
 }
 
+// The options of a tests/goldens/gen_schedule.py case.
+harness::LrScheduleOptions schedule_options_of(const nlohmann::json& c) {
+  harness::LrScheduleOptions o;
+  o.kind = harness::parse_lr_schedule_kind(c["kind"]);
+  o.base_lr = c["base_lr"];
+  o.total_steps = c["total"];
+  o.warmup_steps = c["warmup"];
+  o.warmup_start_factor = c["start_factor"];
+  o.step_size = c["step_size"];
+  o.milestones = c["milestones"].get<std::vector<int64_t>>();
+  o.gamma = c["gamma"];
+  o.min_lr = c["min_lr"];
+  o.pct_start = c["pct_start"];
+  o.anneal = c["anneal"] == "cos" ? harness::AnnealStrategy::kCos : harness::AnnealStrategy::kLinear;
+  o.div_factor = c["div_factor"];
+  o.final_div_factor = c["final_div_factor"];
+  o.three_phase = c["three_phase"];
+  return o;
+}
+
 }  // namespace
 
 TEST(LrSchedule, MatchesTorchLrSchedulerStepByStep) {
@@ -94,21 +116,7 @@ TEST(LrSchedule, MatchesTorchLrSchedulerStepByStep) {
   ASSERT_GE(cases.size(), 16u);
   int onecycle_cases = 0;
   for (const auto& c : cases) {
-    harness::LrScheduleOptions o;
-    o.kind = harness::parse_lr_schedule_kind(c["kind"]);
-    o.base_lr = c["base_lr"];
-    o.total_steps = c["total"];
-    o.warmup_steps = c["warmup"];
-    o.warmup_start_factor = c["start_factor"];
-    o.step_size = c["step_size"];
-    o.milestones = c["milestones"].get<std::vector<int64_t>>();
-    o.gamma = c["gamma"];
-    o.min_lr = c["min_lr"];
-    o.pct_start = c["pct_start"];
-    o.anneal = c["anneal"] == "cos" ? harness::AnnealStrategy::kCos : harness::AnnealStrategy::kLinear;
-    o.div_factor = c["div_factor"];
-    o.final_div_factor = c["final_div_factor"];
-    o.three_phase = c["three_phase"];
+    const harness::LrScheduleOptions o = schedule_options_of(c);
     const harness::LrSchedule s(o);
     const auto lrs = c["lrs"].get<std::vector<double>>();
     ASSERT_EQ(lrs.size(), static_cast<size_t>(o.total_steps));
@@ -137,6 +145,63 @@ TEST(LrSchedule, RejectsBadOptionsNamingThem) {
   o.warmup_steps = 5;
   EXPECT_THROW(harness::LrSchedule{o}, std::invalid_argument);
   EXPECT_THROW(harness::parse_lr_schedule_kind("exp"), std::invalid_argument);
+  // Values that would make some step's rate infinite or NaN.
+  const auto message_of = [](const harness::LrScheduleOptions& so) -> std::string {
+    try {
+      harness::LrSchedule s(so);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  harness::LrScheduleOptions oc;
+  oc.kind = harness::LrScheduleKind::kOneCycle;
+  oc.total_steps = 40;
+  oc.div_factor = 0;
+  EXPECT_NE(message_of(oc).find("div_factor"), std::string::npos);
+  oc.div_factor = 25;
+  oc.base_lr = std::numeric_limits<double>::infinity();
+  EXPECT_NE(message_of(oc).find("finite"), std::string::npos);
+  harness::LrScheduleOptions st;
+  st.kind = harness::LrScheduleKind::kMultiStep;
+  st.total_steps = 10;
+  st.gamma = std::nan("");
+  EXPECT_NE(message_of(st).find("gamma"), std::string::npos);
+}
+
+// Issue 11, kind 4: every configuration torch.optim.lr_scheduler refuses (OneCycleLR's zero-width
+// phases divide by zero, LinearLR's start_factor, StepLR's step_size) is refused up front, and
+// its accepted neighbours are accepted with finite rates that match torch's.
+TEST(LrSchedule, RefusesExactlyTheConfigurationsTorchRefusesAndKeepsEveryRateFinite) {
+  const auto cases = test::load_golden("schedule_raises.json");
+  ASSERT_GE(cases.size(), 14u);
+  int refused = 0;
+  for (const auto& c : cases) {
+    const harness::LrScheduleOptions o = schedule_options_of(c);
+    const std::string what = c.dump().substr(0, 200);
+    if (c["raises"].get<bool>()) {
+      ++refused;
+      try {
+        harness::LrSchedule s(o);
+        ADD_FAILURE() << "torch raised " << c["error"] << " but LrSchedule accepted " << what;
+      } catch (const std::invalid_argument& e) {
+        const std::string w = e.what();
+        if (o.kind == harness::LrScheduleKind::kOneCycle) {
+          EXPECT_NE(w.find("zero width"), std::string::npos) << w;
+          EXPECT_NE(w.find("ZeroDivisionError"), std::string::npos) << w;
+        }
+      }
+    } else {
+      const harness::LrSchedule s(o);
+      const auto lrs = c["lrs"].get<std::vector<double>>();
+      ASSERT_EQ(lrs.size(), static_cast<size_t>(o.total_steps)) << what;
+      for (size_t k = 0; k < lrs.size(); ++k) {
+        EXPECT_TRUE(std::isfinite(s.lr(static_cast<int64_t>(k)))) << what;
+        EXPECT_NEAR(s.lr(static_cast<int64_t>(k)), lrs[k], 1e-9 * std::max(1.0, lrs[k])) << "step " << k << " of " << what;
+      }
+    }
+  }
+  EXPECT_GE(refused, 9);
 }
 
 TEST(Checkpoint, LoadsPythonOrderedDictSavedFromCudaAndGivesTorchvisionLogits) {
@@ -242,6 +307,143 @@ TEST(Checkpoint, FindsStateDictUnderKnownKeysAndStripsCompilePrefix) {
   }
 }
 
+// Issue 11, kind 1: wrapper prefixes in any nesting -- real torch.compile(DDP(model)) and
+// DDP(torch.compile(model)) saves from a 1-rank Gloo group, and a Lightning checkpoint whose
+// LightningModule holds a DDP-wrapped network as self.model -- load into the model and name the
+// wrappers they peeled.
+TEST(Checkpoint, StripsWrapperPrefixesInAnyNestingAndNamesTheWrappers) {
+  struct Case {
+    const char* file;
+    std::vector<std::string> location;
+    const char* prefix;
+    std::vector<std::string> wrappers;
+  };
+  const std::vector<Case> cases = {
+      {"ckpt_compile_ddp.pt", {}, "_orig_mod.module.", {"torch.compile", "DistributedDataParallel/DataParallel"}},
+      {"ckpt_ddp_compile.pt", {}, "module._orig_mod.", {"DistributedDataParallel/DataParallel", "torch.compile"}},
+      {"ckpt_lightning.pt", {"state_dict"}, "model.module.",
+       {"LightningModule.model", "DistributedDataParallel/DataParallel"}},
+  };
+  for (const auto& c : cases) {
+    harness::StateDictSource source;
+    EXPECT_LE(logits_error(test::golden_path(c.file), &source), 1e-5) << c.file;
+    EXPECT_EQ(source.location, c.location) << c.file;
+    EXPECT_EQ(source.stripped_prefix, c.prefix) << c.file;
+    std::vector<std::string> names;
+    for (const auto& w : source.wrappers) names.push_back(w.name);
+    EXPECT_EQ(names, c.wrappers) << c.file;
+    EXPECT_EQ(source.tensors, 122) << c.file;
+    EXPECT_NE(source.describe().find(std::string("'") + c.prefix + "' prefix (stripped): wrappers "),
+              std::string::npos)
+        << source.describe();
+  }
+  // A prefix only some keys carry is a key name, not a wrapper: kept.
+  harness::StateDict mixed;
+  mixed.insert("model.fc.weight", torch::ones({2}));
+  mixed.insert("head.weight", torch::ones({2}));
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& kv : mixed) d.insert(kv.key(), kv.value());
+  harness::StateDictSource src;
+  const auto sd = harness::find_state_dict(d, "m.pt", &src);
+  EXPECT_TRUE(sd.contains("model.fc.weight"));
+  EXPECT_TRUE(src.wrappers.empty());
+}
+
+// Issue 11, kind 2: state_dicts without BatchNorm's num_batches_tracked (PyTorch < 0.4.1, or
+// copied into a dict without _metadata) load, keeping the model's counters, as torchvision's
+// strict load does (the golden script checks that torch accepts both files).
+TEST(Checkpoint, AcceptsStateDictsWithoutNumBatchesTrackedAsTorchDoes) {
+  for (const char* file : {"ckpt_no_nbt.pt", "ckpt_no_nbt_v1.pt"}) {
+    harness::ResNetOptions ro;
+    ro.num_classes = 10;
+    auto model = harness::make_resnet(ro);
+    const auto state = harness::find_state_dict(harness::load_torch_file(test::golden_path(file)), file);
+    EXPECT_EQ(state.size(), 102u) << file;
+    const harness::LoadReport report = harness::load_state_dict(*model, state, file);
+    ASSERT_EQ(report.defaulted_num_batches_tracked.size(), 20u) << file;
+    EXPECT_EQ(report.defaulted_num_batches_tracked.front(), "bn1.num_batches_tracked");
+    EXPECT_EQ(model->bn1->num_batches_tracked.item<int64_t>(), 0) << "kept at the model's value";
+    EXPECT_TRUE(report.excluded.empty());
+    harness::StateDictSource source;
+    EXPECT_LE(logits_error(test::golden_path(file), &source), 1e-5) << file;
+  }
+  // Any other missing buffer or parameter is still an error.
+  harness::ResNetOptions ro;
+  ro.num_classes = 10;
+  auto model = harness::make_resnet(ro);
+  auto state = harness::find_state_dict(harness::load_torch_file(test::golden_path("ckpt_no_nbt.pt")), "f");
+  ASSERT_EQ(state.erase("bn1.running_var"), 1u);
+  try {
+    harness::load_state_dict(*model, state, "f.pt");
+    ADD_FAILURE() << "a missing running_var must be refused";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing keys: bn1.running_var;"), std::string::npos) << e.what();
+  }
+}
+
+// Issue 11, kind 3: torchvision's 1000-class resnet18 onto a 2-class model, by exclusion
+// pattern (module prefix, regex) or by skipping mismatched shapes; the new head keeps its fresh
+// initialisation, everything else is the file's.
+TEST(Checkpoint, FineTunesOntoAnotherClassCountByExclusionOrSkippingMismatchedShapes) {
+  const fs::path file = test::golden_path("ckpt_r18_1000.pt");
+  const auto state = harness::find_state_dict(harness::load_torch_file(file), file.string());
+  const auto fresh = [] {
+    torch::manual_seed(5);
+    harness::ResNetOptions ro;
+    ro.num_classes = 2;
+    return harness::make_resnet(ro);
+  };
+  const auto check_loaded = [&](harness::ResNet& m, const std::string& how) {
+    auto init = fresh();
+    EXPECT_TRUE(torch::equal(m->fc->weight, init->fc->weight)) << how << ": fc keeps its fresh init";
+    EXPECT_TRUE(torch::equal(m->fc->bias, init->fc->bias)) << how;
+    EXPECT_TRUE(torch::equal(m->conv1->weight, state.at("conv1.weight"))) << how;
+    EXPECT_TRUE(torch::equal(m->layer4->named_parameters()["0.conv2.weight"], state.at("layer4.0.conv2.weight")))
+        << how;
+  };
+  {
+    auto m = fresh();  // without an option: refused, naming both shapes and the options
+    try {
+      harness::load_state_dict(*m, state, "r18.pt");
+      ADD_FAILURE() << "a 1000-class head into a 2-class model must be refused";
+    } catch (const std::runtime_error& e) {
+      const std::string w = e.what();
+      EXPECT_NE(w.find("fc.weight: [1000, 512] in the file, [2, 512] in the model"), std::string::npos) << w;
+      EXPECT_NE(w.find("fc.bias: [1000] in the file, [2] in the model"), std::string::npos) << w;
+      EXPECT_NE(w.find("--init-weights-exclude fc"), std::string::npos) << w;
+    }
+  }
+  for (const std::string pattern : {"fc", "fc\\.(weight|bias)"}) {
+    auto m = fresh();
+    harness::LoadStateDictOptions lo;
+    lo.exclude = {pattern};
+    const auto report = harness::load_state_dict(*m, state, "r18.pt", lo);
+    EXPECT_EQ(report.excluded, (std::vector<std::string>{"fc.weight", "fc.bias"})) << pattern;
+    EXPECT_TRUE(report.mismatched.empty());
+    check_loaded(m, "exclude " + pattern);
+  }
+  {
+    auto m = fresh();
+    harness::LoadStateDictOptions lo;
+    lo.skip_mismatched_shapes = true;
+    const auto report = harness::load_state_dict(*m, state, "r18.pt", lo);
+    EXPECT_EQ(report.mismatched.size(), 2u);
+    check_loaded(m, "skip mismatched");
+  }
+  {
+    auto m = fresh();  // a pattern that matches nothing is an error, not a silent no-op
+    harness::LoadStateDictOptions lo;
+    lo.exclude = {"fc", "classifier"};
+    EXPECT_THROW(harness::load_state_dict(*m, state, "r18.pt", lo), std::runtime_error);
+    EXPECT_THROW(harness::key_matches("fc.weight", "fc["), std::invalid_argument);
+    EXPECT_FALSE(harness::key_matches("fc2.weight", "fc"));
+    std::vector<std::string> dropped;
+    const auto kept = harness::drop_keys(state, {"fc", "layer4\\..*"}, &dropped);
+    EXPECT_EQ(kept.size(), state.size() - dropped.size());
+    EXPECT_EQ(dropped.size(), 2u + 30u);  // layer4: 2 blocks x (2 conv + 2 x 5 bn) + downsample (conv + 5 bn)
+  }
+}
+
 TEST(Checkpoint, MismatchedStateDictNamesTheKeys) {
   harness::ResNetOptions o;
   o.num_classes = 10;
@@ -266,7 +468,9 @@ TEST(Checkpoint, MismatchedStateDictNamesTheKeys) {
     harness::load_state_dict(*model, shaped, "f.pt");
     FAIL();
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("fc.weight has shape [5, 512]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fc.weight: [5, 512] in the file, [10, 512] in the model"),
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -670,4 +874,217 @@ TEST(Trainer, LearnsTheSyntheticDatasetToNinetyPercent) {
   EXPECT_EQ(*history.back().val_top5, 1.0);  // 4 classes: top-5 covers all
   EXPECT_TRUE(fs::exists(root / "final.pt"));
   fs::remove_all(root);
+}
+
+namespace {
+
+// `n` images of one class (copies of a tiny_dataset image) under `root`/only.
+fs::path few_images(const fs::path& root, int n) {
+  const fs::path src = tiny_dataset(root / "src");
+  fs::create_directories(root / "few" / "only");
+  for (int i = 0; i < n; ++i) {
+    fs::copy_file(test::list_files_of(src).at(static_cast<size_t>(i)),
+                  root / "few" / "only" / ("img" + std::to_string(i) + ".jpg"));
+  }
+  return root / "few";
+}
+
+std::string construction_error(const harness::TrainOptions& o) {
+  try {
+    harness::Trainer t(o);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// Issue 11, kind 5: a run whose epochs would take no optimizer step is refused at start-up,
+// naming the dataset size, batch size, world size and drop_last.
+TEST(Trainer, AnEpochWithoutAnOptimizerStepIsRefusedAtStartUpNamingTheSizes) {
+  TempDir dir("nosteps");
+  harness::TrainOptions o = tiny_run(few_images(dir.path / "one", 1));
+  o.batch_size = 4;
+  o.freeze_bn = false;  // the automatic single-sample drop
+  std::string m = construction_error(o);
+  EXPECT_NE(m.find("an epoch would take no optimizer step"), std::string::npos) << m;
+  EXPECT_NE(m.find("has 1 images; world size 1 gives each rank 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("batch size 4 with drop_last (turned on because the only batch would hold 1 sample"),
+            std::string::npos)
+      << m;
+  o.data = few_images(dir.path / "three", 3);  // explicit drop_last, a dataset smaller than a batch
+  o.drop_last = true;
+  m = construction_error(o);
+  EXPECT_NE(m.find("has 3 images; world size 1 gives each rank 3"), std::string::npos) << m;
+  EXPECT_NE(m.find("batch size 4 with drop_last on leaves 0 batches"), std::string::npos) << m;
+  o.drop_last = false;  // 3 images, batch 4: one batch of 3, one step
+  EXPECT_EQ(construction_error(o), "");
+}
+
+// Issue 11, kind 4: schedules that would produce a NaN rate are refused at start-up.
+TEST(Trainer, ASchedulePlanTorchWouldRefuseStopsTheRunAtStartUp) {
+  TempDir dir("badplan");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  harness::TrainOptions o = tiny_run(data);
+  o.batch_size = 16;  // 2 steps per epoch: the issue's example
+  o.lr_schedule = harness::LrScheduleKind::kOneCycle;
+  o.onecycle_pct_start = 0.5;
+  std::string m = construction_error(o);
+  EXPECT_NE(m.find("1 epochs x 2 optimizer steps per epoch = 2 steps"), std::string::npos) << m;
+  EXPECT_NE(m.find("the warm-up phase has zero width"), std::string::npos) << m;
+  o.batch_size = 8;  // 4 steps, pct_start 0.25: the same kind
+  o.onecycle_pct_start = 0.25;
+  EXPECT_NE(construction_error(o).find("zero width"), std::string::npos);
+  o.onecycle_pct_start = 0.3;
+  EXPECT_EQ(construction_error(o), "");
+  o.lr_schedule = harness::LrScheduleKind::kCosine;  // a warmup as long as the run
+  o.warmup_epochs = 1;
+  m = construction_error(o);
+  EXPECT_NE(m.find("need 0 <= warmup_steps < total_steps, got warmup 4, total 4"), std::string::npos) << m;
+}
+
+// Issue 11, kind 4: a non-finite loss in fp32 and bf16 stops the run naming the epoch and step,
+// before that step's update, and leaves the last training checkpoint as it was. fp32: a rate
+// that explodes in epoch 2; bf16: weights with a NaN, so the very first loss is NaN.
+TEST(Trainer, NonFiniteLossStopsTheRunNamingEpochAndStepAndKeepsTheLastCheckpoint) {
+  TempDir dir("nanloss");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  harness::TrainOptions o = tiny_run(data);
+  o.epochs = 2;
+  o.max_steps_per_epoch = 3;
+  o.lr_schedule = harness::LrScheduleKind::kMultiStep;  // sane in epoch 1, absurd in epoch 2
+  o.lr_milestones = {1};
+  o.lr_gamma = 1e30;
+  o.save_checkpoint = dir.path / "train.pt";
+  harness::Trainer t(o);
+  std::vector<harness::StepStats> steps;
+  t.set_step_callback([&](const harness::StepStats& s) { steps.push_back(s); });
+  try {
+    t.fit();
+    ADD_FAILURE() << "a NaN loss must stop the run";
+  } catch (const std::runtime_error& e) {
+    const std::string w = e.what();
+    std::smatch at;
+    ASSERT_TRUE(std::regex_search(w, at, std::regex("in epoch 2/2, step (\\d) of the epoch \\(optimizer step (\\d) of the run")))
+        << w;
+    // The steps that ran (reported to on_step) are the ones before the failing one.
+    EXPECT_EQ(std::stoll(at[2]), static_cast<int64_t>(steps.size()) + 1) << w;
+    EXPECT_EQ(std::stoll(at[1]), static_cast<int64_t>(steps.size()) - 3 + 1) << w;
+    EXPECT_NE(w.find("no checkpoint was written (the last one, " + o.save_checkpoint->string() + ", is intact)"),
+              std::string::npos)
+        << w;
+  }
+  ASSERT_GE(steps.size(), 4u);
+  for (const auto& s : steps) EXPECT_TRUE(std::isfinite(s.loss)) << "step " << s.step;
+  const auto ck = harness::load_torch_file(*o.save_checkpoint).toGenericDict();
+  EXPECT_EQ(ck.at("step").toInt(), 3);
+  EXPECT_EQ(ck.at("epoch").toInt(), 1);
+  for (const auto& kv : harness::find_state_dict(ck, "train.pt")) {
+    EXPECT_TRUE(at::isfinite(kv.value()).all().item<bool>()) << kv.key();
+  }
+
+  // bf16 autocast, weights with a NaN: the first step stops, nothing is written.
+  harness::ResNetOptions ro;
+  ro.num_classes = 4;
+  auto poisoned = harness::make_resnet(ro);
+  {
+    torch::NoGradGuard no_grad;
+    poisoned->fc->weight[0][0] = std::nan("");
+  }
+  harness::save_state_dict(*poisoned, dir.path / "nan.pt");
+  harness::TrainOptions b = tiny_run(data);
+  b.precision = harness::Precision::kBFloat16;
+  b.init_weights = dir.path / "nan.pt";
+  b.save_checkpoint = dir.path / "bf16.pt";
+  harness::Trainer u(b);
+  try {
+    u.fit();
+    ADD_FAILURE() << "a NaN loss under bf16 must stop the run";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("the loss is not finite (nan) in epoch 1/1, step 1 of the epoch "
+                                         "(optimizer step 1 of the run"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(*b.save_checkpoint));
+}
+
+// Issue 11, kind 3 through the trainer: a 1000-class torchvision checkpoint onto a 4-class
+// dataset with init_weights_exclude; and kind 1: the same through a compile(DDP) key layout.
+TEST(Trainer, InitWeightsFromAnotherClassCountWithExcludedHead) {
+  TempDir dir("finetune");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  harness::TrainOptions o = tiny_run(data);
+  o.init_weights = test::golden_path("ckpt_r18_1000.pt");
+  const std::string m = construction_error(o);
+  EXPECT_NE(m.find("fc.weight: [1000, 512] in the file, [4, 512] in the model"), std::string::npos) << m;
+  o.init_weights_exclude = {"fc"};
+  harness::Trainer t(o);
+  const auto file = harness::find_state_dict(harness::load_torch_file(*o.init_weights), "f");
+  EXPECT_TRUE(torch::equal(t.model()->conv1->weight, file.at("conv1.weight")));
+  EXPECT_EQ(t.model()->fc->weight.size(0), 4);
+  // 10-class weights saved by torch.compile(DDP(model)), head skipped for its shape.
+  o.init_weights = test::golden_path("ckpt_compile_ddp.pt");
+  o.init_weights_exclude.clear();
+  o.init_weights_skip_mismatched = true;
+  harness::Trainer u(o);
+  const auto file2 = harness::find_state_dict(harness::load_torch_file(*o.init_weights), "f");
+  EXPECT_TRUE(torch::equal(u.model()->layer1->named_parameters()["0.bn1.weight"], file2.at("layer1.0.bn1.weight")));
+  EXPECT_TRUE(torch::equal(t.model()->fc->weight, u.model()->fc->weight)) << "same seed, same fresh head";
+}
+
+// Issue 11, kind 11: resuming with another schedule plan (more epochs, another lr) is refused,
+// naming what changed and the next step's rate on both plans, unless resume_replan_schedule;
+// then the run continues on the new plan. Kind 1 where it applies to --resume: the checkpoint's
+// model entry with wrapper prefixes resumes as well.
+TEST(Trainer, ResumingOntoAnotherSchedulePlanIsRefusedUnlessReplanned) {
+  TempDir dir("replan");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  harness::TrainOptions o = tiny_run(data);
+  o.epochs = 2;
+  o.max_steps_per_epoch = 2;
+  o.lr_schedule = harness::LrScheduleKind::kOneCycle;
+  o.save_checkpoint = dir.path / "train.pt";
+  {
+    harness::Trainer a(o);
+    a.fit();
+  }
+  // The model entry as a torch.compile(DDP(...)) save would name it.
+  auto ck = harness::load_torch_file(*o.save_checkpoint).toGenericDict();
+  ck.insert_or_assign("model", harness::state_dict_to_ivalue(harness::add_key_prefix(
+                                   harness::find_state_dict(ck.at("model"), "m"), "_orig_mod.module.")));
+  harness::save_torch_file(ck, dir.path / "prefixed.pt");
+
+  harness::TrainOptions r = o;
+  r.resume = dir.path / "prefixed.pt";
+  r.save_checkpoint = dir.path / "resumed.pt";
+  r.epochs = 4;
+  std::string m = construction_error(r);
+  EXPECT_NE(m.find("cannot resume: the learning-rate schedule differs from the saved run's: "
+                   "total_steps 4 -> 8, epochs 2 -> 4"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("step 4 continues at lr"), std::string::npos) << m;
+  EXPECT_NE(m.find("(the saved plan: "), std::string::npos) << m;
+  EXPECT_NE(m.find("--resume-replan-schedule"), std::string::npos) << m;
+  harness::TrainOptions lr = o;  // another member of the kind: the learning rate
+  lr.resume = r.resume;
+  lr.lr = 1.6;
+  m = construction_error(lr);
+  EXPECT_NE(m.find("base_lr 0.025000000000000001 -> 0.050000000000000003"), std::string::npos) << m;
+
+  r.resume_replan_schedule = true;
+  harness::Trainer c(r);
+  std::vector<harness::StepStats> rest;
+  c.set_step_callback([&](const harness::StepStats& s) { rest.push_back(s); });
+  c.fit();
+  ASSERT_EQ(rest.size(), 4u);
+  harness::LrScheduleOptions plan;
+  plan.kind = harness::LrScheduleKind::kOneCycle;
+  plan.base_lr = c.scaled_lr();
+  plan.total_steps = 8;
+  const harness::LrSchedule s(plan);
+  for (const auto& st : rest) EXPECT_EQ(st.lr, s.lr(st.step)) << "step " << st.step;
+  EXPECT_EQ(rest.front().step, 4);
 }

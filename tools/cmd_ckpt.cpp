@@ -1,11 +1,13 @@
 // gpufeed ckpt: look into and convert checkpoint files without Python.
-//   gpufeed ckpt list FILE             where the state_dict is, its prefix, every key's shape/dtype
+//   gpufeed ckpt list FILE             where the state_dict is, the wrapper prefixes found on its
+//                                      keys, every key's shape/dtype
 //   gpufeed ckpt convert IN OUT        the state_dict alone, as a plain {name: tensor} dict
-//        [--strip-prefix P] [--add-prefix P]
+//        [--strip-prefix P] [--add-prefix P] [--drop PATTERN ...]
 // IN may be anything load_torch_file reads: Python's torch.save(model.state_dict()) (an
 // OrderedDict, from CUDA or not), a dict holding it under "state_dict"/"model"/... next to
-// optimizer state, a DDP/DataParallel save with "module." keys, or a gpufeed file. OUT loads with
-// torch::pickle_load / torch.load(weights_only=True) alike (no OrderedDict, no type tags).
+// optimizer state, keys with wrapper prefixes in any nesting ("module.", "_orig_mod.", "model.":
+// find_state_dict strips them all), or a gpufeed file. OUT loads with torch::pickle_load /
+// torch.load(weights_only=True) alike (no OrderedDict, no type tags).
 // Torch translation unit: no fmt/spdlog here (see CMakeLists.txt).
 #include <iostream>
 #include <sstream>
@@ -73,15 +75,22 @@ int list(const std::string& file) {
 }
 
 int convert(const std::string& in, const std::string& out, const std::string& strip,
-            const std::string& add) {
+            const std::string& add, const std::vector<std::string>& drop) {
   harness::StateDictSource src;
   harness::StateDict sd = harness::find_state_dict(harness::load_torch_file(in), in, &src);
+  std::cout << in << ": " << src.describe() << "\n";
   if (!strip.empty()) sd = harness::strip_key_prefix(sd, strip);
+  if (!drop.empty()) {
+    std::vector<std::string> dropped;
+    sd = harness::drop_keys(sd, drop, &dropped);
+    std::cout << "dropped " << dropped.size() << " keys:";
+    for (const auto& k : dropped) std::cout << " " << k;
+    std::cout << "\n";
+  }
   if (!add.empty()) sd = harness::add_key_prefix(sd, add);
   harness::save_torch_file(harness::state_dict_to_ivalue(sd), out);
-  std::cout << in << ": " << src.describe() << "\n"
-            << "wrote " << out << ": " << sd.size() << " tensors, plain dict"
-            << (add.empty() ? "" : ", keys prefixed with '" + add + "'") << "\n";
+  std::cout << "wrote " << out << ": " << sd.size() << " tensors, plain dict, "
+            << (add.empty() ? "keys without a wrapper prefix" : "keys prefixed with '" + add + "'") << "\n";
   return 0;
 }
 
@@ -93,21 +102,26 @@ Run add_ckpt(CLI::App& app) {
   auto out = std::make_shared<std::string>();
   auto strip = std::make_shared<std::string>();
   auto add = std::make_shared<std::string>();
+  auto drop = std::make_shared<std::vector<std::string>>();
   CLI::App* l = app.add_subcommand(
-      "list", "where the state_dict is, its key prefix, every key's shape and dtype");
+      "list", "where the state_dict is, the wrapper prefixes on its keys (module., _orig_mod., "
+      "model.), every key's shape and dtype");
   l->add_option("file", *in, "a torch.save file (Python or gpufeed)")->required();
   CLI::App* c =
       app.add_subcommand("convert", "write the state_dict alone as a plain {name: tensor} dict");
   c->add_option("input", *in, "a torch.save file (Python or gpufeed)")->required();
   c->add_option("output", *out, "where to write (atomically)")->required();
   c->add_option("--strip-prefix", *strip,
-                "remove this prefix from keys that have it "
-                "('module.' and '_orig_mod.' on every key are always removed)");
+                "remove this prefix from keys that have it (wrapper prefixes on every key -- "
+                "module., _orig_mod., model., in any nesting -- are always removed)");
+  c->add_option("--drop", *drop,
+                "leave out keys matching this pattern (the key itself, a module prefix such as fc, "
+                "or a whole-key regex); repeatable. A pattern matching no key is an error");
   c->add_option("--add-prefix", *add,
                 "prepend this to every key (e.g. module. for a DDP-wrapped model)");
-  return without_backtrace([l, c, in, out, strip, add] {
+  return without_backtrace([l, c, in, out, strip, add, drop] {
     if (l->parsed()) return list(*in);
-    if (c->parsed()) return convert(*in, *out, *strip, *add);
+    if (c->parsed()) return convert(*in, *out, *strip, *add, *drop);
     return 2;
   });
 }

@@ -218,13 +218,24 @@ Run add_train(CLI::App& app) {
   app.add_option("--max-skips", o->max_skips, "--on-error skip: more skips than this in one epoch is an error")
       ->capture_default_str()
       ->check(kAtLeastZero);
-  str("--init-weights", "load this state_dict first (Python or gpufeed file): fine-tuning");
+  str("--init-weights", "load this state_dict first (Python or gpufeed file; wrapper prefixes "
+      "module., _orig_mod., model. are stripped): fine-tuning");
+  app.add_option("--init-weights-exclude", o->init_weights_exclude,
+                 "with --init-weights: keys left at their fresh initialisation, e.g. fc for a new "
+                 "head (the key, a module prefix, or a whole-key regex); repeatable")
+      ->take_all();
+  app.add_flag("--init-weights-skip-mismatched", o->init_weights_skip_mismatched,
+               "with --init-weights: keys whose shape differs keep their fresh initialisation "
+               "(a warning names them) instead of stopping");
   str("--checkpoint", "write the final state_dict here (torch.load-able); {rank}: every rank writes one");
   str("--save-checkpoint", "training checkpoint (model, optimizer, schedule, sampler, RNG), written "
       "every epoch and on SIGINT/SIGTERM (without it, a stopped run writes <--checkpoint>.train.pt "
       "or ./gpufeed_train_checkpoint.pt)");
   app.add_option("--checkpoint-every-steps", o->checkpoint_every_steps, "also every N optimizer steps")->capture_default_str();
   str("--resume", "resume from this training checkpoint");
+  app.add_flag("--resume-replan-schedule", o->resume_replan_schedule,
+               "with --resume: accept a changed LR schedule plan (e.g. more --epochs) and continue "
+               "on the new plan (without it such a resume is refused, naming what changed)");
   app.add_option("--max-steps-per-epoch", o->max_steps_per_epoch, "optimizer steps; 0 = whole epoch")->capture_default_str();
   str("--metrics", "write JSON-lines metrics here (tools/plot.py draws them)");
   app.add_option("--metrics-every", o->profile.metrics_every_steps, "steps per metrics record")

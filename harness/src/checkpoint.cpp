@@ -2,6 +2,7 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <regex>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -48,15 +49,71 @@ bool all_keys_have(const StateDict& d, const std::string& prefix) {
   return d.size() > 0;
 }
 
+bool is_num_batches_tracked(const std::string& key) {
+  return key == "num_batches_tracked" || key.ends_with(".num_batches_tracked");
+}
+
+std::string join(const std::vector<std::string>& items, size_t max_items = 8) {
+  std::string s;
+  for (size_t i = 0; i < items.size() && i < max_items; ++i) s += (i ? ", " : "") + items[i];
+  if (items.size() > max_items) s += ", ... (" + std::to_string(items.size()) + " in all)";
+  return s;
+}
+
 }  // namespace
+
+const std::vector<KeyWrapper>& known_key_wrappers() {
+  static const std::vector<KeyWrapper> kWrappers = {
+      {"module.", "DistributedDataParallel/DataParallel"},
+      {"_orig_mod.", "torch.compile"},
+      {"model.", "LightningModule.model"},
+  };
+  return kWrappers;
+}
 
 std::string StateDictSource::describe() const {
   std::string s = location.empty() ? "state_dict at the top level" : "state_dict under ";
   for (size_t i = 0; i < location.size(); ++i) s += (i ? "/'" : "'") + location[i] + "'";
   s += " (" + std::to_string(tensors) + " tensors), ";
-  s += stripped_prefix.empty() ? "keys without a prefix"
-                               : "keys had the '" + stripped_prefix + "' prefix (stripped)";
+  if (stripped_prefix.empty()) return s + "keys without a wrapper prefix";
+  s += "keys had the '" + stripped_prefix + "' prefix (stripped): wrapper" +
+       (wrappers.size() > 1 ? "s " : " ");
+  for (size_t i = 0; i < wrappers.size(); ++i) {
+    s += (i ? " > " : "") + wrappers[i].name + " (" + wrappers[i].prefix + ")";
+  }
   return s;
+}
+
+bool key_matches(const std::string& key, const std::string& pattern) {
+  if (key == pattern) return true;
+  if (key.size() > pattern.size() && key.starts_with(pattern) && key[pattern.size()] == '.') return true;
+  try {
+    return std::regex_match(key, std::regex(pattern, std::regex::ECMAScript));
+  } catch (const std::regex_error& e) {
+    throw std::invalid_argument("key pattern '" + pattern + "' is not a valid regular expression (" +
+                                e.what() + ")");
+  }
+}
+
+StateDict drop_keys(const StateDict& state, const std::vector<std::string>& patterns,
+                    std::vector<std::string>* dropped) {
+  StateDict out;
+  std::vector<bool> used(patterns.size(), false);
+  for (const auto& kv : state) {
+    bool drop = false;
+    for (size_t i = 0; i < patterns.size(); ++i) {
+      if (key_matches(kv.key(), patterns[i])) used[i] = drop = true;
+    }
+    if (!drop) {
+      out.insert(kv.key(), kv.value());
+    } else if (dropped) {
+      dropped->push_back(kv.key());
+    }
+  }
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    if (!used[i]) throw std::invalid_argument("key pattern '" + patterns[i] + "' matches no key");
+  }
+  return out;
 }
 
 StateDict module_state_dict(const torch::nn::Module& module) {
@@ -97,57 +154,114 @@ StateDict find_state_dict(const c10::IValue& loaded, const std::string& name,
   StateDict d;
   for (const auto& kv : found.toGenericDict())
     d.insert(kv.key().toStringRef(), kv.value().toTensor());
+  // Wrappers nest in any order (torch.compile(DDP(m)): "_orig_mod.module."); peel the outermost
+  // one while every key has one.
   std::string stripped;
-  for (const std::string prefix : {"module.", "_orig_mod."}) {
-    if (all_keys_have(d, prefix)) {
-      d = strip_key_prefix(d, prefix);
-      stripped += prefix;
+  std::vector<KeyWrapper> wrappers;
+  for (bool peeled = true; peeled;) {
+    peeled = false;
+    for (const KeyWrapper& w : known_key_wrappers()) {
+      if (all_keys_have(d, w.prefix)) {
+        d = strip_key_prefix(d, w.prefix);
+        stripped += w.prefix;
+        wrappers.push_back(w);
+        peeled = true;
+        break;
+      }
     }
   }
   if (source) {
     source->location = path;
     source->stripped_prefix = stripped;
+    source->wrappers = wrappers;
     source->tensors = static_cast<int64_t>(d.size());
   }
   return d;
 }
 
-void load_state_dict(torch::nn::Module& module, const StateDict& state, const std::string& name) {
+LoadReport load_state_dict(torch::nn::Module& module, const StateDict& state, const std::string& name,
+                           const LoadStateDictOptions& options) {
   std::vector<std::pair<std::string, at::Tensor>> targets;
   for (auto& p : module.named_parameters(true)) targets.emplace_back(p.key(), p.value());
   for (auto& b : module.named_buffers(true)) targets.emplace_back(b.key(), b.value());
-  std::string missing;
+  std::vector<bool> used(options.exclude.size(), false);
+  const auto excluded = [&](const std::string& key) {
+    bool hit = false;
+    for (size_t i = 0; i < options.exclude.size(); ++i) {
+      if (key_matches(key, options.exclude[i])) used[i] = hit = true;
+    }
+    return hit;
+  };
+  LoadReport report;
+  std::vector<std::string> missing, unexpected;
+  std::vector<std::pair<std::string, at::Tensor>> copies;
   std::unordered_set<std::string> known;
   for (const auto& [key, t] : targets) {
     known.insert(key);
     auto it = state.find(key);
-    if (it == state.end()) {
-      missing += (missing.empty() ? "" : ", ") + key;
+    if (excluded(key)) {
+      report.excluded.push_back(key);
+    } else if (it == state.end()) {
+      (is_num_batches_tracked(key) ? report.defaulted_num_batches_tracked : missing).push_back(key);
     } else if (it->value().sizes() != t.sizes()) {
-      throw std::runtime_error(name + ": " + key + " has shape " + c10::str(it->value().sizes()) +
-                               " in the file, the model has " + c10::str(t.sizes()));
+      report.mismatched.push_back(key + ": " + c10::str(it->value().sizes()) + " in the file, " +
+                                  c10::str(t.sizes()) + " in the model");
+    } else {
+      copies.emplace_back(key, t);
     }
   }
-  std::string unexpected;
   for (const auto& kv : state) {
-    if (!known.count(kv.key())) unexpected += (unexpected.empty() ? "" : ", ") + kv.key();
+    if (!known.count(kv.key()) && !excluded(kv.key())) unexpected.push_back(kv.key());
   }
-  if (!missing.empty() || !unexpected.empty()) {
+  for (size_t i = 0; i < options.exclude.size(); ++i) {
+    if (!used[i]) {
+      throw std::runtime_error(name + ": exclude pattern '" + options.exclude[i] +
+                               "' matches no key of the file or the model");
+    }
+  }
+  const bool shape_error = !report.mismatched.empty() && !options.skip_mismatched_shapes;
+  if (!missing.empty() || !unexpected.empty() || shape_error) {
     std::string why = name + ": state_dict does not match the model:";
-    if (!missing.empty()) why += " missing keys: " + missing + ";";
-    if (!unexpected.empty()) why += " unexpected keys: " + unexpected + ";";
+    if (!missing.empty()) why += " missing keys: " + join(missing) + ";";
+    if (!unexpected.empty()) why += " unexpected keys: " + join(unexpected) + ";";
+    if (shape_error) {
+      why += " shapes differ: " + join(report.mismatched) +
+             " (fine-tuning onto another head or class count? exclude those keys, e.g. "
+             "--init-weights-exclude fc, or --init-weights-skip-mismatched);";
+    }
     throw std::runtime_error(why);
   }
   at::NoGradGuard no_grad;
-  for (auto& [key, t] : targets) t.copy_(state.at(key));
+  for (auto& [key, t] : copies) t.copy_(state.at(key));
+  if (!report.defaulted_num_batches_tracked.empty()) {
+    gpufeed::log_text(LogLevel::kWarn,
+                      "load_state_dict: " + name + ": " +
+                          std::to_string(report.defaulted_num_batches_tracked.size()) +
+                          " BatchNorm num_batches_tracked buffers are missing (a state_dict from "
+                          "PyTorch < 0.4.1, or saved without them): kept at the model's values, "
+                          "as torch's BatchNorm load_state_dict does (" +
+                          join(report.defaulted_num_batches_tracked, 3) + ")");
+  }
+  if (!report.excluded.empty()) {
+    gpufeed::log_text(LogLevel::kWarn, "load_state_dict: " + name + ": left at their initial values (excluded): " +
+                                           join(report.excluded, 32));
+  }
+  if (!report.mismatched.empty()) {
+    gpufeed::log_text(LogLevel::kWarn, "load_state_dict: " + name +
+                                           ": left at their initial values (shapes differ): " +
+                                           join(report.mismatched, 32));
+  }
+  return report;
 }
 
-StateDictSource load_state_dict(torch::nn::Module& module, const fs::path& path) {
+StateDictSource load_state_dict(torch::nn::Module& module, const fs::path& path,
+                                const LoadStateDictOptions& options, LoadReport* report) {
   StateDictSource source;
   const StateDict state = find_state_dict(load_torch_file(path), path.string(), &source);
-  load_state_dict(module, state, path.string());
+  LoadReport r = load_state_dict(module, state, path.string(), options);
   gpufeed::log_text(LogLevel::kInfo,
                     "load_state_dict: " + path.string() + ": " + source.describe());
+  if (report) *report = std::move(r);
   return source;
 }
 

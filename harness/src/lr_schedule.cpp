@@ -47,18 +47,76 @@ std::string lr_schedule_kind_name(LrScheduleKind kind) {
 
 LrSchedule::LrSchedule(LrScheduleOptions options) : options_(std::move(options)) {
   const auto& o = options_;
+  const auto bad = [&](const std::string& why) {
+    throw std::invalid_argument("LrSchedule (" + lr_schedule_kind_name(o.kind) + "): " + why);
+  };
+  const auto num = [](double v) { return std::to_string(v); };
   if (o.warmup_steps < 0 || o.total_steps <= o.warmup_steps) {
-    throw std::invalid_argument("LrSchedule: need 0 <= warmup_steps < total_steps, got warmup " +
-                                std::to_string(o.warmup_steps) + ", total " +
-                                std::to_string(o.total_steps));
+    bad("need 0 <= warmup_steps < total_steps, got warmup " + std::to_string(o.warmup_steps) +
+        ", total " + std::to_string(o.total_steps) + " optimizer steps");
   }
-  if (o.step_size < 1) throw std::invalid_argument("LrSchedule: step_size must be >= 1");
-  if (!std::is_sorted(o.milestones.begin(), o.milestones.end())) {
-    throw std::invalid_argument("LrSchedule: milestones must be ascending");
+  if (!std::isfinite(o.base_lr) || o.base_lr < 0) bad("the learning rate must be finite and >= 0, got " + num(o.base_lr));
+  // torch.optim.lr_scheduler.LinearLR: "Starting multiplicative factor expected to be greater
+  // than 0 and less or equal to 1."
+  if (o.warmup_steps > 0 && !(o.warmup_start_factor > 0 && o.warmup_start_factor <= 1)) {
+    bad("warmup_start_factor must be in (0, 1] (LinearLR's start_factor), got " + num(o.warmup_start_factor));
   }
-  if (o.pct_start < 0 || o.pct_start > 1) {
-    throw std::invalid_argument("LrSchedule: pct_start must be in [0, 1]");
+  switch (o.kind) {
+    case LrScheduleKind::kConstant:
+      break;
+    case LrScheduleKind::kStep:
+    case LrScheduleKind::kMultiStep:
+      // StepLR divides by step_size (ZeroDivisionError at its first step with 0).
+      if (o.kind == LrScheduleKind::kStep && o.step_size < 1) bad("step_size must be >= 1, got " + std::to_string(o.step_size));
+      if (!std::is_sorted(o.milestones.begin(), o.milestones.end())) bad("milestones must be ascending");
+      if (!std::isfinite(o.gamma) || o.gamma < 0) bad("gamma must be finite and >= 0, got " + num(o.gamma));
+      break;
+    case LrScheduleKind::kCosine:
+      if (!std::isfinite(o.min_lr) || o.min_lr < 0) bad("min_lr must be finite and >= 0, got " + num(o.min_lr));
+      break;
+    case LrScheduleKind::kOneCycle: {
+      // OneCycleLR's own ValueError, then what makes its arithmetic divide by zero or overflow.
+      if (!(o.pct_start >= 0 && o.pct_start <= 1)) bad("pct_start must be in [0, 1], got " + num(o.pct_start));
+      if (!std::isfinite(o.div_factor) || o.div_factor <= 0 || !std::isfinite(o.final_div_factor) ||
+          o.final_div_factor <= 0) {
+        bad("div_factor and final_div_factor must be finite and > 0, got " + num(o.div_factor) + " and " +
+            num(o.final_div_factor));
+      }
+      if (!std::isfinite(o.base_momentum) || !std::isfinite(o.max_momentum)) bad("momenta must be finite");
+      // OneCycleLR computes pct = (step - start) / (end - start) within the phase holding the
+      // step, for steps 0 .. T (the scheduler.step() after the last optimizer step included).
+      // A phase of zero width holding one of those steps divides by zero: torch raises
+      // ZeroDivisionError. That is phase 1 when pct_start * T == 1 (it holds step 0), and the
+      // last phase when it starts at T - 1 (it holds step T): pct_start == 1, or with
+      // three_phase 2 * pct_start * T - 2 == T - 1.
+      const int64_t total = o.total_steps - o.warmup_steps;
+      const auto ends = onecycle_phase_ends();
+      const double t = static_cast<double>(total);
+      const std::string setup = "pct_start " + num(o.pct_start) + " x " + std::to_string(total) +
+                                " steps" + (o.warmup_steps > 0 ? " (after the warmup)" : "") +
+                                (o.three_phase ? ", three_phase" : "");
+      if (ends[0] == 0.0) {
+        bad("the warm-up phase has zero width (" + setup +
+            " = 1 step): torch.optim.lr_scheduler.OneCycleLR divides by zero at step 0 "
+            "(ZeroDivisionError) and the learning rate would be NaN; change pct_start or the number "
+            "of steps");
+      }
+      if (ends[ends.size() - 2] == t - 1) {
+        bad("the last phase has zero width (" + setup +
+            "): torch.optim.lr_scheduler.OneCycleLR divides by zero when stepped after the last "
+            "step (ZeroDivisionError); use pct_start < " + (o.three_phase ? "(T + 1) / (2 T)" : std::string("1")));
+      }
+      break;
+    }
   }
+}
+
+std::vector<double> LrSchedule::onecycle_phase_ends() const {
+  const auto& o = options_;
+  const double t = static_cast<double>(o.total_steps - o.warmup_steps);
+  // OneCycleLR's _schedule_phases[i]["end_step"], same arithmetic.
+  if (o.three_phase) return {o.pct_start * t - 1, 2 * o.pct_start * t - 2, t - 1};
+  return {o.pct_start * t - 1, t - 1};
 }
 
 double LrSchedule::onecycle(int64_t k, bool want_momentum) const {
@@ -70,14 +128,14 @@ double LrSchedule::onecycle(int64_t k, bool want_momentum) const {
     double end_step, start_lr, end_lr, start_m, end_m;
   };
   std::vector<Phase> phases;
-  const double t = static_cast<double>(total);
+  const std::vector<double> e = onecycle_phase_ends();
   if (o.three_phase) {
-    phases = {{o.pct_start * t - 1, initial_lr, o.base_lr, o.max_momentum, o.base_momentum},
-              {2 * o.pct_start * t - 2, o.base_lr, initial_lr, o.base_momentum, o.max_momentum},
-              {t - 1, initial_lr, min_lr, o.max_momentum, o.max_momentum}};
+    phases = {{e[0], initial_lr, o.base_lr, o.max_momentum, o.base_momentum},
+              {e[1], o.base_lr, initial_lr, o.base_momentum, o.max_momentum},
+              {e[2], initial_lr, min_lr, o.max_momentum, o.max_momentum}};
   } else {
-    phases = {{o.pct_start * t - 1, initial_lr, o.base_lr, o.max_momentum, o.base_momentum},
-              {t - 1, o.base_lr, min_lr, o.base_momentum, o.max_momentum}};
+    phases = {{e[0], initial_lr, o.base_lr, o.max_momentum, o.base_momentum},
+              {e[1], o.base_lr, min_lr, o.base_momentum, o.max_momentum}};
   }
   const double step_num = static_cast<double>(std::min(k, total - 1));
   double start_step = 0.0;

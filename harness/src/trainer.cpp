@@ -11,6 +11,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <unordered_set>
@@ -56,6 +58,32 @@ const c10::IValue& at_key(const c10::impl::GenericDict& d, const std::string& ke
 
 c10::impl::GenericDict new_dict() {
   return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+}
+
+// A value of the checkpoint's "scheduler" entry as text, for comparing plans and naming changes.
+std::string field_text(const c10::IValue& v) {
+  if (v.isDouble()) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.17g", v.toDouble());
+    return buf;
+  }
+  if (v.isInt()) return std::to_string(v.toInt());
+  if (v.isBool()) return v.toBool() ? "true" : "false";
+  if (v.isString()) return v.toStringRef();
+  if (v.isList()) {
+    std::string s = "[";
+    for (const auto& e : v.toList()) s += (s.size() > 1 ? ", " : "") + field_text(c10::IValue(e));
+    return s + "]";
+  }
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+std::string short_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
 }
 
 // The training loop's stop decision. Without a process group a stop requested during step k
@@ -136,6 +164,7 @@ struct Trainer::Impl {
   std::unique_ptr<torch::optim::SGD> optimizer;
   std::vector<at::Tensor> params;  // optimizer order: group 0's, then group 1's
   std::unique_ptr<GradScaler> scaler;
+  std::optional<LrSchedule> schedule;  // planned at construction
   // Where training resumes: epoch, micro-batches of it already trained on, optimizer steps.
   int64_t epoch = 0, batches_done = 0, global_step = 0;
   std::function<void(const StepStats&)> on_step;
@@ -176,14 +205,15 @@ struct Trainer::Impl {
     return std::min<int64_t>(options.batch_size, train_sampler->size() - b * options.batch_size);
   }
 
-  LrSchedule schedule(double base_lr) const {
+  // The schedule's plan for this run: per optimizer step, over epochs x steps_per_epoch().
+  LrScheduleOptions schedule_options(double base_lr) const {
     const TrainOptions& o = options;
-    const int64_t spe = std::max<int64_t>(1, steps_per_epoch());
+    const int64_t spe = steps_per_epoch();
     LrScheduleOptions so;
     so.kind = o.lr_schedule;
     so.base_lr = base_lr;
     so.warmup_steps = static_cast<int64_t>(std::lround(o.warmup_epochs * static_cast<double>(spe)));
-    so.total_steps = std::max<int64_t>(so.warmup_steps + 1, o.epochs * spe);
+    so.total_steps = o.epochs * spe;
     so.warmup_start_factor = o.warmup_start_factor;
     so.step_size = std::max<int64_t>(1, std::lround(o.lr_step_epochs * static_cast<double>(spe)));
     for (double e : o.lr_milestones) so.milestones.push_back(std::lround(e * static_cast<double>(spe)));
@@ -193,7 +223,95 @@ struct Trainer::Impl {
     so.div_factor = o.onecycle_div_factor;
     so.final_div_factor = o.onecycle_final_div_factor;
     so.cycle_momentum = o.momentum > 0;
-    return LrSchedule(so);
+    return so;
+  }
+
+  // Validates the plan at start-up (LrSchedule's checks), naming the run's size in steps.
+  void plan_schedule(double base_lr) {
+    const LrScheduleOptions so = schedule_options(base_lr);
+    try {
+      schedule.emplace(so);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("Trainer: learning-rate schedule for " + std::to_string(options.epochs) +
+                                  " epochs x " + std::to_string(steps_per_epoch()) +
+                                  " optimizer steps per epoch = " + std::to_string(so.total_steps) +
+                                  " steps (warmup " + std::to_string(so.warmup_steps) + "): " + e.what());
+    }
+  }
+
+  // The "scheduler" entry of the training checkpoint: progress and the whole plan.
+  c10::impl::GenericDict schedule_state() const {
+    const LrScheduleOptions& so = schedule->options();
+    auto d = new_dict();
+    d.insert("kind", lr_schedule_kind_name(so.kind));
+    d.insert("last_step", global_step);
+    d.insert("total_steps", so.total_steps);
+    d.insert("epochs", options.epochs);
+    d.insert("steps_per_epoch", steps_per_epoch());
+    d.insert("base_lr", so.base_lr);
+    d.insert("warmup_steps", so.warmup_steps);
+    d.insert("warmup_start_factor", so.warmup_start_factor);
+    d.insert("step_size", so.step_size);
+    auto milestones = c10::impl::GenericList(c10::AnyType::get());
+    for (int64_t m : so.milestones) milestones.push_back(m);
+    d.insert("milestones", milestones);
+    d.insert("gamma", so.gamma);
+    d.insert("min_lr", so.min_lr);
+    d.insert("pct_start", so.pct_start);
+    d.insert("div_factor", so.div_factor);
+    d.insert("final_div_factor", so.final_div_factor);
+    d.insert("cycle_momentum", so.cycle_momentum);
+    return d;
+  }
+
+  // Resuming onto another schedule plan (e.g. more --epochs) would move the learning rate from
+  // where the saved run had it. Names what changed and the next step's rate on both plans;
+  // refuses unless resume_replan_schedule, else logs it and continues on this run's plan.
+  void check_resumed_schedule(const c10::impl::GenericDict& saved, int64_t step, const std::string& file) const {
+    const c10::impl::GenericDict now = schedule_state();
+    std::string changed;
+    for (const auto& kv : now) {
+      const std::string& key = kv.key().toStringRef();
+      auto it = saved.find(key);
+      if (key == "last_step" || it == saved.end()) continue;  // older checkpoints have fewer fields
+      const std::string was = field_text(it->value()), is = field_text(kv.value());
+      if (was != is) changed += (changed.empty() ? "" : ", ") + key + " " + was + " -> " + is;
+    }
+    if (changed.empty()) return;
+    // The saved run's rate for `step`, when the file has its whole plan.
+    std::string before;
+    try {
+      LrScheduleOptions so = schedule->options();
+      so.kind = parse_lr_schedule_kind(saved.at("kind").toStringRef());
+      so.total_steps = saved.at("total_steps").toInt();
+      so.base_lr = saved.at("base_lr").toDouble();
+      so.warmup_steps = saved.at("warmup_steps").toInt();
+      so.warmup_start_factor = saved.at("warmup_start_factor").toDouble();
+      so.step_size = saved.at("step_size").toInt();
+      so.milestones.clear();
+      for (const auto& m : saved.at("milestones").toList()) so.milestones.push_back(c10::IValue(m).toInt());
+      so.gamma = saved.at("gamma").toDouble();
+      so.min_lr = saved.at("min_lr").toDouble();
+      so.pct_start = saved.at("pct_start").toDouble();
+      so.div_factor = saved.at("div_factor").toDouble();
+      so.final_div_factor = saved.at("final_div_factor").toDouble();
+      so.cycle_momentum = saved.at("cycle_momentum").toBool();
+      before = " (the saved plan: " + short_number(LrSchedule(so).lr(step)) + ")";
+    } catch (const std::exception&) {
+      before = "";  // a checkpoint from before the plan was saved
+    }
+    const LrScheduleOptions& so = schedule->options();
+    const std::string what = "the learning-rate schedule differs from the saved run's: " + changed +
+                             ". Re-planned, the " + lr_schedule_kind_name(so.kind) + " schedule runs over " +
+                             std::to_string(so.total_steps) + " steps (warmup " +
+                             std::to_string(so.warmup_steps) + ") and step " + std::to_string(step) +
+                             " continues at lr " + short_number(schedule->lr(step)) + before;
+    if (!options.resume_replan_schedule) {
+      throw std::invalid_argument(file + ": cannot resume: " + what +
+                                  ". Pass --resume-replan-schedule (TrainOptions::resume_replan_schedule) "
+                                  "to continue on the new plan, or resume with the saved run's options");
+    }
+    gpufeed::log_text(LogLevel::kWarn, "train: " + file + ": " + what + " (--resume-replan-schedule)");
   }
 
   void set_train_mode() {
@@ -314,11 +432,7 @@ struct Trainer::Impl {
     d.insert("version", int64_t{1});
     d.insert("model", state_dict_to_ivalue(module_state_dict(*model)));
     d.insert("optimizer", optimizer_state());
-    auto sched = new_dict();
-    sched.insert("kind", lr_schedule_kind_name(options.lr_schedule));
-    sched.insert("last_step", global_step);
-    sched.insert("total_steps", options.epochs * steps_per_epoch());
-    d.insert("scheduler", sched);
+    d.insert("scheduler", schedule_state());
     auto sc = new_dict();
     if (scaler) {
       sc.insert("scale", scaler->get_scale());
@@ -385,6 +499,9 @@ struct Trainer::Impl {
     epoch = at_key(sa, "epoch", file).toInt();
     batches_done = at_key(sa, "batches_consumed", file).toInt();
     global_step = at_key(d, "step", file).toInt();
+    if (auto sched = d.find("scheduler"); sched != d.end()) {
+      check_resumed_schedule(sched->value().toGenericDict(), global_step, file);
+    }
     gpufeed::log_text(LogLevel::kInfo, "train: resumed from " + file + " at epoch " +
                                            std::to_string(epoch) + ", batch " +
                                            std::to_string(batches_done) + ", step " +
@@ -487,7 +604,8 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
     m.val_set = loader::open_dataset(*o.val_data);
     check_same_classes(*m.val_set, *o.val_data, *m.train_set, o.data);
   }
-  if (!o.drop_last && !o.freeze_bn && m.train_sampler->size() % o.batch_size == 1) {
+  const bool forced_drop = !o.drop_last && !o.freeze_bn && m.train_sampler->size() % o.batch_size == 1;
+  if (forced_drop) {
     m.options.drop_last = true;
     gpufeed::log_text(LogLevel::kWarn,
                       "train: each rank's last batch would hold 1 sample (" +
@@ -497,6 +615,19 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
   }
   m.train_loader = std::make_shared<loader::Loader>(m.train_set, m.train_sampler, m.loader_options(true),
                                                     prefetch::host_allocator_for(m.device));
+  if (m.steps_per_epoch() == 0) {
+    const bool forced = forced_drop;
+    throw std::invalid_argument(
+        "Trainer: an epoch would take no optimizer step: " + o.data.string() + " has " +
+        std::to_string(m.train_set->size()) + " images; world size " + std::to_string(m.world) +
+        " gives each rank " + std::to_string(m.train_sampler->size()) +
+        " (DistributedSampler pads to a multiple of the world size), and batch size " +
+        std::to_string(o.batch_size) + " with drop_last " +
+        (forced ? "(turned on because the only batch would hold 1 sample, which BatchNorm cannot train on)"
+                : (o.drop_last ? "on" : "off")) +
+        " leaves 0 batches. Use a smaller --batch-size, fewer ranks or more images" +
+        (forced ? std::string(", or --freeze-bn") : std::string()));
+  }
   m.prefetch_options.device = m.device;
   m.prefetch_options.channels_last = o.channels_last;
   if (m.amp() && m.device.is_cuda()) m.prefetch_options.dtype = m.amp_dtype();  // half the H2D traffic
@@ -507,7 +638,14 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
   m.resnet_options.num_classes = static_cast<int64_t>(m.train_set->classes().size());
   m.resnet_options.zero_init_residual = o.zero_init_residual;
   m.model = make_resnet(m.resnet_options);
-  if (o.init_weights) load_state_dict(*m.model, *o.init_weights);
+  if (o.init_weights) {
+    LoadStateDictOptions lo;
+    lo.exclude = o.init_weights_exclude;
+    lo.skip_mismatched_shapes = o.init_weights_skip_mismatched;
+    load_state_dict(*m.model, *o.init_weights, lo);
+  } else if (!o.init_weights_exclude.empty() || o.init_weights_skip_mismatched) {
+    throw std::invalid_argument("Trainer: init_weights_exclude / init_weights_skip_mismatched without init_weights");
+  }
   m.model->to(m.device);
   if (o.channels_last) to_channels_last(*m.model);
 
@@ -539,6 +677,7 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
   m.params.insert(m.params.end(), no_decay.begin(), no_decay.end());
 
   if (o.precision == Precision::kFloat16) m.scaler = std::make_unique<GradScaler>(m.device, o.grad_scaler);
+  m.plan_schedule(lr);
   if (o.resume) m.resume_from(*o.resume);
 
   if (m.group) {
@@ -613,7 +752,7 @@ std::vector<EpochStats> Trainer::fit(const std::function<void(const EpochStats&)
   const TrainOptions& o = m.options;
   const int64_t steps_per_epoch = m.steps_per_epoch();
   const int64_t micro_per_epoch = m.micro_batches();
-  const LrSchedule schedule = m.schedule(scaled_lr());
+  const LrSchedule& schedule = *m.schedule;
   auto& optimizer = *m.optimizer;
   StopVote vote(m.group.get(), m.device);
   m.stopped = 0;
@@ -663,6 +802,7 @@ std::vector<EpochStats> Trainer::fit(const std::function<void(const EpochStats&)
       at::Tensor step_loss = at::zeros({1}, stat_options.dtype(at::kDouble));
       StepStats ss;
       bool skipped = false;
+      at::Tensor nonfinite;  // fp32/bf16: any micro-batch loss of this step not finite
       for (int64_t j = 0; j < micro; ++j) {
         const bool last = j + 1 == micro;
         // Phase 1: data wait.
@@ -687,6 +827,10 @@ std::vector<EpochStats> Trainer::fit(const std::function<void(const EpochStats&)
                 logits.to(at::kFloat), batch->labels,
                 torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(o.label_smoothing));
           }
+          if (!m.scaler) {
+            const at::Tensor bad = at::isfinite(loss.detach()).logical_not();
+            nonfinite = nonfinite.defined() ? nonfinite.logical_or(bad) : bad;
+          }
           at::Tensor objective = loss * (static_cast<double>(n) / static_cast<double>(step_samples));
           if (m.scaler) objective = m.scaler->scale(objective);
           objective.backward();
@@ -706,6 +850,21 @@ std::vector<EpochStats> Trainer::fit(const std::function<void(const EpochStats&)
             }
             m.scaler->update();
           } else {
+            if (nonfinite.item<bool>()) {
+              throw std::runtime_error(
+                  "train: the loss is not finite (" +
+                  (std::isnan(loss.item<double>())      ? std::string("nan")
+                   : std::isfinite(loss.item<double>()) ? std::string("an earlier micro-batch's")
+                                                        : short_number(loss.item<double>())) +
+                  ") in epoch " +
+                  std::to_string(epoch + 1) + "/" + std::to_string(o.epochs) + ", step " +
+                  std::to_string(step_in_epoch + 1) + " of the epoch (optimizer step " +
+                  std::to_string(m.global_step + 1) + " of the run, lr " + short_number(st.lr) +
+                  "): stopped before that step's update; no checkpoint was written" +
+                  (m.last_checkpoint.empty() ? std::string()
+                                             : " (the last one, " + m.last_checkpoint.string() + ", is intact)") +
+                  ". Lower --lr or check the data; --precision fp16 skips such steps instead");
+            }
             optimizer.step();
           }
           optimizer.zero_grad(/*set_to_none=*/true);
@@ -749,6 +908,11 @@ std::vector<EpochStats> Trainer::fit(const std::function<void(const EpochStats&)
       if (o.checkpoint_every_steps > 0 && m.global_step % o.checkpoint_every_steps == 0 && !epoch_over) {
         m.write_checkpoint(epoch, batch_index);
       }
+    }
+    if (st.steps == 0 && m.stopped == 0) {
+      throw std::runtime_error("train: epoch " + std::to_string(epoch + 1) + " took no optimizer step (" +
+                               std::to_string(micro_per_epoch) + " micro-batches per epoch on this rank, " +
+                               std::to_string(batch_index) + " already consumed when it started)");
     }
     st.seconds = seconds_since(t0);
     profiler.end_epoch();

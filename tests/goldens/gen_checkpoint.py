@@ -68,3 +68,68 @@ def make(out: pathlib.Path) -> None:
     }
     torch.save(nested, out / "ckpt_nested_module.pt", pickle_protocol=4)
     torch.save({"x": x, "logits": logits}, out / "ckpt_io.pt")
+    make_issue11(out, m, sd)
+
+
+# --- issue 11: state_dicts as wrapped, old, or other-headed models leave them ----------------------
+#
+#  ckpt_compile_ddp.pt    torch.compile(DistributedDataParallel(model)).state_dict() from a real
+#                         1-rank Gloo group: keys "_orig_mod.module.conv1.weight"
+#  ckpt_ddp_compile.pt    DistributedDataParallel(torch.compile(model)).state_dict(): "module._orig_mod."
+#  ckpt_lightning.pt      a Lightning-style checkpoint: {"state_dict": {"model.module." + key},
+#                         "optimizer_states": [...], "epoch", "pytorch-lightning_version", ...}
+#  ckpt_no_nbt.pt         a state_dict without BatchNorm's num_batches_tracked and without
+#                         _metadata (as PyTorch < 0.4.1 wrote, and as {k: v} dict copies are)
+#  ckpt_no_nbt_v1.pt      the same as an OrderedDict whose _metadata says BatchNorm version 1
+#                         (PyTorch 0.4.0), nested under "state_dict" beside "epoch"
+#  ckpt_r18_1000.pt       torchvision.models.resnet18() (1000 classes) state_dict: fine-tuning source
+# Every file is first loaded by torchvision the way the reference does (strict load_state_dict after
+# the wrapper is peeled), so the C++ side is held to what PyTorch accepts.
+def make_issue11(out: pathlib.Path, m: torch.nn.Module, sd: "collections.OrderedDict") -> None:
+    import os
+    import tempfile
+
+    import torch.distributed as dist
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method="file://" + os.path.join(tmp, "store"), rank=0,
+                                world_size=1)
+        try:
+            wrapped = torchvision.models.resnet18(num_classes=10)
+            wrapped.load_state_dict(sd)
+            compiled_ddp = torch.compile(torch.nn.parallel.DistributedDataParallel(wrapped))
+            a = compiled_ddp.state_dict()
+            assert next(iter(a)).startswith("_orig_mod.module."), next(iter(a))
+            torch.save(a, out / "ckpt_compile_ddp.pt")
+            ddp_compiled = torch.nn.parallel.DistributedDataParallel(torch.compile(wrapped))
+            b = ddp_compiled.state_dict()
+            assert next(iter(b)).startswith("module._orig_mod."), next(iter(b))
+            torch.save(b, out / "ckpt_ddp_compile.pt")
+        finally:
+            dist.destroy_process_group()
+
+    lightning = {
+        "epoch": 3,
+        "global_step": 120,
+        "pytorch-lightning_version": "2.4.0",
+        "state_dict": collections.OrderedDict(("model.module." + k, v) for k, v in sd.items()),
+        "optimizer_states": [{"state": {}, "param_groups": [{"lr": 0.1, "params": [0, 1]}]}],
+        "lr_schedulers": [],
+        "hyper_parameters": {"lr": 0.1, "arch": "resnet18"},
+    }
+    torch.save(lightning, out / "ckpt_lightning.pt")
+
+    no_nbt = collections.OrderedDict((k, v) for k, v in sd.items() if not k.endswith("num_batches_tracked"))
+    assert len(no_nbt) == len(sd) - 20
+    check = torchvision.models.resnet18(num_classes=10)
+    check.load_state_dict(no_nbt, strict=True)  # torch accepts it: no _metadata, no version
+    torch.save(no_nbt, out / "ckpt_no_nbt.pt")
+    v1 = m.state_dict()
+    for k in [k for k in v1 if k.endswith("num_batches_tracked")]:
+        del v1[k]
+        v1._metadata[k[: -len(".num_batches_tracked")]]["version"] = 1
+    check.load_state_dict(v1, strict=True)  # BatchNorm version 1: torch fills the buffer in
+    torch.save({"epoch": 90, "state_dict": v1}, out / "ckpt_no_nbt_v1.pt")
+
+    torch.manual_seed(11)
+    torch.save(torchvision.models.resnet18().state_dict(), out / "ckpt_r18_1000.pt")

@@ -72,3 +72,44 @@ def make(out: pathlib.Path) -> None:
     cases.append({"kind": "cosine", "base_lr": 1.0, "total": 200, "warmup": 3, "start_factor": 0.01})
     cases = [run({**base, **c}) for c in cases]
     (out / "schedule.json").write_text(json.dumps(cases))
+    make_raises(out)
+
+
+# Configurations torch.optim.lr_scheduler refuses when stepped once per optimizer step (scheduler
+# .step() after each of the `total` optimizer steps, the last one included), and neighbours it
+# accepts: schedule_raises.json, [{...case, "raises": bool, "error": "ZeroDivisionError(...)"}].
+def make_raises(out: pathlib.Path) -> None:
+    base = {"base_lr": 0.1, "warmup": 0, "start_factor": 0.1, "step_size": 1, "gamma": 0.1,
+            "milestones": [], "min_lr": 0.0, "pct_start": 0.3, "anneal": "cos",
+            "div_factor": 25.0, "final_div_factor": 1e4, "three_phase": False}
+    cases = [
+        # OneCycle: a phase of zero width holding a step.
+        {"kind": "onecycle", "total": 2, "pct_start": 0.5},     # the example
+        {"kind": "onecycle", "total": 10, "pct_start": 0.1},    # pct_start x total == 1
+        {"kind": "onecycle", "total": 1, "pct_start": 1.0},
+        {"kind": "onecycle", "total": 3, "pct_start": 1.0},     # the last phase, at step T
+        {"kind": "onecycle", "total": 4, "pct_start": 0.25, "three_phase": True},
+        {"kind": "onecycle", "total": 7, "pct_start": 4 / 7, "three_phase": True},  # 2pT-2 == T-1
+        {"kind": "onecycle", "total": 7, "warmup": 5, "pct_start": 0.5},  # main part: 2 steps
+        # ... and neighbours torch accepts.
+        {"kind": "onecycle", "total": 1, "pct_start": 0.3},
+        {"kind": "onecycle", "total": 2, "pct_start": 0.0},
+        {"kind": "onecycle", "total": 3, "pct_start": 0.5},
+        {"kind": "onecycle", "total": 10, "pct_start": 0.3, "three_phase": True},
+        {"kind": "onecycle", "total": 20, "pct_start": 0.99},
+        # LinearLR's start_factor check; StepLR's step_size (division by zero at its first step).
+        {"kind": "cosine", "total": 10, "warmup": 2, "start_factor": 0.0},
+        {"kind": "cosine", "total": 10, "warmup": 2, "start_factor": 1.0},
+        {"kind": "step", "total": 10, "step_size": 0},
+        {"kind": "step", "total": 10, "step_size": 3},
+    ]
+    results = []
+    for c in cases:
+        case = {**base, **c}
+        try:
+            case = run(case)
+            case.update(raises=False, error="")
+        except (ValueError, ZeroDivisionError) as e:
+            case.update(raises=True, error=repr(e))
+        results.append(case)
+    (out / "schedule_raises.json").write_text(json.dumps(results))

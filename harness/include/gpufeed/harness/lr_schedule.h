@@ -84,8 +84,14 @@ std::string lr_schedule_kind_name(LrScheduleKind kind);
 /// A schedule: per-step learning rate (and OneCycle's momentum) in closed form.
 class LrSchedule {
  public:
-  /// Throws std::invalid_argument for total_steps <= warmup_steps, warmup_steps < 0,
-  /// step_size < 1, unsorted milestones, or pct_start outside [0, 1].
+  /// Validates the whole plan up front, so every step's rate is finite. Throws
+  /// std::invalid_argument naming the schedule and the value for: total_steps <= warmup_steps,
+  /// warmup_steps < 0, a non-finite or negative base_lr; warmup_start_factor outside (0, 1]
+  /// (LinearLR's check); kStep: step_size < 1 (StepLR divides by it); kStep/kMultiStep:
+  /// unsorted milestones, gamma not finite or < 0; kCosine: min_lr not finite or < 0;
+  /// kOneCycle: pct_start outside [0, 1], div factors not finite or <= 0, and a phase of zero
+  /// width that holds a step (pct_start x steps == 1, pct_start == 1, three_phase with
+  /// 2 pct_start x steps - 2 == steps - 1), where torch's OneCycleLR raises ZeroDivisionError.
   explicit LrSchedule(LrScheduleOptions options);
 
   /// Learning rate for optimizer step `step` (0-based: the rate used by the step-th call of
@@ -102,6 +108,7 @@ class LrSchedule {
  private:
   double main_lr(int64_t k) const;  // k counted from the end of the warmup
   double onecycle(int64_t k, bool momentum) const;
+  std::vector<double> onecycle_phase_ends() const;  // OneCycleLR's end_step per phase
 
   LrScheduleOptions options_;
 };

@@ -15,7 +15,10 @@
 //    "optimizer": torch.optim.SGD.state_dict()'s layout: {"state": {i: {"momentum_buffer": t}},
 //                 "param_groups": [{"lr", "momentum", "dampening", "weight_decay", "nesterov",
 //                 "params": [i, ...]}]},
-//    "scheduler": {"kind": "cosine", "last_step": optimizer steps taken, "total_steps": ...},
+//    "scheduler": {"kind": "cosine", "last_step": optimizer steps taken, "total_steps": ...,
+//                  the plan (LrScheduleOptions): "base_lr", "warmup_steps", "warmup_start_factor",
+//                  "step_size", "milestones", "gamma", "min_lr", "pct_start", "div_factor",
+//                  "final_div_factor", "cycle_momentum"; and "epochs", "steps_per_epoch"},
 //    "scaler": torch.amp.GradScaler.state_dict()'s keys ("scale", "growth_factor",
 //              "backoff_factor", "growth_interval", "_growth_tracker"), or {} when not fp16,
 //    "sampler": {"epoch", "batches_consumed" (micro-batches of that epoch already trained on),
@@ -82,6 +85,12 @@ struct TrainOptions {
   /// Load these weights (a state_dict file from Python or gpufeed, see checkpoint.h) after
   /// building the model, before training: fine-tuning.
   std::optional<std::filesystem::path> init_weights;
+  /// init_weights: keys left at their fresh initialisation (LoadStateDictOptions::exclude:
+  /// "fc" for a new head on another class count).
+  std::vector<std::string> init_weights_exclude;
+  /// init_weights: keys whose shape differs from the model's keep their fresh initialisation,
+  /// with a warning naming them (LoadStateDictOptions::skip_mismatched_shapes).
+  bool init_weights_skip_mismatched = false;
 
   // --- optimisation ---
   int64_t epochs = 1;
@@ -144,8 +153,14 @@ struct TrainOptions {
   /// Write save_checkpoint only when a stop is requested (not at epoch ends or every N steps).
   bool save_checkpoint_only_on_stop = false;
   /// Resume from this training checkpoint. Throws at construction when its run differs in
-  /// architecture, classes, world size, batch size or accumulation.
+  /// architecture, classes, world size, batch size, accumulation or seed, or in the
+  /// learning-rate schedule's plan (epochs, steps per epoch, kind, lr, warmup, ... -- listing
+  /// what changed and the learning rate the next step would get) unless resume_replan_schedule.
   std::optional<std::filesystem::path> resume;
+  /// resume: accept a different schedule plan (e.g. more --epochs): the schedule is re-planned
+  /// over this run's options and continues at the saved step on the new plan (logged: what
+  /// changed, the next step's learning rate on both plans).
+  bool resume_replan_schedule = false;
   /// Polled after every optimizer step: nonzero asks the run to stop (e.g. set by a signal
   /// handler to the signal number). May be null.
   const std::atomic<int>* stop_flag = nullptr;
@@ -193,9 +208,12 @@ struct EvalStats {
 class Trainer {
  public:
   /// Builds the process group (when distributed), dataset(s), loader, prefetcher, model and
-  /// optimizer, and loads init_weights / resume. Logs the learning rate after linear scaling.
-  /// Throws std::runtime_error for a missing dataset folder, an unusable device, an unreadable
-  /// or mismatched checkpoint or a failed rendezvous; std::invalid_argument for bad options.
+  /// optimizer, plans the learning-rate schedule, and loads init_weights / resume. Logs the
+  /// learning rate after linear scaling. Throws std::runtime_error for a missing dataset folder,
+  /// an unusable device, an unreadable or mismatched checkpoint or a failed rendezvous;
+  /// std::invalid_argument for bad options, among them an epoch that would take no optimizer
+  /// step (dataset too small for the batch size and world size; the message names the dataset
+  /// size, batch size, world size and drop_last) and a schedule LrSchedule refuses.
   explicit Trainer(TrainOptions options);
   ~Trainer();
 
@@ -204,7 +222,10 @@ class Trainer {
   /// after the optimizer step during which a stop was requested (request_stop or stop_flag; in a
   /// distributed run all ranks agree to stop after the same step, one step later), writing the
   /// training checkpoint first. Returns the stats of the epochs it ran. Rethrows a failed
-  /// collective as std::runtime_error naming this rank and the cause.
+  /// collective as std::runtime_error naming this rank and the cause. In fp32 and bf16 a
+  /// non-finite loss throws std::runtime_error naming the epoch and step, before that step's
+  /// optimizer update and without writing any checkpoint (fp16 instead skips the step and
+  /// backs the loss scale off, as torch.amp.GradScaler does).
   std::vector<EpochStats> fit(const std::function<void(const EpochStats&)>& on_epoch = {});
 
   /// Called after every optimizer step with its stats (set before fit()).
