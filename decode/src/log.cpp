@@ -48,6 +48,4 @@ void log_text(LogLevel level, const std::string& message) {
   log()->log(to_spdlog(level), "{}", message);
 }
 
-bool log_enabled(LogLevel level) { return log()->should_log(to_spdlog(level)); }
-
 }  // namespace gpufeed

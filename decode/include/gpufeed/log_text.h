@@ -14,7 +14,4 @@ enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError };
 /// Writes a preformatted message to the "gpufeed" logger at `level`. Thread-safe.
 void log_text(LogLevel level, const std::string& message);
 
-/// True when the "gpufeed" logger would write a message at `level` (to skip building one).
-bool log_enabled(LogLevel level);
-
 }  // namespace gpufeed
