@@ -50,11 +50,11 @@ harness::TrainOptions tiny_run(const fs::path& data) {
   o.epochs = 1;
   o.batch_size = 8;
   o.image_size = 32;
-  o.workers = 1;
+  o.num_workers = 1;
   o.lr = 0.8;  // per 256: 0.025 at 8
   o.freeze_bn = true;
   o.zero_init_residual = true;
-  o.distributed = "off";
+  o.distributed = harness::DistributedMode::kOff;
   return o;
 }
 
@@ -855,7 +855,7 @@ TEST(Trainer, LearnsTheSyntheticDatasetToNinetyPercent) {
   o.batch_size = 16;
   o.lr = 0.4;  // per 256 -> 0.025 at batch 16
   o.warmup_epochs = 0.5;
-  o.workers = 2;
+  o.num_workers = 2;
   o.image_size = 48;
   o.seed = 0;
   o.checkpoint = root / "final.pt";
@@ -1087,4 +1087,44 @@ TEST(Trainer, ResumingOntoAnotherSchedulePlanIsRefusedUnlessReplanned) {
   const harness::LrSchedule s(plan);
   for (const auto& st : rest) EXPECT_EQ(st.lr, s.lr(st.step)) << "step " << st.step;
   EXPECT_EQ(rest.front().step, 4);
+}
+
+// The step's named hook points run where trainer.h says: the batch transform per micro-batch
+// before the forward pass, the gradient transform once per step on the complete gradients (here
+// it zeroes them, so with no weight decay nothing moves), the post-step hook after each update.
+TEST(Trainer, StepHooksRunAtTheirPlacesInTheStep) {
+  TempDir dir("hooks");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  harness::TrainOptions o = tiny_run(data);
+  o.max_steps_per_epoch = 2;
+  o.batch_size = 4;
+  o.accum_steps = 2;
+  o.weight_decay = 0;
+  harness::Trainer t(o);
+  std::map<std::string, at::Tensor> before;
+  for (const auto& p : t.model()->named_parameters()) before[p.key()] = p.value().detach().clone();
+  std::vector<std::string> events;
+  harness::StepHooks hooks;
+  hooks.batch_transform = [&](at::Tensor& images, at::Tensor& labels) {
+    events.push_back("batch " + std::to_string(images.size(0)) + " " + std::to_string(labels.size(0)));
+  };
+  hooks.gradient_transform = [&](const std::vector<at::Tensor>& params) {
+    int64_t with_grad = 0;
+    for (const auto& p : params) {
+      if (p.grad().defined()) {
+        ++with_grad;
+        p.grad().zero_();
+      }
+    }
+    events.push_back("gradients " + std::to_string(with_grad));
+  };
+  hooks.post_step = [&](int64_t step) { events.push_back("post " + std::to_string(step)); };
+  t.set_step_hooks(hooks);
+  t.fit();
+  const std::vector<std::string> expected = {"batch 4 4", "batch 4 4", "gradients 62", "post 0",
+                                             "batch 4 4", "batch 4 4", "gradients 62", "post 1"};
+  EXPECT_EQ(events, expected);
+  for (const auto& p : t.model()->named_parameters()) {
+    EXPECT_TRUE(torch::equal(p.value(), before[p.key()])) << p.key() << " moved although its gradient was zeroed";
+  }
 }

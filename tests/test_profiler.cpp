@@ -138,7 +138,7 @@ TEST(Verdict, CallsARunThatWaitsForDataInputBoundAndNamesWorkersAsTheKnob) {
   EXPECT_NEAR(v.decode_fraction, 0.71, 1e-12);
   EXPECT_NEAR(v.read_fraction, 0.10, 1e-12);
   EXPECT_NEAR(v.resize_fraction, 0.19, 1e-12);
-  EXPECT_EQ(v.knob.rfind("raise --workers from 4 to 16", 0), 0u) << v.knob;
+  EXPECT_EQ(v.knob.rfind("raise --num-workers from 4 to 16", 0), 0u) << v.knob;
   EXPECT_NE(v.text.find("Input-bound: the GPU waited for data 37% of step time"), std::string::npos)
       << v.text;
   EXPECT_NE(
@@ -511,7 +511,7 @@ TEST(Profiler, CpuRunWritesMetricsAndANestedTraceWithLoaderThreadTracks) {
   o.epochs = 2;
   o.batch_size = 32;
   o.image_size = 32;
-  o.workers = 2;
+  o.num_workers = 2;
   o.profile.metrics_path = dir / "m.jsonl";
   o.profile.metrics_every_steps = 4;
   o.profile.trace_path = dir / "t.json";
@@ -633,7 +633,7 @@ TEST(Profiler, ThrottledLoaderMakesTheVerdictInputBound) {
   o.data = dir / "data";
   o.batch_size = 16;
   o.image_size = 16;
-  o.workers = 1;
+  o.num_workers = 1;
   o.prefetch_depth = 2;
   Trainer trainer(o);
   trainer.fit();
@@ -643,7 +643,7 @@ TEST(Profiler, ThrottledLoaderMakesTheVerdictInputBound) {
   EXPECT_GT(p.verdict.decode_fraction, 0.5) << p.verdict.text;
   EXPECT_NE(p.verdict.text.find("Input-bound"), std::string::npos);
   if (std::thread::hardware_concurrency() > 1) {
-    EXPECT_NE(p.verdict.knob.find("--workers from 1"), std::string::npos) << p.verdict.knob;
+    EXPECT_NE(p.verdict.knob.find("--num-workers from 1"), std::string::npos) << p.verdict.knob;
   }
   fs::remove_all(dir);
 }
@@ -663,7 +663,7 @@ TEST(Profiler, LargeModelWithAFastLoaderMakesTheVerdictComputeBound) {
   o.arch = "resnet50";
   o.batch_size = 4;
   o.image_size = 32;
-  o.workers = 1;
+  o.num_workers = 1;
   Trainer trainer(o);
   trainer.fit();
   const RunProfile& p = trainer.profile();

@@ -189,7 +189,10 @@ Run add_train(CLI::App& app) {
   app.add_option("--loss-scale-init", o->grad_scaler.init_scale, "fp16: initial loss scale")->capture_default_str();
   app.add_option("--loss-scale-growth-interval", o->grad_scaler.growth_interval, "fp16: finite steps before growing")
       ->capture_default_str();
-  app.add_option("--workers", o->workers, "loader threads per process (0 = all)")->capture_default_str()->check(kAtLeastZero);
+  app.add_option("--num-workers", o->num_workers, "loader threads per process (0 = all)")
+      ->capture_default_str()->check(kAtLeastZero);
+  // The old name, kept working (hidden from --help): --workers N is --num-workers N.
+  app.add_option("--workers", o->num_workers)->check(kAtLeastZero)->group("");
   app.add_option("--image-size", o->image_size, "train crop side, pixels")->capture_default_str();
   app.add_option("--device", o->device, "cpu, cuda or cuda:N (distributed: cuda = cuda:LOCAL_RANK)")->capture_default_str();
   str("--devices", "DataParallel over these devices: 0,1,... (CUDA indices) or full names");
@@ -262,8 +265,8 @@ Run add_train(CLI::App& app) {
     o->lr_schedule = harness::parse_lr_schedule_kind(get("--lr-schedule"));
     for (const auto& m : split_list(get("--lr-milestones"))) o->lr_milestones.push_back(std::stod(m));
     o->precision = harness::parse_precision(get("--precision"));
-    o->distributed = get("--distributed");
-    o->dist_backend = get("--dist-backend");
+    o->distributed = harness::parse_distributed_mode(get("--distributed"));
+    o->dist_backend = harness::parse_dist_backend(get("--dist-backend"));
     o->cudnn_benchmark = !*no_benchmark;
     for (const auto& d : split_list(get("--devices"))) {
       o->dp_devices.push_back(std::all_of(d.begin(), d.end(), ::isdigit) ? "cuda:" + d : d);

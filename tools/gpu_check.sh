@@ -72,7 +72,7 @@ EPOCHS=$(( (STEPS + PER_EPOCH - 1) / PER_EPOCH ))
 EXTRA=()
 [ "$DEVICE" != cpu ] && EXTRA+=(--precision bf16)
 run train_gpufeed 300 "$G" train --data "$DATA" --arch "$ARCH" --epochs "$EPOCHS" \
-  --batch-size "$BATCH" --workers "$THREADS" --device "$DEVICE" --channels-last \
+  --batch-size "$BATCH" --num-workers "$THREADS" --device "$DEVICE" --channels-last \
   --image-size "$SIZE" --lr 0.1 --progress lines --metrics "$OUT/train_metrics.jsonl" \
   --metrics-every 10 --trace "$OUT/train_trace.json" "${EXTRA[@]}"
 # NVML utilisation next to the CUDA-event busy fraction, per metrics record.
@@ -88,11 +88,11 @@ for r in map(json.loads, open(sys.argv[1])):
 # device, fp16 with loss scaling (few steps each; exit status and finite loss are the check).
 run ddp_nccl_world1 120 "$G" launch --nproc-per-node 1 --master-port 0 -- "$PWD/$G" train \
   --data "$DATA" --arch resnet18 --device cuda --precision bf16 --channels-last --batch-size 64 \
-  --epochs 1 --max-steps-per-epoch 20 --workers "$THREADS" --progress off
+  --epochs 1 --max-steps-per-epoch 20 --num-workers "$THREADS" --progress off
 run data_parallel_1 120 "$G" train --data "$DATA" --devices 0 --arch resnet18 --batch-size 64 \
-  --epochs 1 --max-steps-per-epoch 20 --workers "$THREADS" --progress off
+  --epochs 1 --max-steps-per-epoch 20 --num-workers "$THREADS" --progress off
 run fp16_scaler 120 "$G" train --data "$DATA" --device cuda:0 --precision fp16 --arch resnet18 \
-  --batch-size 64 --epochs 1 --max-steps-per-epoch 30 --workers "$THREADS" --progress off
+  --batch-size 64 --epochs 1 --max-steps-per-epoch 30 --num-workers "$THREADS" --progress off
 
 BF16=(); [ "$DEVICE" != cpu ] && BF16=(--bf16)
 run train_torch 300 "$PY" tools/baselines/torch_train.py --data "$DATA" --arch "$ARCH" \

@@ -154,7 +154,7 @@ Verdict make_verdict(const VerdictInputs& in) {
     v.bound = Verdict::Bound::kInput;
     const bool capacity_to_spare = v.loader_images_per_s > 1.25 * v.model_images_per_s;
     if (in.workers < in.hardware_threads && !capacity_to_spare) {
-      v.knob = "raise --workers from " + std::to_string(in.workers) + " to " +
+      v.knob = "raise --num-workers from " + std::to_string(in.workers) + " to " +
                std::to_string(in.hardware_threads) + " (the machine has " +
                std::to_string(in.hardware_threads) + " hardware threads" +
                (in.gpu ? ")" : "; on a CPU run the model competes for the same cores)") + ".";

@@ -9,25 +9,7 @@
 // waiting for data.
 //
 // A training checkpoint (TrainOptions::save_checkpoint) is one torch.save-format file that Python
-// reads with torch.load(path, weights_only=True):
-//   {"format": "gpufeed.train_checkpoint", "version": 1,
-//    "model": state_dict (torchvision's names, no "module." prefix),
-//    "optimizer": torch.optim.SGD.state_dict()'s layout: {"state": {i: {"momentum_buffer": t}},
-//                 "param_groups": [{"lr", "momentum", "dampening", "weight_decay", "nesterov",
-//                 "params": [i, ...]}]},
-//    "scheduler": {"kind": "cosine", "last_step": optimizer steps taken, "total_steps": ...,
-//                  the plan (LrScheduleOptions): "base_lr", "warmup_steps", "warmup_start_factor",
-//                  "step_size", "milestones", "gamma", "min_lr", "pct_start", "div_factor",
-//                  "final_div_factor", "cycle_momentum"; and "epochs", "steps_per_epoch"},
-//    "scaler": torch.amp.GradScaler.state_dict()'s keys ("scale", "growth_factor",
-//              "backoff_factor", "growth_interval", "_growth_tracker"), or {} when not fp16,
-//    "sampler": {"epoch", "batches_consumed" (micro-batches of that epoch already trained on),
-//                "seed", "num_replicas", "batch_size", "accum_steps"},
-//    "rng": {"cpu": uint8 tensor, "cuda": uint8 tensor (when training on CUDA)},
-//    "epoch": epoch in progress, "step": optimizer steps taken,
-//    "arch": ..., "num_classes": ...}
-// Resuming restores all of it: the next batches, learning rates and losses are those of an
-// uninterrupted run (bit for bit on the CPU).
+// reads with torch.load(path, weights_only=True); its layout is documented in train_checkpoint.h.
 
 #include <atomic>
 #include <cstdint>
@@ -54,6 +36,28 @@ enum class Precision {
 };
 /// Parses "fp32", "bf16" or "fp16"; throws std::invalid_argument otherwise.
 Precision parse_precision(const std::string& name);
+/// The name parse_precision accepts for `precision`.
+std::string precision_name(Precision precision);
+
+/// Whether to join a distributed run (torchrun's RANK/WORLD_SIZE or Slurm's SLURM_PROCID/NTASKS).
+enum class DistributedMode {
+  kAuto,  ///< "auto": when torchrun's environment is set, or Slurm's with more than one task
+  kOn,    ///< "on": always (an error without an environment)
+  kOff,   ///< "off": never
+};
+/// Parses "auto", "on" or "off"; throws std::invalid_argument naming the value otherwise.
+DistributedMode parse_distributed_mode(const std::string& name);
+
+/// The collective backend of a distributed run.
+enum class DistBackend {
+  kAuto,  ///< "auto": NCCL on CUDA, else Gloo
+  kNccl,  ///< "nccl"
+  kGloo,  ///< "gloo"
+};
+/// Parses "auto", "nccl" or "gloo"; throws std::invalid_argument naming the value otherwise.
+DistBackend parse_dist_backend(const std::string& name);
+/// The name parse_dist_backend accepts for `backend` (ProcessGroupOptions::backend's spelling).
+std::string dist_backend_name(DistBackend backend);
 
 /// What `gpufeed train` takes; defaults follow torchvision's ImageNet reference recipe where it
 /// has one (SGD momentum 0.9, weight decay 1e-4, lr 0.1 per 256 images, cosine schedule).
@@ -61,7 +65,7 @@ struct TrainOptions {
   // --- data ---
   std::filesystem::path data;                     ///< training set: ImageFolder, flat folder or file list
   std::optional<std::filesystem::path> val_data;  ///< evaluated after each epoch (same classes)
-  int workers = 0;                  ///< loader threads per process; 0 = all hardware threads
+  int num_workers = 0;              ///< loader threads per process; 0 = all hardware threads
   int image_size = 224;             ///< train crop; eval resizes to size * 256/224, crops size
   int prefetch_depth = 3;           ///< loader batch slots
   /// Drop each rank's last, shorter training batch (DataLoader's drop_last). Also turned on, with
@@ -134,10 +138,8 @@ struct TrainOptions {
   /// {"cuda:0", "cuda:1"}; one device runs the module itself through the DataParallel wrapper.
   /// Empty: no DataParallel. Not combinable with a distributed run.
   std::vector<std::string> dp_devices;
-  /// "auto": distributed when torchrun's environment is set, or Slurm's with more than one task;
-  /// "on": always (error without an environment); "off": never.
-  std::string distributed = "auto";
-  std::string dist_backend = "auto";   ///< "nccl", "gloo" or "auto" (NCCL on CUDA, else Gloo)
+  DistributedMode distributed = DistributedMode::kAuto;
+  DistBackend dist_backend = DistBackend::kAuto;
   double dist_timeout_s = 1800;        ///< rendezvous and collective timeout
   int64_t ddp_bucket_mb = 25;          ///< gradient bucket size, MiB
   bool cudnn_benchmark = true;         ///< cudnn.benchmark on CUDA
@@ -196,6 +198,22 @@ struct StepStats {
   std::vector<int64_t> indices; ///< dataset indices of this rank's samples, in order
 };
 
+/// Named places in the training step where a feature plugs in (each may be empty). They run on
+/// every rank, in the training thread.
+struct StepHooks {
+  /// Batch transform (MixUp/CutMix go here): per micro-batch, after the batch arrives and before
+  /// the forward pass; may change images [N, 3, H, W] (normalised, on the device) and labels [N]
+  /// (int64) in place or replace them.
+  std::function<void(at::Tensor& images, at::Tensor& labels)> batch_transform;
+  /// Gradient transform (clipping goes here): per optimizer step, when the gradients are complete
+  /// -- accumulated over the micro-batches, all-reduced, unscaled and checked finite under fp16 --
+  /// and before optimizer.step(). `params` in optimizer order. Not called for a step fp16 skips.
+  std::function<void(const std::vector<at::Tensor>& params)> gradient_transform;
+  /// Post-step hook (an EMA of the weights goes here): after each optimizer step that updated
+  /// the parameters; `step` is the 0-based global step just taken.
+  std::function<void(int64_t step)> post_step;
+};
+
 /// Evaluation result on a dataset (eval transform, model in eval mode).
 struct EvalStats {
   int64_t samples = 0;
@@ -230,6 +248,8 @@ class Trainer {
 
   /// Called after every optimizer step with its stats (set before fit()).
   void set_step_callback(std::function<void(const StepStats&)> on_step);
+  /// The step's hook points (set before fit()).
+  void set_step_hooks(StepHooks hooks);
 
   /// Asks fit() to stop after the current optimizer step. Async-signal-safe (sets an atomic).
   void request_stop(int reason = 1) noexcept;

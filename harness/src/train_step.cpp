@@ -1,0 +1,261 @@
+// One training step and one training epoch (see trainer_impl.h for where the rest lives).
+//
+// A step is accum_steps micro-batches (fewer at the end of an epoch), each one:
+//   data wait -> [batch transform hook] -> forward + loss + backward (DDP's buckets all-reduce
+//   during the last micro-batch's backward; no_sync before) -> all-reduce wait (last) ->
+//   optimizer (last): loss check or GradScaler, [gradient transform hook], optimizer.step(),
+//   zero_grad, [post-step hook]
+// with the profiler's phases around each part, then the stop vote and checkpoints between steps.
+#include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+#include "gpufeed/log_text.h"
+#include "trainer_impl.h"
+
+namespace gpufeed::harness {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+// ---- the stop vote ---------------------------------------------------------------------------
+
+int StopVote::after_step(int local) {
+  if (!group_) return local;
+  int agreed = 0;
+  if (pending_) {
+    if (event_) {
+      event_->synchronize();
+      agreed = host_.item<int>();
+    } else {
+      pending_->wait();
+      agreed = static_cast<int>(host_.item<int>());
+    }
+    pending_.reset();
+    event_.reset();
+  }
+  if (agreed == 0) launch(local);
+  return agreed == 0 ? 0 : (local != 0 ? local : agreed);
+}
+
+void StopVote::launch(int local) {
+  std::vector<at::Tensor> t{at::full({1}, local, at::TensorOptions().dtype(at::kInt).device(device_))};
+  pending_ = group_->all_reduce_sum_async(t);
+  if (device_.is_cuda()) {
+    pending_->wait();  // the current stream waits for the all-reduce; the host does not
+    host_ = at::empty({1}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
+    host_.copy_(t[0], /*non_blocking=*/true);
+    event_ = std::make_unique<c10::Event>(c10::kCUDA);
+    event_->record(c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(device_));
+  } else {
+    host_ = t[0];  // Gloo writes the result here; wait() before reading
+  }
+}
+
+// ---- one epoch -------------------------------------------------------------------------------
+
+EpochStats Trainer::Impl::train_epoch(int64_t epoch_index, Profiler& profiler, StopVote& vote) {
+  const TrainOptions& o = options;
+  const auto stat_options = at::TensorOptions().device(device);
+  EpochState ep;
+  ep.epoch = epoch_index;
+  ep.batch_index = epoch_index == epoch ? batches_done : 0;  // micro-batches done in this epoch
+  ep.step_in_epoch = (ep.batch_index + o.accum_steps - 1) / o.accum_steps;
+  set_train_mode();
+  train_sampler->set_epoch(epoch_index);  // DistributedSampler.set_epoch, every epoch
+  prefetcher->start_epoch(epoch_index, ep.batch_index);
+  profiler.begin_epoch(epoch_index);
+  ep.stats.epoch = epoch_index;
+  ep.loss_sum = at::zeros({1}, stat_options.dtype(at::kDouble));
+  ep.correct = at::zeros({1}, stat_options.dtype(at::kLong));
+  const int64_t steps = steps_per_epoch(), micro_per_epoch = micro_batches();
+  const auto t0 = Clock::now();
+  while (ep.step_in_epoch < steps && ep.batch_index < micro_per_epoch) {
+    train_step(ep, profiler);
+    int local = stop_request.load();
+    if (local == 0 && o.stop_flag) local = o.stop_flag->load();
+    if (const int stop = vote.after_step(local); stop != 0) stopped = stop;
+    const bool epoch_over = ep.step_in_epoch >= steps || ep.batch_index >= micro_per_epoch;
+    if (stopped != 0) {
+      write_checkpoint(epoch_over ? epoch_index + 1 : epoch_index, epoch_over ? 0 : ep.batch_index, /*on_stop=*/true);
+      gpufeed::log_text(LogLevel::kWarn, "train: stop requested (" + std::to_string(stopped) +
+                                             "): stopped after step " + std::to_string(global_step));
+      break;
+    }
+    if (o.checkpoint_every_steps > 0 && global_step % o.checkpoint_every_steps == 0 && !epoch_over) {
+      write_checkpoint(epoch_index, ep.batch_index);
+    }
+  }
+  if (ep.stats.steps == 0 && stopped == 0) {
+    throw std::runtime_error("train: epoch " + std::to_string(epoch_index + 1) + " took no optimizer step (" +
+                             std::to_string(micro_per_epoch) + " micro-batches per epoch on this rank, " +
+                             std::to_string(ep.batch_index) + " already consumed when it started)");
+  }
+  ep.stats.seconds = seconds_since(t0);
+  profiler.end_epoch();
+  finish_epoch(ep);
+  return ep.stats;
+}
+
+// Loss, top-1, samples and skipped samples summed over all ranks.
+void Trainer::Impl::finish_epoch(EpochState& ep) {
+  EpochStats& st = ep.stats;
+  const auto stat_options = at::TensorOptions().device(device);
+  const auto skipped_here = static_cast<double>(train_loader->epoch_summary().skipped);
+  at::Tensor totals = at::cat({ep.loss_sum, ep.correct.to(at::kDouble),
+                               at::full({1}, static_cast<double>(st.samples), stat_options.dtype(at::kDouble)),
+                               at::full({1}, skipped_here, stat_options.dtype(at::kDouble))});
+  if (group) {
+    std::vector<at::Tensor> t{totals};
+    group->all_reduce_sum(t);
+  }
+  const at::Tensor tot = totals.cpu();
+  const double samples = tot[2].item<double>();
+  st.samples = static_cast<int64_t>(samples);
+  st.skipped_samples = static_cast<int64_t>(tot[3].item<double>());
+  st.loss = samples > 0 ? tot[0].item<double>() / samples : 0;
+  st.top1 = samples > 0 ? tot[1].item<double>() / samples : 0;
+  st.images_per_s = st.seconds > 0 ? samples / st.seconds : 0;
+  st.data_wait_fraction = st.seconds > 0 ? ep.wait_s / st.seconds : 0;
+}
+
+// ---- one step ----------------------------------------------------------------------------------
+
+// One optimizer step: accum_steps micro-batches (fewer at the end of an epoch), each loss
+// weighted by its share of the step's samples, so the gradient is the whole step's mean.
+void Trainer::Impl::train_step(EpochState& ep, Profiler& profiler) {
+  StepState step;
+  step.micro = std::min(options.accum_steps, micro_batches() - ep.batch_index);
+  for (int64_t j = 0; j < step.micro; ++j) step.samples += micro_batch_size(ep.batch_index + j);
+  ep.stats.lr = schedule->lr(global_step);
+  const std::optional<double> momentum = schedule->momentum(global_step);
+  for (auto& g : optimizer->param_groups()) {
+    auto& so = static_cast<torch::optim::SGDOptions&>(g.options());
+    so.lr(ep.stats.lr);
+    if (momentum) so.momentum(*momentum);
+  }
+  step.loss_scale = scaler ? scaler->get_scale() : 1.0;
+  step.loss = at::zeros({1}, at::TensorOptions().device(device).dtype(at::kDouble));
+  for (int64_t j = 0; j < step.micro; ++j) train_micro_batch(ep, step, /*last=*/j + 1 == step.micro, profiler);
+  ++ep.stats.steps;
+  ++ep.step_in_epoch;
+  if (on_step) {
+    StepStats& ss = step.stats;
+    ss.epoch = ep.epoch;
+    ss.step = global_step;
+    ss.samples = step.samples;
+    ss.loss = step.loss.item<double>() / static_cast<double>(step.samples);
+    ss.lr = ep.stats.lr;
+    ss.skipped = step.skipped;
+    ss.loss_scale = step.loss_scale;
+    on_step(ss);
+  }
+  ++global_step;
+}
+
+void Trainer::Impl::train_micro_batch(EpochState& ep, StepState& step, bool last, Profiler& profiler) {
+  // Phase 1: data wait.
+  profiler.step_begin();
+  auto batch = prefetcher->next();
+  if (!batch) throw std::runtime_error("train: the loader ended the epoch early");
+  profiler.batch_ready(*batch);
+  ep.wait_s += batch->wait_ms / 1000.0;
+  const int64_t n = batch->labels.size(0);
+  // Hook point: batch transform (MixUp/CutMix).
+  if (hooks.batch_transform) hooks.batch_transform(batch->images, batch->labels);
+  // Phase 2: forward + backward.
+  auto [logits, loss] = forward_backward(*batch, step, last);
+  profiler.phase_done(Phase::kForwardBackward);
+  // Phase 3: all-reduce wait (DDP, last micro-batch only).
+  if (last && ddp) ddp->finish_gradient_sync();
+  profiler.phase_done(Phase::kAllReduce);
+  // Phase 4: optimizer step (last micro-batch only).
+  if (last) optimizer_step(ep, step, loss);
+  profiler.phase_done(Phase::kOptimizer);
+  {
+    torch::NoGradGuard no_grad;
+    const at::Tensor l = loss.detach().to(at::kDouble) * static_cast<double>(n);
+    ep.loss_sum += l;
+    step.loss += l;
+    ep.correct += logits.detach().argmax(1).eq(batch->labels).sum();
+  }
+  if (on_step) step.stats.indices.insert(step.stats.indices.end(), batch->indices.begin(), batch->indices.end());
+  ep.stats.samples += n;
+  ++ep.batch_index;
+  profiler.step_end(n);
+}
+
+// Forward, loss and backward of one micro-batch. Gradient all-reduces start inside backward as
+// DDP's buckets fill (not for the micro-batches before the last: no_sync). Returns the logits
+// and the (unweighted, unscaled) loss.
+std::pair<at::Tensor, at::Tensor> Trainer::Impl::forward_backward(prefetch::DeviceBatch& batch, StepState& step,
+                                                                   bool last) {
+  const int64_t n = batch.labels.size(0);
+  at::Tensor logits, loss;
+  std::optional<DistributedDataParallel::NoSync> no_sync;
+  if (ddp && !last) no_sync.emplace(*ddp);
+  if (ddp) ddp->pre_forward();
+  {
+    std::optional<AutocastGuard> autocast;
+    if (amp()) autocast.emplace(device.type(), amp_dtype());
+    logits = forward(batch.images);
+    loss = torch::nn::functional::cross_entropy(
+        logits.to(at::kFloat), batch.labels,
+        torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(options.label_smoothing));
+  }
+  if (!scaler) {  // fp32/bf16: remember a non-finite loss for the check before the update
+    const at::Tensor bad = at::isfinite(loss.detach()).logical_not();
+    step.nonfinite = step.nonfinite.defined() ? step.nonfinite.logical_or(bad) : bad;
+  }
+  at::Tensor objective = loss * (static_cast<double>(n) / static_cast<double>(step.samples));
+  if (scaler) objective = scaler->scale(objective);
+  objective.backward();
+  return {logits, loss};
+}
+
+// The update at the end of a step. fp16: GradScaler unscales and checks the gradients, and
+// skips the step on inf/NaN (backing the scale off). fp32/bf16: a non-finite loss stops the run
+// before the update, so neither the model nor any checkpoint takes NaNs.
+void Trainer::Impl::optimizer_step(EpochState& ep, StepState& step, const at::Tensor& last_loss) {
+  bool update = true;
+  if (scaler) {
+    update = scaler->step_ok(params);
+    if (!update) {
+      step.skipped = true;
+      ++ep.stats.skipped_steps;
+    }
+  } else if (step.nonfinite.item<bool>()) {
+    const double shown = last_loss.item<double>();
+    throw std::runtime_error(
+        "train: the loss is not finite (" +
+        (std::isnan(shown) ? std::string("nan") : std::isfinite(shown) ? std::string("an earlier micro-batch's") : c10::str(shown)) +
+        ") in epoch " + std::to_string(ep.epoch + 1) + "/" + std::to_string(options.epochs) + ", step " +
+        std::to_string(ep.step_in_epoch + 1) + " of the epoch (optimizer step " + std::to_string(global_step + 1) +
+        " of the run, lr " + c10::str(ep.stats.lr) + "): stopped before that step's update; no checkpoint was written" +
+        (last_checkpoint.empty() ? std::string() : " (the last one, " + last_checkpoint.string() + ", is intact)") +
+        ". Lower --lr or check the data; --precision fp16 skips such steps instead");
+  }
+  if (update) {
+    // Hook point: gradient transform (clipping), on complete, unscaled gradients.
+    if (hooks.gradient_transform) hooks.gradient_transform(params);
+    optimizer->step();
+  }
+  if (scaler) scaler->update();
+  optimizer->zero_grad(/*set_to_none=*/true);
+  // Hook point: post-step (EMA).
+  if (update && hooks.post_step) hooks.post_step(global_step);
+}
+
+}  // namespace gpufeed::harness
