@@ -11,7 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./setup.sh --no-build
 BUILD=build/gpu
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUFEED_WITH_IMGCODECS=OFF \
+# Static gpufeed libraries: the binaries carry them (only third-party libraries go to lib/).
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUFEED_WITH_IMGCODECS=OFF -DBUILD_SHARED_LIBS=OFF \
   -DGPUFEED_BUILD_TESTS=ON -DTORCH_CUDA_ARCH_LIST="8.0;9.0" -DCMAKE_CUDA_ARCHITECTURES="80;90" >/dev/null
 cmake --build "$BUILD" -j "$(nproc)" --target gpufeed test_gpu test_prefetch gpufeed_gpu_bench
 B=.gpu_bundle
