@@ -35,6 +35,7 @@ PUBLIC_HEADERS = [
     "gpufeed/harness/amp.h", "gpufeed/harness/checkpoint.h", "gpufeed/harness/data_parallel.h",
     "gpufeed/harness/distributed.h", "gpufeed/harness/lr_schedule.h", "gpufeed/harness/profiler.h",
     "gpufeed/harness/progress.h", "gpufeed/harness/resnet.h", "gpufeed/harness/torch_file.h",
+    "gpufeed/harness/train_checkpoint.h",
     "gpufeed/harness/trainer.h",
 ]
 INTERNAL_HEADERS = ["gpufeed/log.h", "gpufeed/log_text.h", "gpufeed/harness/nvml.h", "gpufeed/harness/trace.h"]

@@ -9,7 +9,7 @@
 //   DataParallel  gpufeed/harness/data_parallel.h one process, several GPUs
 //   Trainer       gpufeed/harness/trainer.h       gpufeed's own ResNet training loop (TrainOptions)
 //   ResNet        gpufeed/harness/resnet.h        torchvision-identical ResNets
-//   checkpoints   gpufeed/harness/checkpoint.h, torch_file.h   state_dicts Python reads and writes
+//   checkpoints   gpufeed/harness/checkpoint.h, torch_file.h, train_checkpoint.h: files Python reads and writes
 //   schedules     gpufeed/harness/lr_schedule.h, amp.h (GradScaler), profiler.h, progress.h
 
 #include "gpufeed/harness/amp.h"
@@ -21,6 +21,7 @@
 #include "gpufeed/harness/progress.h"
 #include "gpufeed/harness/resnet.h"
 #include "gpufeed/harness/torch_file.h"
+#include "gpufeed/harness/train_checkpoint.h"
 #include "gpufeed/harness/trainer.h"
 #include "gpufeed/loader.h"
 #include "gpufeed/prefetch/prefetcher.h"
