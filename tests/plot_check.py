@@ -55,16 +55,16 @@ def main():
     run([args.gpufeed, "make-dataset", "--out", data, "--classes", "2", "--per-class", "24",
          "--min-size", "48", "--max-size", "96"])
     run([args.gpufeed, "train", "--data", data, "--arch", "resnet18", "--epochs", "2",
-         "--batch-size", "8", "--image-size", "32", "--workers", "2", "--metrics", metrics,
+         "--batch-size", "8", "--image-size", "32", "--num-workers", "2", "--metrics", metrics,
          "--metrics-every", "1", "--progress", "lines"])
     with open(bench, "w") as f:
-        subprocess.run([args.gpufeed, "bench", "--data", data, "--workers", "1,2",
+        subprocess.run([args.gpufeed, "bench", "--data", data, "--num-workers", "1,2",
                         "--batch-size", "8", "--image-size", "32", "--json"], check=True, stdout=f)
     with open(bench) as f:
         doc = json.load(f)
     failures = []
     if [p["workers"] for p in doc.get("scaling", [])] != [1, 2]:
-        failures.append(f"bench --workers 1,2 --json gave {doc!r:.200}")
+        failures.append(f"bench --num-workers 1,2 --json gave {doc!r:.200}")
     run([sys.executable, args.plot, metrics, "--bench", bench, "--out", out])
     names = ["throughput.png", "data_wait.png", "gpu.png", "breakdown.png", "summary.png", "scaling.png"]
     for name in names:

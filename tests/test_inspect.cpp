@@ -184,7 +184,7 @@ TEST(BenchCli, OnErrorSkipCountsTheBadFileAndRaiseStopsNamingIt) {
   for (int i = 0; i < 7; ++i) write_file(tmp.path / "data" / "a" / ("ok" + std::to_string(i) + ".jpg"), good);
   write_file(tmp.path / "data" / "a" / "broken.jpg", std::vector<uint8_t>(good.begin(), good.begin() + 20));
   const std::string common = "bench --data '" + (tmp.path / "data").string() +
-                             "' --workers 1 --batch-size 4 --image-size 32 --json";
+                             "' --num-workers 1 --batch-size 4 --image-size 32 --json";
   std::string out, err;
   int status = gpufeed(common + " --on-error skip --max-skips 1", tmp.path, out, err);
   ASSERT_EQ(status, 0) << out << err;

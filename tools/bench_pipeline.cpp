@@ -2,7 +2,7 @@
 // work, side by side in one process (issue 12: "measure tbb::parallel_pipeline against the
 // current design; keep whichever is faster or equal and simpler").
 //
-//   gpufeed_bench_pipeline DATA [--workers N] [--batch-size B] [--prefetch-depth D] [--rounds R]
+//   gpufeed_bench_pipeline DATA [--num-workers N] [--batch-size B] [--prefetch-depth D] [--rounds R]
 //
 // Both sides decode the same dataset, epoch after epoch, with the same options and seed, into
 // prefetch_depth preallocated slots, and hand batches out in sampler order. The pipeline is
@@ -152,7 +152,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: %s DATA [--workers N] [--batch-size B] [--prefetch-depth D] [--rounds R]\n",
+                 "usage: %s DATA [--num-workers N] [--batch-size B] [--prefetch-depth D] [--rounds R]\n",
                  argv[0]);
     return 2;
   }
@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const int v = std::atoi(argv[i + 1]);
-    if (k == "--workers") o.num_workers = v;
+    if (k == "--num-workers") o.num_workers = v;
     else if (k == "--batch-size") o.batch_size = v;
     else if (k == "--prefetch-depth") o.prefetch_depth = v;
     else if (k == "--rounds") rounds = v;

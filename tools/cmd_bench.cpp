@@ -369,10 +369,12 @@ std::string describe(const nlohmann::json& r) {
 Run add_bench(CLI::App& app) {
   auto a = std::make_shared<Args>();
   app.add_option("--data", a->data, "ImageFolder root, flat image folder or file list")->required();
-  app.add_option("--workers", a->workers,
+  app.add_option("--num-workers", a->workers,
                  "loader threads (0 = all); a list such as 1,2,4 runs once per count: a thread-scaling "
                  "curve (--json, then tools/plot.py --bench)")
       ->delimiter(',')->capture_default_str()->check(kAtLeastZero);
+  // The old name, kept working (hidden from --help), as for train: --workers N is --num-workers N.
+  app.add_option("--workers", a->workers)->delimiter(',')->check(kAtLeastZero)->group("");
   app.add_option("--batch-size", a->batch_size)->capture_default_str()->check(kAtLeastOne);
   app.add_option("--image-size", a->image_size, "output side, pixels")->capture_default_str();
   app.add_option("--transform", a->transform, "train (RandomResizedCrop+flip) or eval (Resize+CenterCrop)")
@@ -398,7 +400,7 @@ Run add_bench(CLI::App& app) {
       ->delimiter(',')->capture_default_str()->check(CLI::Range(1, 8));
   app.add_option("--dump", a->dump,
                  "--mode loader: write the first pass's samples ([N, S, S, 3] uint8, sampler order) "
-                 "to this file and their plans to FILE.json (first --workers count only)");
+                 "to this file and their plans to FILE.json (first --num-workers count only)");
   app.add_flag("--json", a->json, "print one JSON object instead of text");
   return [a] {
     std::shared_ptr<const loader::Dataset> ds = loader::open_dataset(a->data);

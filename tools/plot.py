@@ -7,7 +7,7 @@
       DIR/gpu.png          GPU utilization (NVML) and busy fraction (CUDA events); CPU runs say so
       DIR/breakdown.png    mean step time by phase (data wait, H2D/convert, forward+backward, ...)
       DIR/summary.png      the four panels above in one figure, with the run's verdict
-  plot.py --bench BENCH.json --out DIR   # from `gpufeed bench --workers 1,2,4 --json`
+  plot.py --bench BENCH.json --out DIR   # from `gpufeed bench --num-workers 1,2,4 --json`
       DIR/scaling.png      loader images/s against threads, with ideal linear scaling
 
 Needs matplotlib (setup.sh installs it into .venv). Prints the files it wrote.
@@ -203,7 +203,7 @@ def plot_bench(path, out):
         ax.plot(workers, [base * w for w in workers], linestyle="--", color="#999999", label="linear from the first point")
     for w, r in zip(workers, rate):
         ax.annotate(f"{r:,.0f}", (w, r), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
-    ax.set_xlabel("loader threads (--workers)")
+    ax.set_xlabel("loader threads (--num-workers)")
     ax.set_ylabel("images/s")
     p0 = points[0]
     ax.set_title(f"loader thread scaling: {p0.get('transform', '')} {p0.get('image_size', '')}px, batch {p0.get('batch_size', '')}", fontsize=10)
@@ -220,7 +220,7 @@ def plot_bench(path, out):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("metrics", nargs="?", help="JSON-lines file from gpufeed train --metrics")
-    ap.add_argument("--bench", help="JSON from gpufeed bench --json (one run or a --workers list)")
+    ap.add_argument("--bench", help="JSON from gpufeed bench --json (one run or a --num-workers list)")
     ap.add_argument("--out", default=".", help="folder for the PNGs (created)")
     args = ap.parse_args()
     if not args.metrics and not args.bench:
