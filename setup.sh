@@ -27,6 +27,14 @@ if ! .venv/bin/python -c "import torch, torchvision, PIL, numpy, matplotlib; ass
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q $TORCH_SPEC pillow numpy matplotlib
 fi
+# The Python package's build (scikit-build-core + nanobind, built against the torch above with
+# --no-build-isolation), its tests (pytest) and ONNX export (python -m gpufeed.export_onnx:
+# torch.onnx's exporter needs onnx and onnxscript; the test runs onnxruntime).
+PY_PKG_SPEC="nanobind==3.1.0 scikit-build-core==1.1.2 pytest==9.2.0 onnx==1.23.2 onnxscript==0.7.2 onnxruntime==1.31.1"
+if ! .venv/bin/python -c "import nanobind, scikit_build_core, pytest, onnx, onnxscript, onnxruntime" 2>/dev/null; then
+  echo "setup: installing $PY_PKG_SPEC into .venv"
+  .venv/bin/pip install -q $PY_PKG_SPEC
+fi
 # NVIDIA DALI's CPU pipeline (device_id=None runs without a GPU): a baseline of
 # tools/bench_compare.py. Best effort: without it the comparison leaves DALI out and says why.
 DALI_SPEC="nvidia-dali-cuda130==2.4.0"
@@ -43,3 +51,13 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
 fi
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 echo "setup: built $BUILD_DIR"
+
+# `import gpufeed` in .venv: the extension built by pip (build/python, incremental) against the
+# venv's torch. One install at a time into a venv several checkouts may share.
+PIP_CMAKE=()
+if command -v ccache >/dev/null; then
+  PIP_CMAKE=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache
+             --config-settings=cmake.define.CMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+flock .venv/.gpufeed-install.lock .venv/bin/pip install -q --no-build-isolation --no-deps "${PIP_CMAKE[@]}" .
+echo "setup: installed the gpufeed Python package into .venv"

@@ -645,6 +645,15 @@ std::optional<Batch> Loader::next() {
   return m.hand_out(*f);
 }
 
+bool Loader::wait_ready(std::chrono::nanoseconds timeout) {
+  Impl& m = *impl_;
+  std::unique_lock<std::mutex> lk(m.mu);
+  m.pump(lk);
+  if (m.schedule.pending.empty()) return true;
+  std::shared_ptr<InFlight> f = m.schedule.pending.front();
+  return m.cv.wait_for(lk, timeout, [&] { return f->done; });
+}
+
 int64_t Loader::num_batches() const {
   sampler::BatchSampler bs(impl_->sampler, impl_->options.batch_size, impl_->options.drop_last);
   return bs.size();

@@ -32,6 +32,8 @@ class CpuPrefetcher final : public Prefetcher {
     return out;  // `host` is released here: its slot returns to the loader's ring
   }
 
+  bool wait_ready(std::chrono::nanoseconds timeout) override { return loader_->wait_ready(timeout); }
+
   loader::Loader& loader() override { return *loader_; }
 
  private:

@@ -83,7 +83,7 @@ class CudaPrefetcher final : public Prefetcher {
 
   std::optional<DeviceBatch> next() override {
     const auto t0 = std::chrono::steady_clock::now();
-    fill();
+    fill(/*block=*/true);
     if (ready_.empty()) return std::nullopt;
     Pending p = std::move(ready_.front());
     ready_.pop_front();
@@ -95,8 +95,12 @@ class CudaPrefetcher final : public Prefetcher {
     c10::cuda::CUDACachingAllocator::recordStream(p.batch.labels.storage().data_ptr(), current);
     p.batch.wait_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    fill();  // keep `device_prefetch_depth` copies in flight behind this step
+    fill(/*block=*/false);  // copies in flight behind this step for batches already decoded
     return std::move(p.batch);
+  }
+
+  bool wait_ready(std::chrono::nanoseconds timeout) override {
+    return !ready_.empty() || exhausted_ || loader_->wait_ready(timeout);
   }
 
   loader::Loader& loader() override { return *loader_; }
@@ -122,9 +126,14 @@ class CudaPrefetcher final : public Prefetcher {
     }
   }
 
-  void fill() {
+  // Enqueues copies of decoded batches until `device_prefetch_depth` are ready or copying. Waits for the loader
+  // only when `block` and nothing is ready yet: a batch still being decoded cannot be copied
+  // any sooner by waiting for it here, and not waiting hands the caller its batch sooner (and
+  // lets the Python binding wait in interruptible slices before calling next()).
+  void fill(bool block) {
     release_finished(false);
     while (!exhausted_ && static_cast<int>(ready_.size()) < options_.device_prefetch_depth) {
+      if (!(block && ready_.empty()) && !loader_->wait_ready(std::chrono::nanoseconds(0))) break;
       // Never hold every loader slot: the loader needs one to work ahead.
       if (static_cast<int>(copying_.size()) >= loader_->options().prefetch_depth - 1 &&
           !copying_.empty()) {

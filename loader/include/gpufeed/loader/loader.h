@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -195,6 +196,13 @@ class Loader {
   /// start_epoch and destruction. Under kSkip, throws SkipLimitExceeded past max_skips, and
   /// std::runtime_error naming the file when none of its 63 replacement candidates loads.
   std::optional<Batch> next();
+
+  /// Waits up to `timeout` (0: does not wait) until next() can return without blocking: the next
+  /// batch is complete (or failed), or there is none to wait for (epoch exhausted, no epoch
+  /// started, every slot held). True when next() would return at once. Lets a caller wait in
+  /// short slices (the Python binding checks for Ctrl-C between them) and lets the CUDA
+  /// prefetcher take only batches that are already decoded.
+  bool wait_ready(std::chrono::nanoseconds timeout);
 
   /// Batches per epoch (len(DataLoader)).
   int64_t num_batches() const;

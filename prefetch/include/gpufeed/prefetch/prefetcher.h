@@ -10,6 +10,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <array>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -89,6 +90,9 @@ class Prefetcher {
   /// The next batch, ready to use on the caller's current stream; std::nullopt at epoch end.
   /// Rethrows the loader's errors.
   virtual std::optional<DeviceBatch> next() = 0;
+  /// Waits up to `timeout` (0: does not wait) until next() can return without waiting for the
+  /// loader (see loader::Loader::wait_ready); true when it can.
+  virtual bool wait_ready(std::chrono::nanoseconds timeout) = 0;
   /// The loader behind this prefetcher.
   virtual loader::Loader& loader() = 0;
 };

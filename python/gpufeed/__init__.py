@@ -1,0 +1,75 @@
+"""gpufeed: a C++ ImageNet input pipeline for PyTorch training loops.
+
+    import gpufeed, torch
+    loader = gpufeed.DataLoader("data/train", batch_size=256, shuffle=True, device="cuda",
+                                dtype=torch.bfloat16, memory_format=torch.channels_last)
+    for images, labels in loader: ...
+
+See gpufeed.DataLoader, gpufeed.decode_image, gpufeed.inspect, gpufeed.profile and
+`python -m gpufeed.export_onnx`.
+"""
+import json
+import os
+from typing import Any, Dict, Optional
+
+import torch  # first: gpufeed._C links the LibTorch this torch package loads
+
+from . import _build
+
+if not torch.__version__.split("+")[0] == _build.TORCH_VERSION:
+    raise ImportError(f"gpufeed was built against torch {_build.TORCH_VERSION} but this Python has "
+                      f"torch {torch.__version__}: install torch=={_build.TORCH_VERSION} or rebuild gpufeed "
+                      f"(pip install --no-build-isolation <gpufeed source>)")
+
+from . import _C  # noqa: E402
+from ._errors import DecodeError, SkipLimitExceeded  # noqa: E402
+from ._loader import DataLoader, distributed_rank_world_size  # noqa: E402
+from ._profile import profile  # noqa: E402
+
+__version__ = _build.VERSION
+
+
+def decode_image(source, apply_exif_orientation: bool = False) -> torch.Tensor:
+    """Decodes a whole image to an ``[H, W, 3]`` uint8 RGB tensor on the CPU.
+
+    Args:
+        source: a path (str or os.PathLike) or the file's bytes (bytes, bytearray, memoryview).
+            The format (JPEG, PNG, WebP, GIF, TIFF, BMP, PNM) is sniffed from the bytes, never
+            from the name. Grey, palette and CMYK images become RGB; alpha is dropped.
+        apply_exif_orientation: rotate/flip by the EXIF orientation (off by default, as
+            torchvision's ImageFolder + PIL loader does not apply it).
+
+    Raises gpufeed.DecodeError naming the file (or "<bytes>"), the kind and the reason.
+    """
+    return torch.utils.dlpack.from_dlpack(_C.decode_image(source, apply_exif_orientation))
+
+
+def inspect(*paths, all_files: bool = False, apply_exif_orientation: bool = False, strict: bool = False,
+            allow_truncated: bool = False, max_pixels: Optional[int] = None,
+            write_png: "str | os.PathLike[str] | None" = None) -> Dict[str, Any]:
+    """What the decoder makes of files: ``gpufeed inspect --json``'s document, as a dict.
+
+    Args:
+        paths: image files and/or folders (searched recursively as ImageFolder walks them; files
+            with image extensions unless ``all_files``). A missing file is reported, not raised.
+        apply_exif_orientation, strict (every decoder warning is an error), allow_truncated
+            (accept JPEGs with lost data), max_pixels (largest width*height accepted; default
+            the decoder's): the decode options, as the CLI's flags.
+        write_png: write each decodable file's RGB image under this folder as <name>.png.
+
+    Returns ``{"files": [{"path", "bytes", "format", "width", "height", "components",
+    "bits_per_sample", "subsampling", "progressive", "arithmetic", "lossless",
+    "exif_orientation", "result" ("ok" | "warnings" | "error"), "warnings", "output": {"width",
+    "height"} or "error": {"kind", "reason"}, "png"}], "summary": {"files", "decoded", "failed",
+    "by_result": {kind: n}}}`` (header fields only when the header could be read).
+    Raises RuntimeError naming a folder that cannot be listed.
+    """
+    if len(paths) == 1 and isinstance(paths[0], (list, tuple)):
+        paths = tuple(paths[0])
+    doc = _C.inspect_json([os.fspath(p) for p in paths], all_files, apply_exif_orientation, strict,
+                          allow_truncated, max_pixels or 0, "" if write_png is None else os.fspath(write_png))
+    return json.loads(doc)
+
+
+__all__ = ["DataLoader", "DecodeError", "SkipLimitExceeded", "decode_image",
+           "distributed_rank_world_size", "inspect", "profile"]

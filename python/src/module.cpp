@@ -1,0 +1,418 @@
+// gpufeed._C: the loader, the prefetcher and the decoder for Python (nanobind). The Python package
+// (python/gpufeed/) wraps this module in PyTorch's vocabulary; everything here is mechanism:
+//
+// - Tensors cross into Python as DLPack capsules (at::toDLPack), which torch.from_dlpack adopts
+//   without copying. A raw uint8 CPU batch is a view of the loader's slot: the tensors' deleters
+//   hold the Batch's lease, so the slot returns to the loader only when the last tensor (images or
+//   labels) referring to it is freed, and the loader's state outlives the loader object if needed.
+// - Waiting for a batch releases the GIL and waits in short slices (Loader::wait_ready), checking
+//   for signals between them (PyErr_CheckSignals), so Ctrl-C raises KeyboardInterrupt promptly.
+// - No Python object is touched off the calling thread: the loader's workers run C++ only.
+//
+// Torch translation unit: it never includes spdlog/fmt (LibTorch bundles its own fmt).
+#include <ATen/ATen.h>
+#include <ATen/DLConvertor.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#ifdef GPUFEED_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpufeed/decode/decoder.h"
+#include "gpufeed/decode/error.h"
+#include "gpufeed/loader/dataset.h"
+#include "gpufeed/loader/inspect.h"
+#include "gpufeed/loader/loader.h"
+#include "gpufeed/prefetch/prefetcher.h"
+#include "gpufeed/sampler/sampler.h"
+#include "bindings.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace gpufeed::python {
+namespace {
+
+// ---- tensors -> Python ---------------------------------------------------------------------------
+
+void delete_unconsumed_capsule(PyObject* capsule) noexcept {
+  // torch.from_dlpack renames the capsule "used_dltensor" once it owns the tensor; an unused one
+  // still owns its DLManagedTensor.
+  if (PyCapsule_IsValid(capsule, "dltensor")) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    if (managed && managed->deleter) managed->deleter(managed);
+  }
+}
+
+/// A DLPack capsule owning a reference to `t` (torch.from_dlpack adopts it without a copy).
+nb::object to_capsule(const at::Tensor& t) {
+  DLManagedTensor* managed = at::toDLPack(t);
+  PyObject* capsule = PyCapsule_New(managed, "dltensor", delete_unconsumed_capsule);
+  if (!capsule) {
+    managed->deleter(managed);
+    throw nb::python_error();
+  }
+  return nb::steal(capsule);
+}
+
+/// Wraps a slot as tensors that keep its lease: [N, H, W, 3] uint8 and [N] int64, CPU.
+std::pair<at::Tensor, at::Tensor> lease_tensors(const loader::Batch& b) {
+  std::shared_ptr<void> lease = b.lease;
+  auto images = at::from_blob(b.images, {b.size, b.height, b.width, 3}, [lease](void*) {},
+                              at::TensorOptions().dtype(at::kByte));
+  auto labels = at::from_blob(b.labels, {b.size}, [lease](void*) {}, at::TensorOptions().dtype(at::kLong));
+  return {images, labels};
+}
+
+nb::list skipped_list(const std::vector<loader::SkippedSample>& skipped) {
+  nb::list out;
+  for (const loader::SkippedSample& s : skipped) {
+    nb::dict d;
+    d["index"] = s.index;
+    d["replaced_by"] = s.replaced_by;
+    d["position"] = s.position;
+    d["path"] = s.path;
+    d["kind"] = s.kind;
+    d["reason"] = s.reason;
+    out.append(d);
+  }
+  return out;
+}
+
+nb::dict summary_dict(const loader::EpochSummary& s) {
+  nb::dict d;
+  d["epoch"] = s.epoch;
+  d["batches"] = s.batches;
+  d["samples"] = s.samples;
+  d["skipped"] = s.skipped;
+  d["complete"] = s.complete;
+  nb::dict by_kind;
+  for (const auto& [kind, n] : s.skipped_by_kind) by_kind[kind.c_str()] = n;
+  d["skipped_by_kind"] = by_kind;
+  d["skips"] = skipped_list(s.skips);
+  return d;
+}
+
+// ---- errors -----------------------------------------------------------------------------------------
+
+nb::object errors_module() { return nb::module_::import_("gpufeed._errors"); }
+
+void translate_errors(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const decode::DecodeError& e) {
+    nb::object cls = errors_module().attr("DecodeError");
+    nb::object err = cls(e.what(), e.source(), std::string(decode::to_string(e.kind())), e.reason());
+    PyErr_SetObject(cls.ptr(), err.ptr());
+  } catch (const loader::SkipLimitExceeded& e) {
+    nb::object cls = errors_module().attr("SkipLimitExceeded");
+    nb::object err = cls(e.what(), summary_dict(e.summary()), e.max_skips());
+    PyErr_SetObject(cls.ptr(), err.ptr());
+  }
+}
+
+// ---- the loader -------------------------------------------------------------------------------------
+
+c10::ScalarType parse_dtype(const std::string& name) {
+  if (name == "uint8") return at::kByte;
+  if (name == "float32") return at::kFloat;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  throw nb::value_error(("dtype must be torch.uint8, float32, bfloat16 or float16, not " + name).c_str());
+}
+
+loader::ErrorPolicy parse_policy(const std::string& name) {
+  if (name == "raise") return loader::ErrorPolicy::kRaise;
+  if (name == "skip") return loader::ErrorPolicy::kSkip;
+  throw nb::value_error(("on_error must be 'raise' or 'skip', not '" + name + "'").c_str());
+}
+
+/// The mechanism behind gpufeed.DataLoader (see python/gpufeed/_loader.py for the semantics).
+class PyLoader {
+ public:
+  PyLoader(const std::string& path, int64_t batch_size, bool shuffle, bool drop_last, int num_workers,
+           uint64_t seed, bool train, int image_size, std::pair<float, float> scale,
+           std::pair<float, float> ratio, float flip_p, int resize_size, const std::string& device,
+           const std::string& dtype, bool channels_last, std::array<float, 3> mean,
+           std::array<float, 3> std, const std::string& on_error, int64_t max_skips,
+           int prefetch_depth, int64_t rank, int64_t world_size) {
+    device_ = c10::Device(device);
+    if (!device_.is_cpu() && !device_.is_cuda())
+      throw nb::value_error(("device must be 'cpu' or 'cuda[:N]', not '" + device + "'").c_str());
+    dtype_ = parse_dtype(dtype);
+    loader::LoaderOptions o;
+    o.batch_size = batch_size;
+    o.drop_last = drop_last;
+    o.num_workers = num_workers;
+    o.prefetch_depth = prefetch_depth;
+    o.seed = seed;
+    o.error_policy = parse_policy(on_error);
+    o.max_skips = max_skips;
+    o.transform = loader::TransformOptions::imagenet(
+        train ? loader::TransformOptions::Kind::kTrain : loader::TransformOptions::Kind::kEval, image_size);
+    o.transform.rrc.scale_min = scale.first;
+    o.transform.rrc.scale_max = scale.second;
+    o.transform.rrc.ratio_min = ratio.first;
+    o.transform.rrc.ratio_max = ratio.second;
+    o.transform.flip_probability = flip_p;
+    if (resize_size > 0) o.transform.eval.resize = resize_size;
+    nb::gil_scoped_release nogil;  // listing a large tree and allocating slots take a while
+    dataset_ = loader::open_dataset(path);
+    sampler::DistributedSamplerOptions so;
+    so.num_replicas = world_size;
+    so.rank = rank;
+    so.shuffle = shuffle;
+    so.seed = seed;
+    sampler_ = std::make_shared<sampler::DistributedSampler>(dataset_->size(), so);
+    prefetch::PrefetchOptions po;
+    po.device = device_;
+    po.dtype = dtype_;
+    // uint8 stays NHWC: on CUDA the prefetcher's channels_last uint8 result is that buffer.
+    po.channels_last = dtype_ == at::kByte ? true : channels_last;
+    po.normalize.mean = mean;
+    po.normalize.std = std;
+    loader_ = std::make_shared<loader::Loader>(dataset_, sampler_, o, prefetch::host_allocator_for(device_));
+    raw_ = dtype_ == at::kByte && device_.is_cpu();
+    if (!raw_) prefetcher_ = prefetch::make_prefetcher(loader_, po);
+  }
+
+  ~PyLoader() { close(); }
+
+  /// Cancels the epoch's pending work and frees the slots not held by live tensors.
+  void close() {
+    nb::gil_scoped_release nogil;
+    prefetcher_.reset();
+    loader_.reset();
+  }
+
+  std::shared_ptr<loader::Loader> shared_loader() {
+    loader();
+    return loader_;
+  }
+
+  loader::Loader& loader() {
+    if (!loader_) throw std::runtime_error("gpufeed.DataLoader: the loader was closed");
+    return *loader_;
+  }
+
+  void start_epoch(int64_t epoch, int64_t start_batch) {
+    loader::Loader& l = loader();
+    nb::gil_scoped_release nogil;
+    if (prefetcher_)
+      prefetcher_->start_epoch(epoch, start_batch);
+    else
+      l.start_epoch(epoch, start_batch);
+  }
+
+  /// The next batch as (images capsule, labels capsule, info dict), or None at the epoch's end.
+  nb::object next(double slice_s) {
+    loader::Loader& l = loader();
+    const auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(slice_s));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (;;) {
+      bool ready;
+      {
+        nb::gil_scoped_release nogil;
+        ready = prefetcher_ ? prefetcher_->wait_ready(slice) : l.wait_ready(slice);
+      }
+      if (ready) break;
+      if (PyErr_CheckSignals() != 0) throw nb::python_error();
+    }
+    at::Tensor images, labels;
+    nb::dict info;
+    if (raw_) {
+      std::optional<loader::Batch> b;
+      {
+        nb::gil_scoped_release nogil;
+        b = l.next();
+      }
+      if (!b) return nb::none();
+      std::tie(images, labels) = lease_tensors(*b);
+      info["epoch"] = b->epoch;
+      info["batch_index"] = b->batch_index;
+      info["indices"] = b->indices;
+      info["skipped"] = skipped_list(b->skipped);
+    } else {
+      std::optional<prefetch::DeviceBatch> b;
+      {
+        nb::gil_scoped_release nogil;
+#ifdef GPUFEED_WITH_CUDA
+        // The batch is made ready on the caller's current stream (torch.cuda.current_stream()).
+        std::optional<c10::cuda::CUDAGuard> guard;
+        if (device_.is_cuda()) guard.emplace(device_);
+#endif
+        b = prefetcher_->next();
+      }
+      if (!b) return nb::none();
+      images = dtype_ == at::kByte ? b->images.permute({0, 2, 3, 1}) : b->images;
+      labels = b->labels;
+      info["epoch"] = b->epoch;
+      info["batch_index"] = b->batch_index;
+      info["indices"] = b->indices;
+      info["skipped"] = skipped_list(b->skipped);
+    }
+    info["wait_ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return nb::make_tuple(to_capsule(images), to_capsule(labels), info);
+  }
+
+  int64_t num_batches() { return loader().num_batches(); }
+  std::pair<int64_t, int64_t> state() {
+    const sampler::SamplerState s = loader().state();
+    return {s.epoch, s.batches_consumed};
+  }
+  std::vector<int64_t> sampler_indices(int64_t epoch) {
+    sampler::DistributedSampler s(dataset_->size(), sampler_->options());
+    s.set_epoch(epoch);
+    return s.indices();
+  }
+  int64_t sampler_size() const { return sampler_->size(); }
+  const std::vector<std::string>& classes() const { return dataset_->classes(); }
+  nb::list samples() const {
+    nb::list out;
+    for (int64_t i = 0; i < dataset_->size(); ++i) {
+      const loader::SampleRef& s = dataset_->at(i);
+      out.append(nb::make_tuple(s.path.string(), s.label));
+    }
+    return out;
+  }
+  nb::dict stats() {
+    const loader::LoaderStats s = loader().stats();
+    nb::dict d;
+    d["samples"] = s.samples;
+    d["skipped"] = s.skipped;
+    d["bytes_read"] = s.bytes_read;
+    d["read_s"] = s.read_s;
+    d["decode_s"] = s.decode_s;
+    d["resize_s"] = s.resize_s;
+    d["decoded_pixels"] = s.decoded_pixels;
+    const int workers = loader().options().num_workers;
+    d["threads"] = workers > 0 ? workers : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const loader::SlotCounts c = loader().slot_counts();
+    nb::dict slots;
+    slots["ready"] = c.ready;
+    slots["in_flight"] = c.in_flight;
+    slots["held"] = c.held;
+    slots["free"] = c.free;
+    d["slots"] = slots;
+    return d;
+  }
+  nb::dict epoch_summary() { return summary_dict(loader().epoch_summary()); }
+  /// Decodes sample `index` of `epoch` exactly as a worker does: [S, S, 3] uint8 capsule.
+  nb::object load_sample(int64_t index, int64_t epoch) {
+    loader::Loader& l = loader();
+    const int64_t s = l.options().transform.output_size();
+    at::Tensor out = at::empty({s, s, 3}, at::kByte);
+    {
+      nb::gil_scoped_release nogil;
+      loader::load_sample(l.dataset(), index, epoch, l.options(), out.data_ptr<uint8_t>());
+    }
+    return to_capsule(out);
+  }
+
+ private:
+  c10::Device device_{c10::kCPU};
+  c10::ScalarType dtype_ = at::kByte;
+  bool raw_ = true;
+  std::shared_ptr<loader::Dataset> dataset_;
+  std::shared_ptr<sampler::DistributedSampler> sampler_;
+  std::shared_ptr<loader::Loader> loader_;
+  std::unique_ptr<prefetch::Prefetcher> prefetcher_;
+};
+
+/// Decodes a whole image (file path or bytes) to an [H, W, 3] uint8 capsule.
+nb::object decode_image(nb::object source, bool apply_exif_orientation) {
+  std::vector<uint8_t> bytes;
+  std::string label;
+  if (nb::isinstance<nb::bytes>(source) || PyByteArray_Check(source.ptr()) || PyMemoryView_Check(source.ptr())) {
+    nb::bytes b(PyBytes_FromObject(source.ptr()), nb::detail::steal_t{});
+    bytes.assign(static_cast<const uint8_t*>(b.data()), static_cast<const uint8_t*>(b.data()) + b.size());
+    label = "<bytes>";
+  } else {
+    label = nb::cast<std::string>(nb::module_::import_("os").attr("fsdecode")(source));
+  }
+  decode::ImageBuffer image;
+  {
+    nb::gil_scoped_release nogil;
+    if (label != "<bytes>") decode::read_file(label, bytes);
+    decode::DecodeOptions options;
+    options.apply_exif_orientation = apply_exif_orientation;
+    decode::Decoder decoder;
+    decoder.decode(bytes, label, options, image);
+  }
+  at::Tensor out = at::empty({image.height, image.width, 3}, at::kByte);
+  std::memcpy(out.data_ptr<uint8_t>(), image.pixels.data(), static_cast<size_t>(image.height) * image.width * 3);
+  return to_capsule(out);
+}
+
+/// `gpufeed inspect --json`'s document for `paths` (loader/inspect.h), as a JSON string.
+std::string inspect_json(const std::vector<std::string>& paths, bool all_files, bool apply_exif_orientation,
+                         bool strict, bool allow_truncated, int64_t max_pixels, const std::string& write_png) {
+  loader::InspectOptions o;
+  o.all_files = all_files;
+  o.decode.apply_exif_orientation = apply_exif_orientation;
+  o.decode.strict = strict;
+  o.decode.allow_truncated = allow_truncated;
+  if (max_pixels > 0) o.decode.max_pixels = max_pixels;
+  o.write_png = write_png;
+  nb::gil_scoped_release nogil;
+  return loader::inspect_json(loader::inspect_paths(paths, o));
+}
+
+}  // namespace
+
+std::shared_ptr<loader::Loader> loader_of(nb::handle py_loader) {
+  return nb::cast<PyLoader&>(py_loader).shared_loader();
+}
+
+}  // namespace gpufeed::python
+
+NB_MODULE(_C, m) {
+  using namespace gpufeed::python;
+  m.doc() = "gpufeed's C++ core; use the gpufeed package (gpufeed.DataLoader) rather than this module.";
+  nb::register_exception_translator(translate_errors);
+  nb::class_<PyLoader>(m, "_Loader")
+      .def(nb::init<const std::string&, int64_t, bool, bool, int, uint64_t, bool, int, std::pair<float, float>,
+                    std::pair<float, float>, float, int, const std::string&, const std::string&, bool,
+                    std::array<float, 3>, std::array<float, 3>, const std::string&, int64_t, int, int64_t,
+                    int64_t>(),
+           "path"_a, "batch_size"_a, "shuffle"_a, "drop_last"_a, "num_workers"_a, "seed"_a, "train"_a,
+           "image_size"_a, "scale"_a, "ratio"_a, "flip_p"_a, "resize_size"_a, "device"_a, "dtype"_a,
+           "channels_last"_a, "mean"_a, "std"_a, "on_error"_a, "max_skips"_a, "prefetch_depth"_a, "rank"_a,
+           "world_size"_a)
+      .def("close", &PyLoader::close)
+      .def("start_epoch", &PyLoader::start_epoch, "epoch"_a, "start_batch"_a)
+      .def("next", &PyLoader::next, "slice_s"_a)
+      .def("num_batches", &PyLoader::num_batches)
+      .def("state", &PyLoader::state)
+      .def("sampler_indices", &PyLoader::sampler_indices, "epoch"_a)
+      .def("sampler_size", &PyLoader::sampler_size)
+      .def("classes", &PyLoader::classes)
+      .def("samples", &PyLoader::samples)
+      .def("stats", &PyLoader::stats)
+      .def("epoch_summary", &PyLoader::epoch_summary)
+      .def("load_sample", &PyLoader::load_sample, "index"_a, "epoch"_a);
+  m.def("decode_image", &decode_image, "source"_a, "apply_exif_orientation"_a = false);
+  m.def("cuda_available", &gpufeed::prefetch::cuda_available);
+  m.def("inspect_json", &inspect_json, "paths"_a, "all_files"_a, "apply_exif_orientation"_a, "strict"_a,
+        "allow_truncated"_a, "max_pixels"_a, "write_png"_a);
+  m.attr("DEFAULT_MAX_PIXELS") = gpufeed::decode::DecodeOptions{}.max_pixels;
+  bind_profiler(m);
+}
