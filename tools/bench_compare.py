@@ -5,6 +5,9 @@ Same files (--data, a flat folder: the class is the file-name prefix), same thre
 size, output size and transform for every method:
 
   gpufeed      `gpufeed bench` (train: RandomResizedCrop + flip; eval: Resize + CenterCrop)
+  python       "gpufeed (Python)": gpufeed.DataLoader, the same loader through the Python
+               iterator (dtype=torch.uint8: zero-copy tensors of the slots), in a plain
+               `for images, labels in loader` loop; the build's package (<build>/python) when built
   pytorch      torchvision + DataLoader(num_workers=T, pin_memory=True, persistent_workers=True)
                over a Dataset of the same files, PIL transforms ending in PILToTensor (uint8,
                like gpufeed's output: no float conversion is charged to anyone)
@@ -89,6 +92,27 @@ def child_pytorch(args):
     for e in range(args.warmup + args.epochs):
         if e == args.warmup:
             t0 = time.perf_counter()
+        for images, _ in loader:
+            if e >= args.warmup:
+                samples += images.shape[0]
+    seconds = time.perf_counter() - t0
+    return {"samples": samples, "seconds": seconds, "images_per_s": samples / seconds}
+
+
+def child_python(args):
+    """gpufeed.DataLoader over the files `gpufeed bench` reads, with its options (sequential
+    order, seed 0, prefetch depth 3, epochs numbered from 0, warm-up passes first)."""
+    import torch
+    import gpufeed
+
+    loader = gpufeed.DataLoader(args.data, batch_size=args.batch_size, shuffle=False, num_workers=args.threads,
+                                seed=0, train=args.transform == "train", image_size=args.image_size,
+                                dtype=torch.uint8, prefetch_depth=3)
+    samples, t0 = 0, time.perf_counter()
+    for e in range(args.warmup + args.epochs):
+        if e == args.warmup:
+            t0 = time.perf_counter()
+        loader.set_epoch(e)
         for images, _ in loader:
             if e >= args.warmup:
                 samples += images.shape[0]
@@ -227,7 +251,10 @@ class Runner:
         else:
             cmd = [sys.executable, __file__, "--child", method, "--threads", str(threads),
                    "--transform", transform] + self.common()
-        out, tree_rss, maxrss = run_measured(cmd)
+        env = None
+        if method == "python" and (pathlib.Path(a.build) / "python" / "gpufeed").is_dir():
+            env = dict(os.environ, PYTHONPATH=str(pathlib.Path(a.build) / "python"))
+        out, tree_rss, maxrss = run_measured(cmd, env=env)
         r = _last_json(out)
         r.update({"method": method, "transform": transform, "threads": threads,
                   "peak_tree_rss_bytes": max(tree_rss, maxrss), "peak_main_rss_bytes": maxrss})
@@ -326,7 +353,7 @@ def main():
 
     if args.child:
         args.threads = int(args.threads)
-        r = {"pytorch": child_pytorch, "dali": child_dali}[args.child](args)
+        r = {"pytorch": child_pytorch, "dali": child_dali, "python": child_python}[args.child](args)
         print(json.dumps(r))
         return 0
 
@@ -335,7 +362,7 @@ def main():
     runner = Runner(args)
     if not runner.gpufeed.exists():
         sys.exit(f"bench_compare: {runner.gpufeed} is missing: build it first (./setup.sh)")
-    methods = ["gpufeed", "floor", "full", "pytorch", "dali", "libtorch"]
+    methods = ["gpufeed", "python", "floor", "full", "pytorch", "dali", "libtorch"]
     unavailable = {}
     if "libtorch" not in skip and not runner.libtorch.exists():
         unavailable["libtorch"] = f"{runner.libtorch} is not built"
@@ -391,7 +418,7 @@ def main():
                      for k in rates(m, tf, hi) if k in rates(m, tf, lo)])
     for t in threads:
         for tf in TRANSFORMS:
-            for other in ("pytorch", "dali", "libtorch", "floor"):
+            for other in ("python", "pytorch", "dali", "libtorch", "floor"):
                 if other in methods:
                     summary["ratios"][f"gpufeed/{other}/{tf}/{t}"] = ratio("gpufeed", other, tf, t)
             if "full" in methods:
@@ -453,7 +480,8 @@ def main():
     print(head)
     for m in methods:
         for tf in (("train",) if m == "full" else TRANSFORMS):
-            row = f"{m:10s} {tf:9s}" + "".join(
+            label = "gpufeed-py" if m == "python" else m
+            row = f"{label:10s} {tf:9s}" + "".join(
                 f" {summary['rates'].get(f'{m}/{tf}/{t}', float('nan')):13.1f}" for t in threads)
             rt = summary["ratios"].get(f"gpufeed/{m}/{tf}/{t2}")
             row += f"  {rt:9.2f}" if rt else f"  {'':9s}"
@@ -488,6 +516,10 @@ def main():
         ("train >= 90% of the decode floor", r.get(f"gpufeed/floor/train/{t2}"), 0.90),
         ("train above full-size decode rate", r.get(f"gpufeed/full/train/{t2}"), 1.0),
         ("eval >= 2.0x PyTorch DataLoader", r.get(f"gpufeed/pytorch/eval/{t2}"), 2.0),
+        ("gpufeed (Python) train within 3% of the C++ loader",
+         1 / r[f"gpufeed/python/train/{t2}"] if r.get(f"gpufeed/python/train/{t2}") else None, 0.97),
+        ("gpufeed (Python) eval within 3% of the C++ loader",
+         1 / r[f"gpufeed/python/eval/{t2}"] if r.get(f"gpufeed/python/eval/{t2}") else None, 0.97),
         (f"train {t2} threads >= 1.85x 1 thread",
          summary["scaling"].get(f"gpufeed/train/{t2}v{min(threads)}"), 1.85),
     ]

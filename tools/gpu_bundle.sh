@@ -2,6 +2,7 @@
 # Builds, on this (CPU) machine, what tools/gpu_check.sh runs on the GPU machine, and gathers it
 # in .gpu_bundle/ (git-ignored; name it in the device tool's `carry`):
 #   bin/  gpufeed, test_gpu, test_prefetch, gpufeed_gpu_bench (sm_90 + sm_80 code)
+#   py/   the gpufeed Python package with its extension (PYTHONPATH=.gpu_bundle/py)
 #   lib/  the shared libraries they need that the GPU image lacks (Debian's libjpeg-turbo, giflib,
 #         libpng, libwebp, oneTBB, spdlog, fmt, ...). Torch, CUDA and glibc are
 #         taken from the GPU image (torch 2.11.0+cu130 there too).
@@ -14,16 +15,21 @@ BUILD=build/gpu
 # Static gpufeed libraries: the binaries carry them (only third-party libraries go to lib/).
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUFEED_WITH_IMGCODECS=OFF -DBUILD_SHARED_LIBS=OFF \
   -DGPUFEED_BUILD_TESTS=ON -DTORCH_CUDA_ARCH_LIST="8.0;9.0" -DCMAKE_CUDA_ARCHITECTURES="80;90" >/dev/null
-cmake --build "$BUILD" -j "$(nproc)" --target gpufeed test_gpu test_prefetch gpufeed_gpu_bench
+cmake --build "$BUILD" -j "$(nproc)" --target gpufeed test_gpu test_prefetch gpufeed_gpu_bench _C
 B=.gpu_bundle
 rm -rf "$B"
 mkdir -p "$B/bin" "$B/lib" "$B/lib-compat"
 cp "$BUILD/tools/gpufeed" "$BUILD/tests/test_gpu" "$BUILD/tests/test_prefetch" \
    "$BUILD/tools/gpufeed_gpu_bench" "$B/bin/"
 strip --strip-unneeded "$B"/bin/*
+# The Python package (py/gpufeed: the .py files and _C) for examples/python/train_imagenet.py.
+mkdir -p "$B/py"
+cp -rL "$BUILD/python/gpufeed" "$B/py/"
+rm -rf "$B/py/gpufeed/__pycache__"
+strip --strip-unneeded "$B"/py/gpufeed/_C*.so
 # Libraries: everything the binaries resolve here except torch/CUDA (from the GPU image's torch)
 # and glibc; libstdc++/libgcc_s go to lib-compat, used only if the image's own are too old.
-for bin in "$B"/bin/*; do ldd "$bin"; done | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
+for bin in "$B"/bin/* "$B"/py/gpufeed/_C*.so; do ldd "$bin"; done | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   case "$lib" in
     */site-packages/*|/usr/local/cuda*|*/libcuda.so*) ;;
     */libc.so.*|*/libm.so.*|*/libpthread.so.*|*/libdl.so.*|*/librt.so.*|*/libutil.so.*|*/libresolv.so.*|*/ld-linux*) ;;

@@ -15,7 +15,9 @@
 #      channels_last, 200 steps: images/s, data wait, GPU busy fraction (CUDA events; NVML too
 #      when the run reports it); then torchvision's DataLoader feeding the same model on the same
 #      files (tools/baselines/torch_train.py), for the ratio.
-#   4. A summary table printed last.
+#   4. examples/python/train_imagenet.py (the Python package, .gpu_bundle/py) on the same files,
+#      one epoch with --loader gpufeed and one with --loader torch.
+#   5. A summary table printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
@@ -99,6 +101,16 @@ run train_torch 300 "$PY" tools/baselines/torch_train.py --data "$DATA" --arch "
   --batch-size "$BATCH" --workers "$THREADS" --steps "$STEPS" --warmup-steps "$WARM" \
   --image-size "$SIZE" --device "$DEVICE" --channels-last "${BF16[@]}"
 
+# The Python package: examples/python/train_imagenet.py, one epoch over the same files with
+# gpufeed.DataLoader and with torchvision + torch's DataLoader (AMP, channels_last on CUDA).
+if [ -d "$B/py/gpufeed" ]; then
+  EX=(--data "$DATA" --arch "$ARCH" --epochs 1 --batch-size "$BATCH" --workers "$THREADS"
+      --image-size "$SIZE" --device "${DEVICE%%:*}" --channels-last --metrics "$OUT/example_metrics.jsonl")
+  [ "$DEVICE" != cpu ] && EX+=(--amp)
+  run example_gpufeed 300 env PYTHONPATH="$PWD/$B/py" "$PY" examples/python/train_imagenet.py --loader gpufeed "${EX[@]}"
+  run example_torch 300 env PYTHONPATH="$PWD/$B/py" "$PY" examples/python/train_imagenet.py --loader torch "${EX[@]}"
+fi
+
 echo "== summary (full logs in $OUT)"
 cat "$OUT/status.txt"
 grep -h "overlap:" "$OUT/test_gpu.log" 2>/dev/null
@@ -106,3 +118,4 @@ grep -h -E '"(memcpy_peak_gb_per_s|slot_h2d_gb_per_s|slot_over_peak|convert_bf16
 grep -h -E "^epoch|verdict|busy|steps:" "$OUT/train_gpufeed.log" 2>/dev/null | tail -n 6
 tail -n 3 "$OUT/train_profile_summary.log" 2>/dev/null
 grep -h -E '"(images_per_s|gpu_busy_fraction_events|data_wait_fraction)"' "$OUT/train_torch.log" 2>/dev/null
+grep -h -E "^epoch|verdict" "$OUT/example_gpufeed.log" "$OUT/example_torch.log" 2>/dev/null
