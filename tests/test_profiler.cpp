@@ -642,8 +642,15 @@ TEST(Profiler, ThrottledLoaderMakesTheVerdictInputBound) {
   EXPECT_EQ(p.verdict.bound, Verdict::Bound::kInput) << p.verdict.text;
   EXPECT_GT(p.verdict.decode_fraction, 0.5) << p.verdict.text;
   EXPECT_NE(p.verdict.text.find("Input-bound"), std::string::npos);
+  // The knob is a loader-side one: more threads when the loader's measured capacity is below the
+  // model's rate, a deeper prefetch when it keeps up on average but not at every step. Which of
+  // the two depends on how the machine's load shares the cores between decode and the model, so
+  // the test accepts either (make_verdict's choice between them is tested with fixed inputs in
+  // the Verdict tests).
   if (std::thread::hardware_concurrency() > 1) {
-    EXPECT_NE(p.verdict.knob.find("--num-workers from 1"), std::string::npos) << p.verdict.knob;
+    EXPECT_TRUE(p.verdict.knob.find("--num-workers from 1") != std::string::npos ||
+                p.verdict.knob.find("--prefetch-depth from 2") != std::string::npos)
+        << p.verdict.knob;
   }
   fs::remove_all(dir);
 }
