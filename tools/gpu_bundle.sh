@@ -16,6 +16,28 @@ BUILD=build/gpu
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUFEED_WITH_IMGCODECS=OFF -DBUILD_SHARED_LIBS=OFF \
   -DGPUFEED_BUILD_TESTS=ON -DTORCH_CUDA_ARCH_LIST="8.0;9.0" -DCMAKE_CUDA_ARCHITECTURES="80;90" >/dev/null
 cmake --build "$BUILD" -j "$(nproc)" --target gpufeed test_gpu test_prefetch gpufeed_gpu_bench _C
+# The GPU image's python3 is 3.12; the venv here may be another version. When a CPython 3.12's
+# headers are here (GPUFEED_PY312_INCLUDE, or pyenv's), the extension's Python-facing objects
+# (module, profile, nanobind) are compiled a second time against them, with the same commands
+# ninja ran, and linked as _C.cpython-312-x86_64-linux-gnu.so beside the venv's own _C.
+PY_INC=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+PY312_INC=${GPUFEED_PY312_INCLUDE:-$(ls -d /root/.pyenv/versions/3.12*/include/python3.12 2>/dev/null | head -n 1 || true)}
+PY312_SO=""
+if [ -n "$PY312_INC" ] && [ "$PY312_INC" != "$PY_INC" ]; then
+  ninja -C "$BUILD" -t commands _C | python3 -c '
+import re, sys
+py_inc, py312_inc = sys.argv[1], sys.argv[2]
+for line in sys.stdin:
+    line = line.rstrip("\n")
+    if py_inc in line or "ar qc python/libnanobind-static.a" in line or "_C.cpython-" in line:
+        line = line.replace(py_inc, py312_inc).replace("python/CMakeFiles/", "python312/CMakeFiles/")
+        line = line.replace("python/libnanobind-static.a", "python312/libnanobind-static.a")
+        line = re.sub(r"python/gpufeed/_C[.]cpython-[^ ]*[.]so", "python312/_C.cpython-312-x86_64-linux-gnu.so", line)
+        print(line)' "$PY_INC" "$PY312_INC" > "$BUILD/py312_commands.sh"
+  (cd "$BUILD" && grep -o -- '-o [^ ]*' py312_commands.sh | cut -c4- | xargs -n1 dirname | sort -u | xargs mkdir -p \
+     && bash -e py312_commands.sh)
+  PY312_SO="$BUILD/python312/_C.cpython-312-x86_64-linux-gnu.so"
+fi
 B=.gpu_bundle
 rm -rf "$B"
 mkdir -p "$B/bin" "$B/lib" "$B/lib-compat"
@@ -26,6 +48,7 @@ strip --strip-unneeded "$B"/bin/*
 mkdir -p "$B/py"
 cp -rL "$BUILD/python/gpufeed" "$B/py/"
 rm -rf "$B/py/gpufeed/__pycache__"
+[ -n "$PY312_SO" ] && cp "$PY312_SO" "$B/py/gpufeed/"
 strip --strip-unneeded "$B"/py/gpufeed/_C*.so
 # Libraries: everything the binaries resolve here except torch/CUDA (from the GPU image's torch)
 # and glibc; libstdc++/libgcc_s go to lib-compat, used only if the image's own are too old.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check, made to run inside one device call (<= 8 minutes), results under $OUT.
+# The GPU check, made to run inside one device call (GPU_CHECK_BUDGET_S, default 540 s), results under $OUT.
 #
 #   here:            tools/gpu_bundle.sh               # build + gather .gpu_bundle (<= 60 MiB)
 #   GPU machine:     bash tools/gpu_check.sh            # device tool: carry [".gpu_bundle"]
@@ -17,7 +17,8 @@
 #      files (tools/baselines/torch_train.py), for the ratio.
 #   4. examples/python/train_imagenet.py (the Python package, .gpu_bundle/py) on the same files,
 #      one epoch with --loader gpufeed and one with --loader torch.
-#   5. A summary table printed last.
+#   5. Harness paths only a GPU runs: DDP over NCCL (world size 1), DataParallel, fp16 + GradScaler.
+#   6. A summary table printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
@@ -45,9 +46,20 @@ THREADS=$(nproc)
   > "$OUT/machine.txt"
 cat "$OUT/machine.txt"
 
+# The whole check stays inside GPU_CHECK_BUDGET_S (default 540 s, under the device call's limit):
+# each step's time box is cut to what is left, and a step with under 15 s left is skipped (said so
+# in status.txt). Steps run in order of importance.
+BUDGET=${GPU_CHECK_BUDGET_S:-540}
+START=$SECONDS
 run() {  # run NAME SECONDS CMD... : log to $OUT/NAME.log, remember the exit code
   local name=$1 secs=$2; shift 2
-  echo "== $name"
+  local left=$(( BUDGET - (SECONDS - START) ))
+  if [ "$left" -lt 15 ]; then
+    echo "$name skipped (budget spent)" | tee -a "$OUT/status.txt"
+    return 0
+  fi
+  [ "$secs" -gt "$left" ] && secs=$left
+  echo "== $name (<= ${secs}s, t=$(( SECONDS - START ))s)"
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   echo "$name rc=$rc" | tee -a "$OUT/status.txt"
@@ -55,17 +67,18 @@ run() {  # run NAME SECONDS CMD... : log to $OUT/NAME.log, remember the exit cod
   return 0
 }
 
-run test_gpu 120 "$B/bin/test_gpu" --gtest_output=json:"$OUT/test_gpu.json"
-run test_prefetch 60 "$B/bin/test_prefetch"
-run h2d_bench 60 "$B/bin/gpufeed_gpu_bench" 256 224
+run test_gpu 90 "$B/bin/test_gpu" --gtest_output=json:"$OUT/test_gpu.json"
+run test_prefetch 45 "$B/bin/test_prefetch"
+run h2d_bench 45 "$B/bin/gpufeed_gpu_bench" 256 224
 
 if [ "$DRY" = 1 ]; then
   CLASSES=4 PER_CLASS=16 STEPS=4 WARM=1 BATCH=8 ARCH=resnet18 DEVICE=cpu SIZE=64
 else
-  CLASSES=100 PER_CLASS=64 STEPS=200 WARM=20 BATCH=256 ARCH=resnet50 DEVICE=cuda:0 SIZE=224
+  CLASSES=${CLASSES:-100} PER_CLASS=${PER_CLASS:-64} STEPS=${STEPS:-200} WARM=${WARM:-20} BATCH=256 ARCH=resnet50
+  DEVICE=cuda:0 SIZE=224
 fi
 DATA=/tmp/gpufeed_gpu_check_data
-run make_dataset 240 "$G" make-dataset --out "$DATA" --classes "$CLASSES" --per-class "$PER_CLASS" \
+run make_dataset 120 "$G" make-dataset --out "$DATA" --classes "$CLASSES" --per-class "$PER_CLASS" \
   --min-size 350 --max-size 500 --seed 1
 
 # gpufeed: enough epochs over the generated set for STEPS steps.
@@ -73,7 +86,7 @@ PER_EPOCH=$(( CLASSES * PER_CLASS / BATCH ))
 EPOCHS=$(( (STEPS + PER_EPOCH - 1) / PER_EPOCH ))
 EXTRA=()
 [ "$DEVICE" != cpu ] && EXTRA+=(--precision bf16)
-run train_gpufeed 300 "$G" train --data "$DATA" --arch "$ARCH" --epochs "$EPOCHS" \
+run train_gpufeed 150 "$G" train --data "$DATA" --arch "$ARCH" --epochs "$EPOCHS" \
   --batch-size "$BATCH" --num-workers "$THREADS" --device "$DEVICE" --channels-last \
   --image-size "$SIZE" --lr 0.1 --progress lines --metrics "$OUT/train_metrics.jsonl" \
   --metrics-every 10 --trace "$OUT/train_trace.json" "${EXTRA[@]}"
@@ -86,18 +99,8 @@ for r in map(json.loads, open(sys.argv[1])):
     if r["type"] == "summary":
         print(r.get("nvml")); print(r["verdict"]["text"])' "$OUT/train_metrics.jsonl"
 
-# Harness paths that only a GPU exercises: DDP over NCCL at world size 1, DataParallel on one
-# device, fp16 with loss scaling (few steps each; exit status and finite loss are the check).
-run ddp_nccl_world1 120 "$G" launch --nproc-per-node 1 --master-port 0 -- "$PWD/$G" train \
-  --data "$DATA" --arch resnet18 --device cuda --precision bf16 --channels-last --batch-size 64 \
-  --epochs 1 --max-steps-per-epoch 20 --num-workers "$THREADS" --progress off
-run data_parallel_1 120 "$G" train --data "$DATA" --devices 0 --arch resnet18 --batch-size 64 \
-  --epochs 1 --max-steps-per-epoch 20 --num-workers "$THREADS" --progress off
-run fp16_scaler 120 "$G" train --data "$DATA" --device cuda:0 --precision fp16 --arch resnet18 \
-  --batch-size 64 --epochs 1 --max-steps-per-epoch 30 --num-workers "$THREADS" --progress off
-
 BF16=(); [ "$DEVICE" != cpu ] && BF16=(--bf16)
-run train_torch 300 "$PY" tools/baselines/torch_train.py --data "$DATA" --arch "$ARCH" \
+run train_torch 150 "$PY" tools/baselines/torch_train.py --data "$DATA" --arch "$ARCH" \
   --batch-size "$BATCH" --workers "$THREADS" --steps "$STEPS" --warmup-steps "$WARM" \
   --image-size "$SIZE" --device "$DEVICE" --channels-last "${BF16[@]}"
 
@@ -107,9 +110,19 @@ if [ -d "$B/py/gpufeed" ]; then
   EX=(--data "$DATA" --arch "$ARCH" --epochs 1 --batch-size "$BATCH" --workers "$THREADS"
       --image-size "$SIZE" --device "${DEVICE%%:*}" --channels-last --metrics "$OUT/example_metrics.jsonl")
   [ "$DEVICE" != cpu ] && EX+=(--amp)
-  run example_gpufeed 300 env PYTHONPATH="$PWD/$B/py" "$PY" examples/python/train_imagenet.py --loader gpufeed "${EX[@]}"
-  run example_torch 300 env PYTHONPATH="$PWD/$B/py" "$PY" examples/python/train_imagenet.py --loader torch "${EX[@]}"
+  run example_gpufeed 120 env PYTHONPATH="$PWD/$B/py" "$PY" examples/python/train_imagenet.py --loader gpufeed "${EX[@]}"
+  run example_torch 150 env PYTHONPATH="$PWD/$B/py" "$PY" examples/python/train_imagenet.py --loader torch "${EX[@]}"
 fi
+
+# Harness paths that only a GPU exercises: DDP over NCCL at world size 1, DataParallel on one
+# device, fp16 with loss scaling (few steps each; exit status and finite loss are the check).
+run ddp_nccl_world1 60 "$G" launch --nproc-per-node 1 --master-port 0 -- "$PWD/$G" train \
+  --data "$DATA" --arch resnet18 --device cuda --precision bf16 --channels-last --batch-size 64 \
+  --epochs 1 --max-steps-per-epoch 20 --num-workers "$THREADS" --progress off
+run data_parallel_1 60 "$G" train --data "$DATA" --devices 0 --arch resnet18 --batch-size 64 \
+  --epochs 1 --max-steps-per-epoch 20 --num-workers "$THREADS" --progress off
+run fp16_scaler 60 "$G" train --data "$DATA" --device cuda:0 --precision fp16 --arch resnet18 \
+  --batch-size 64 --epochs 1 --max-steps-per-epoch 30 --num-workers "$THREADS" --progress off
 
 echo "== summary (full logs in $OUT)"
 cat "$OUT/status.txt"
@@ -119,3 +132,7 @@ grep -h -E "^epoch|verdict|busy|steps:" "$OUT/train_gpufeed.log" 2>/dev/null | t
 tail -n 3 "$OUT/train_profile_summary.log" 2>/dev/null
 grep -h -E '"(images_per_s|gpu_busy_fraction_events|data_wait_fraction)"' "$OUT/train_torch.log" 2>/dev/null
 grep -h -E "^epoch|verdict" "$OUT/example_gpufeed.log" "$OUT/example_torch.log" 2>/dev/null
+# The device tool brings back at most 8 files: GPU_CHECK_PACK=1 leaves one archive of them all.
+if [ "${GPU_CHECK_PACK:-0}" = 1 ]; then
+  tar -C "$OUT" -czf /tmp/gpu_check_logs.tgz . && find "$OUT" -mindepth 1 -delete && mv /tmp/gpu_check_logs.tgz "$OUT/"
+fi
