@@ -122,7 +122,9 @@ TEST(CudaPrefetcher, CopiesOverlapComputeWithinFivePercent) {
   const double step_ms = 40;
   auto stream = c10::cuda::getCurrentCUDAStream(0);
   auto timed = [&](bool with_data, int steps) {
-    std::vector<at::cuda::CUDAEvent> ends(static_cast<size_t>(steps) + 1);
+    // ATen's events are created without timing unless asked (cudaEventDisableTiming).
+    std::vector<at::cuda::CUDAEvent> ends;
+    for (int s = 0; s <= steps; ++s) ends.emplace_back(cudaEventDefault);
     ends[0].record(stream);
     int done = 0;
     p->start_epoch(0);

@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   std::memset(host, 7, bytes);
   void* dev = nullptr;
   if (cudaMalloc(&dev, bytes) != cudaSuccess) return 3;
-  at::cuda::CUDAEvent a, b;
+  at::cuda::CUDAEvent a(cudaEventDefault), b(cudaEventDefault);  // timing events
   cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream.stream());  // warm-up
   a.record(stream);
   for (int r = 0; r < reps; ++r) cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream.stream());
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   auto [images, lab] = prefetch::as_tensors(slot);
   auto opts = at::TensorOptions().device(device).dtype(at::kByte);
   (void)images.to(opts, /*non_blocking=*/true);
-  at::cuda::CUDAEvent c, d;
+  at::cuda::CUDAEvent c(cudaEventDefault), d(cudaEventDefault);  // timing events
   c.record(stream);
   for (int r = 0; r < reps; ++r) (void)images.to(opts, /*non_blocking=*/true);
   d.record(stream);
@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   // Conversion: the fused kernel on a device batch, bf16 channels_last.
   at::Tensor on_dev = images.to(opts);
   (void)prefetch::convert_images(on_dev, at::kBFloat16, true, {});
-  at::cuda::CUDAEvent e, f;
+  at::cuda::CUDAEvent e(cudaEventDefault), f(cudaEventDefault);  // timing events
   e.record(stream);
   for (int r = 0; r < reps; ++r) (void)prefetch::convert_images(on_dev, at::kBFloat16, true, {});
   f.record(stream);

@@ -48,11 +48,12 @@ cat "$OUT/machine.txt"
 
 # The whole check stays inside GPU_CHECK_BUDGET_S (default 540 s, under the device call's limit):
 # each step's time box is cut to what is left, and a step with under 15 s left is skipped (said so
-# in status.txt). Steps run in order of importance.
+# in status.txt). Steps run in order of importance. GPU_CHECK_SKIP="name ..." leaves steps out.
 BUDGET=${GPU_CHECK_BUDGET_S:-540}
 START=$SECONDS
 run() {  # run NAME SECONDS CMD... : log to $OUT/NAME.log, remember the exit code
   local name=$1 secs=$2; shift 2
+  case " ${GPU_CHECK_SKIP:-} " in *" $name "*) echo "$name skipped (GPU_CHECK_SKIP)" | tee -a "$OUT/status.txt"; return 0 ;; esac
   local left=$(( BUDGET - (SECONDS - START) ))
   if [ "$left" -lt 15 ]; then
     echo "$name skipped (budget spent)" | tee -a "$OUT/status.txt"

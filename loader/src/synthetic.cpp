@@ -1,8 +1,12 @@
 #include "gpufeed/loader/synthetic.h"
 
-#include <algorithm>
-#include <cmath>
 #include <fmt/format.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <fstream>
 #include <random>
 #include <stdexcept>
@@ -38,14 +42,20 @@ int64_t write_synthetic_image_folder(const std::filesystem::path& root, const Sy
   if (o.num_classes < 1 || o.images_per_class < 1 || o.min_size < 1 || o.max_size < o.min_size) {
     throw std::invalid_argument("write_synthetic_image_folder: invalid options");
   }
-  int64_t written = 0;
-  std::vector<uint8_t> rgb;
+  // Files are written in parallel on oneTBB's pool; a file's bytes depend only on (seed, class,
+  // k), so the output is the same for any thread count.
+  std::vector<std::array<double, 3>> bases(static_cast<size_t>(o.num_classes));
   for (int c = 0; c < o.num_classes; ++c) {
-    const auto dir = root / fmt::format("class_{:03d}", c);
-    std::filesystem::create_directories(dir);
-    double base[3];
-    hsv_to_rgb(static_cast<double>(c) / o.num_classes, 0.75, 0.85, base);
-    for (int k = 0; k < o.images_per_class; ++k) {
+    std::filesystem::create_directories(root / fmt::format("class_{:03d}", c));
+    hsv_to_rgb(static_cast<double>(c) / o.num_classes, 0.75, 0.85, bases[static_cast<size_t>(c)].data());
+  }
+  const int64_t total = static_cast<int64_t>(o.num_classes) * o.images_per_class;
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, total), [&](const tbb::blocked_range<int64_t>& range) {
+    std::vector<uint8_t> rgb;
+    for (int64_t i = range.begin(); i < range.end(); ++i) {
+      const int c = static_cast<int>(i / o.images_per_class);
+      const int k = static_cast<int>(i % o.images_per_class);
+      const double* base = bases[static_cast<size_t>(c)].data();
       // One generator per file: a file's bytes depend only on (seed, class, k).
       std::mt19937_64 rng(o.seed * 1'000'003ULL + static_cast<uint64_t>(c) * 100'003ULL + k);
       std::uniform_int_distribution<int> size(o.min_size, o.max_size);
@@ -76,14 +86,13 @@ int64_t write_synthetic_image_folder(const std::filesystem::path& root, const Sy
         }
       }
       const auto jpeg = decode::encode_jpeg(rgb.data(), w, h, o.quality, decode::Subsampling::k420);
-      const auto path = dir / fmt::format("img_{:05d}.jpg", k);
+      const auto path = root / fmt::format("class_{:03d}", c) / fmt::format("img_{:05d}.jpg", k);
       std::ofstream out(path, std::ios::binary);
       out.write(reinterpret_cast<const char*>(jpeg.data()), static_cast<std::streamsize>(jpeg.size()));
       if (!out) throw std::runtime_error("write_synthetic_image_folder: cannot write " + path.string());
-      ++written;
     }
-  }
-  return written;
+  });
+  return total;
 }
 
 }  // namespace gpufeed::loader

@@ -20,7 +20,8 @@ struct SyntheticOptions {
   uint64_t seed = 0;             ///< the same seed writes byte-identical files
 };
 
-/// Writes root/class_XXX/img_YYYYY.jpg. Creates root; existing files are overwritten. Returns the
+/// Writes root/class_XXX/img_YYYYY.jpg, in parallel on oneTBB's pool (the same bytes for any thread
+/// count). Creates root; existing files are overwritten. Returns the
 /// number of files written. Throws std::runtime_error naming the path on an I/O failure, and
 /// std::invalid_argument for bad options.
 int64_t write_synthetic_image_folder(const std::filesystem::path& root, const SyntheticOptions& options);
