@@ -99,10 +99,19 @@ TEST(HotPath, LoadingASampleAllocatesNothingInSteadyState) {
   so.max_size = 700;  // large enough that some samples decode at 2/8 or 4/8
   write_synthetic_image_folder(root, so);
   const ImageFolder ds(root);
-  for (const auto kind : {TransformOptions::Kind::kTrain, TransformOptions::Kind::kEval}) {
-    const char* name = kind == TransformOptions::Kind::kTrain ? "train" : "eval";
+  // train, eval, and train with every augmentation on (random-valued erasing included)
+  for (const int config : {0, 1, 2}) {
+    const auto kind = config == 1 ? TransformOptions::Kind::kEval : TransformOptions::Kind::kTrain;
+    const char* name = config == 0 ? "train" : config == 1 ? "eval" : "train + augment";
     LoaderOptions o;
     o.transform.kind = kind;
+    if (config == 2) {
+      o.transform.augment.auto_augment = AutoAugmentPolicy::kRandAugment;
+      o.transform.augment.ra_num_ops = 3;
+      o.transform.augment.color_jitter = {0.4f, 0.4f, 0.4f, 0.1f};
+      o.transform.augment.random_erasing.p = 1.0f;
+      o.transform.augment.random_erasing.random_value = true;
+    }
     std::vector<uint8_t> out(224 * 224 * 3);
     // Warm up on the same samples: the thread's buffers grow to the largest file, decoded image,
     // libjpeg pool and filter table they need; the second run of the same work is the steady state.

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "golden.h"
+#include "recorded_draws.h"
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/loader/dataset.h"
 #include "gpufeed/loader/loader.h"
@@ -19,40 +20,12 @@
 
 namespace fs = std::filesystem;
 using namespace gpufeed::loader;
+using gpufeed::test::RecordedDraws;
 using gpufeed::sampler::DistributedSampler;
 using gpufeed::sampler::DistributedSamplerOptions;
 using gpufeed::sampler::SequentialSampler;
 
 namespace {
-
-// Replays the draws torchvision made.
-class RecordedDraws : public DrawSource {
- public:
-  explicit RecordedDraws(const nlohmann::json& draws) : draws_(draws) {}
-  float uniform(float lo, float hi) override {
-    const auto& d = next("uniform");
-    EXPECT_FLOAT_EQ(lo, d["lo"].get<float>());
-    EXPECT_FLOAT_EQ(hi, d["hi"].get<float>());
-    return d["value"].get<float>();
-  }
-  int64_t randint(int64_t lo, int64_t hi) override {
-    const auto& d = next("randint");
-    EXPECT_EQ(lo, d["lo"].get<int64_t>());
-    EXPECT_EQ(hi, d["hi"].get<int64_t>());
-    return d["value"].get<int64_t>();
-  }
-  size_t used() const { return pos_; }
-
- private:
-  const nlohmann::json& next(const char* kind) {
-    if (pos_ >= draws_.size()) throw std::runtime_error("plan drew more than torchvision did");
-    const auto& d = draws_[pos_++];
-    if (d["kind"] != kind) throw std::runtime_error(std::string("expected a ") + kind + " draw");
-    return d;
-  }
-  const nlohmann::json& draws_;
-  size_t pos_ = 0;
-};
 
 // A temporary synthetic ImageFolder, written once per test binary.
 const fs::path& synthetic_root() {

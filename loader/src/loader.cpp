@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "gpufeed/loader/augment.h"
 #include "gpufeed/log.h"
 
 namespace gpufeed::loader {
@@ -61,6 +62,8 @@ struct Worker {
   std::vector<uint8_t> bytes;
   decode::ImageBuffer image;
   Resizer resizer;     // filter tables and one row, reused
+  AugmentPlan augment;  // the sample's augmentation draws, reused
+  AugmentScratch augment_scratch;
   std::string source;  // the path as text for errors, reusing its capacity
 };
 
@@ -104,6 +107,15 @@ SampleCost transform_into(const SampleRef& ref, int64_t index, int64_t epoch,
 
   // Straight into the slot's row, mirrored there when the plan flips.
   resize_sample(p.plan, decoded, w.image, w.resizer, out);
+  // Then the augmentations, on the sample's row, continuing its stream (augment.h).
+  const AugmentOptions& aug = o.transform.augment;
+  if (o.transform.kind == TransformOptions::Kind::kTrain && aug.enabled()) {
+    const int s = p.plan.output_size;
+    SampleRng rng = *p.plan.rng;
+    RngDrawSource draws(rng);
+    plan_augment(aug, s, s, draws, w.augment);
+    apply_augment(w.augment, out, s, s, w.augment_scratch);
+  }
   cost.resize_ns = lap_ns(t0);
   return cost;
 }
@@ -578,6 +590,7 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<sampler::
   if (options.batch_size < 1) throw std::invalid_argument("Loader: batch_size must be >= 1");
   if (options.prefetch_depth < 1) throw std::invalid_argument("Loader: prefetch_depth must be >= 1");
   if (options.transform.output_size() < 1) throw std::invalid_argument("Loader: output size must be >= 1");
+  options.transform.augment.validate();
   // No cv::setNumThreads here: Debian's OpenCV runs its parallel loops on oneTBB, where
   // cv::setNumThreads(n) installs a process-wide tbb::global_control(max_allowed_parallelism, n)
   // that would starve our arena (n = 0 leaves it no worker at all). Its loops nest inside our

@@ -177,6 +177,7 @@ SamplePlan plan_sample(const TransformOptions& options, int width, int height, u
   plan.taps_clamped_to_box = true;
   // RandomHorizontalFlip: torch.rand(1) < p.
   plan.flip = rng.uniform(0.0f, 1.0f) < options.flip_probability;
+  plan.rng = rng;  // the augmentations continue the stream here
   return plan;
 }
 

@@ -21,37 +21,9 @@ import torchvision.transforms as T
 import torchvision.transforms.functional as F
 from PIL import Image
 
+from draw_recorder import DrawRecorder
+
 _tt = torchvision.transforms.transforms
-
-
-class _Recorder:
-    """Stands in for the `torch` module inside torchvision.transforms.transforms."""
-
-    def __init__(self, real):
-        self._real = real
-        self.draws = []
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    def empty(self, *args, **kwargs):
-        tensor = self._real.empty(*args, **kwargs)
-        rec = self
-
-        class _Uniform:
-            def uniform_(self, lo, hi):
-                tensor.uniform_(lo, hi)
-                rec.draws.append({"kind": "uniform", "lo": float(lo), "hi": float(hi),
-                                  "value": tensor.item()})
-                return tensor
-
-        return _Uniform()
-
-    def randint(self, low, high, size):
-        out = self._real.randint(low, high, size)
-        self.draws.append({"kind": "randint", "lo": int(low), "hi": int(high),
-                           "value": int(out.item())})
-        return out
 
 
 def _rrc_cases():
@@ -64,7 +36,7 @@ def _rrc_cases():
         for (w, h) in sizes:
             for scale, ratio in scales:
                 for seed in range(40):
-                    rec = _Recorder(real)
+                    rec = DrawRecorder(real)
                     _tt.torch = rec
                     torch.manual_seed(seed)
                     img = torch.empty(1, h, w) if w * h < 10_000_000 else None

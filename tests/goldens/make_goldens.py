@@ -17,6 +17,7 @@ def main() -> int:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     here = pathlib.Path(__file__).resolve().parent
+    sys.path.insert(0, str(here))  # the gen_* modules share draw_recorder.py
     for path in sorted(here.glob("gen_*.py")):
         spec = importlib.util.spec_from_file_location(path.stem, path)
         mod = importlib.util.module_from_spec(spec)

@@ -8,6 +8,8 @@
 //   Batch         gpufeed/loader/batch.h      a leased slot: the memory is the loader's until released
 //   HostAllocator gpufeed/loader/host_allocator.h   where batch slots live (pinned, NUMA, your pool)
 //   transforms    gpufeed/loader/transform.h  RandomResizedCrop / Resize+CenterCrop / flip plans
+//   augment       gpufeed/loader/augment.h    TrivialAugmentWide / RandAugment / AutoAugment /
+//                                             ColorJitter / RandomErasing, per sample, uint8
 //   decode        gpufeed/decode/decoder.h    bytes -> RGB, with typed DecodeError
 //
 //   auto dataset = gpufeed::loader::open_dataset("train/");
@@ -18,6 +20,7 @@
 //   while (auto batch = loader.next()) consume(batch->images, batch->labels, batch->size);
 
 #include "gpufeed/decode/decoder.h"
+#include "gpufeed/loader/augment.h"
 #include "gpufeed/decode/error.h"
 #include "gpufeed/loader/batch.h"
 #include "gpufeed/loader/dataset.h"

@@ -5,12 +5,17 @@
 // same whatever thread decodes it and however many threads there are.
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
 
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/loader/resize.h"
 
 namespace gpufeed::loader {
+
 
 using decode::CropRect;
 
@@ -45,6 +50,12 @@ class DrawSource {
   virtual float uniform(float lo, float hi) = 0;
   /// One draw of torch.randint(lo, hi, (1,)).item().
   virtual int64_t randint(int64_t lo, int64_t hi) = 0;
+  /// torch.randperm(n) into out[0..n): by default Fisher-Yates over randint draws (randint(i, n)
+  /// for i = 0 .. n - 2, swapping i with the drawn position).
+  virtual void randperm(int n, int* out);
+  /// n standard normals (torch.empty(n).normal_()): by default Box-Muller over pairs of
+  /// uniform(0, 1) draws u1, u2: sqrt(-2 ln(1 - u1)) * cos(2 pi u2), then * sin(2 pi u2).
+  virtual void normal(float* out, size_t n);
 };
 
 /// DrawSource over a SampleRng.
@@ -73,6 +84,73 @@ struct ResizeCenterCropOptions {
   int crop = 224;    ///< output height and width, pixels; must be <= resize
 };
 
+/// Which auto-augment policy runs (torchvision references' --auto-augment values).
+enum class AutoAugmentPolicy : uint8_t {
+  kNone,
+  kTrivialAugmentWide,  ///< "ta_wide": TrivialAugmentWide(num_magnitude_bins)
+  kRandAugment,         ///< "ra": RandAugment(ra_num_ops, ra_magnitude, num_magnitude_bins)
+  kImageNet,            ///< "imagenet": AutoAugment(AutoAugmentPolicy.IMAGENET)
+};
+
+/// "none", "ta_wide", "ra", "imagenet".
+std::string_view to_string(AutoAugmentPolicy policy);
+/// Parses the names above; throws std::invalid_argument naming the accepted values otherwise
+/// ("augmix", "cifar10" and "svhn" of the references are not provided).
+AutoAugmentPolicy parse_auto_augment(std::string_view name);
+
+/// torchvision.transforms.v2.ColorJitter(brightness, contrast, saturation, hue) with single
+/// numbers: brightness/contrast/saturation factors uniform in [max(0, 1 - v), 1 + v], hue in
+/// [-hue, hue]. 0 switches a factor off (no draw), as in torchvision.
+struct ColorJitterOptions {
+  float brightness = 0;  ///< >= 0
+  float contrast = 0;    ///< >= 0
+  float saturation = 0;  ///< >= 0
+  float hue = 0;         ///< in [0, 0.5]
+  bool enabled() const { return brightness > 0 || contrast > 0 || saturation > 0 || hue > 0; }
+};
+
+/// torchvision.transforms.v2.RandomErasing(p, scale, ratio, value) as the references use it,
+/// after Normalize: `value` is in normalised units. gpufeed erases the uint8 sample instead (the
+/// slot holds uint8) and writes, per channel c, the uint8 that normalises to the value nearest:
+/// clamp(round(255 * (mean[c] + std[c] * v)), 0, 255), with AugmentOptions::mean/std the
+/// Normalize that follows (value 0 -> the mean colour (124, 116, 104) for ImageNet's mean).
+struct RandomErasingOptions {
+  float p = 0;                 ///< probability, [0, 1]; 0 = off
+  float scale_min = 0.02f;     ///< erased area fraction, 0 <= min <= max <= 1
+  float scale_max = 0.33f;
+  float ratio_min = 0.3f;      ///< aspect ratio h / w of the box, 0 < min <= max, drawn log-uniformly
+  float ratio_max = 3.3f;
+  bool random_value = false;   ///< value="random": per-pixel standard normals (normalised units)
+  float value = 0;             ///< the constant value in normalised units (when !random_value)
+};
+
+/// The per-sample augmentations of the train transform, after RandomResizedCrop + flip.
+/// Order: ColorJitter, then the auto-augment policy, then RandomErasing (the references' order:
+/// the policy right after the flip, RandomErasing after Normalize; ColorJitter, absent from the
+/// references' preset, comes before the policy).
+struct AugmentOptions {
+  AutoAugmentPolicy auto_augment = AutoAugmentPolicy::kNone;
+  int ra_num_ops = 2;              ///< RandAugment num_ops, >= 0
+  int ra_magnitude = 9;            ///< RandAugment magnitude, the bin in [0, num_magnitude_bins)
+  int num_magnitude_bins = 31;     ///< RandAugment/TrivialAugmentWide num_magnitude_bins, >= 2
+  ColorJitterOptions color_jitter{};
+  RandomErasingOptions random_erasing{};
+  /// The Normalize that follows in the prefetcher (ImageNet's by default); only RandomErasing's
+  /// value mapping uses it.
+  std::array<float, 3> mean{0.485f, 0.456f, 0.406f};
+  std::array<float, 3> std{0.229f, 0.224f, 0.225f};
+
+  bool enabled() const {
+    return auto_augment != AutoAugmentPolicy::kNone || color_jitter.enabled() || random_erasing.p > 0;
+  }
+  /// Throws std::invalid_argument naming the option, its value and the accepted range.
+  void validate() const;
+};
+
+/// The options in the CLI's words, for logs and reports: "none", or e.g.
+/// "auto_augment=ta_wide random_erase=0.25 (value 0)".
+std::string to_string(const AugmentOptions& options);
+
 /// Which transform the loader applies, and its parameters.
 struct TransformOptions {
   enum class Kind {
@@ -83,6 +161,8 @@ struct TransformOptions {
   RandomResizedCropOptions rrc{};
   ResizeCenterCropOptions eval{};
   float flip_probability = 0.5f;  ///< train only; torchvision's RandomHorizontalFlip p
+  /// Train only: ColorJitter, auto-augment policy, RandomErasing after the flip (augment.h).
+  AugmentOptions augment{};
 
   /// Output height = width, pixels ([H, W, 3] per sample).
   int output_size() const { return kind == Kind::kTrain ? rrc.size : eval.crop; }
@@ -132,6 +212,9 @@ struct SamplePlan {
   bool taps_clamped_to_box = true;
   bool flip = false;    ///< mirror left-right after resizing
   int output_size = 0;  ///< output height = width, pixels
+  /// Train only: the sample's stream after the crop and flip draws; the augmentations
+  /// (augment.h) continue it.
+  std::optional<SampleRng> rng;
 };
 
 /// Plans sample `index` of `epoch` for a width x height source. Pure function of its arguments.

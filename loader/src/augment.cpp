@@ -1,0 +1,857 @@
+// The per-sample augmentations (augment.h): torchvision.transforms.v2's auto-augment family,
+// ColorJitter and RandomErasing on [H, W, 3] uint8 images. Where torchvision computes in float32
+// the same float32 operations are done here in the same order (fused multiply-adds where ATen's
+// vectorised CPU kernels fuse), so the goldens can hold most ops to every pixel; colour ops whose
+// result depends on the pixel value alone run through 256-entry lookup tables.
+#include "gpufeed/loader/augment.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <numbers>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
+namespace gpufeed::loader {
+namespace {
+
+using Op = AugmentOp;
+
+// TrivialAugmentWide's and RandAugment's _AUGMENTATION_SPACE, in dict order.
+constexpr std::array<Op, 14> kWideSpace = {
+    Op::kIdentity,   Op::kShearX,  Op::kShearY,    Op::kTranslateX, Op::kTranslateY,
+    Op::kRotate,     Op::kBrightness, Op::kColor,  Op::kContrast,   Op::kSharpness,
+    Op::kPosterize,  Op::kSolarize, Op::kAutoContrast, Op::kEqualize};
+
+// AutoAugment's ImageNet policy (AutoAugment._get_policies(IMAGENET)): (op, probability, bin),
+// bin -1 for ops without magnitudes.
+struct PolicyOp {
+  Op op;
+  float probability;
+  int bin;
+};
+constexpr std::array<std::array<PolicyOp, 2>, 25> kImageNetPolicy = {{
+    {{{Op::kPosterize, 0.4f, 8}, {Op::kRotate, 0.6f, 9}}},
+    {{{Op::kSolarize, 0.6f, 5}, {Op::kAutoContrast, 0.6f, -1}}},
+    {{{Op::kEqualize, 0.8f, -1}, {Op::kEqualize, 0.6f, -1}}},
+    {{{Op::kPosterize, 0.6f, 7}, {Op::kPosterize, 0.6f, 6}}},
+    {{{Op::kEqualize, 0.4f, -1}, {Op::kSolarize, 0.2f, 4}}},
+    {{{Op::kEqualize, 0.4f, -1}, {Op::kRotate, 0.8f, 8}}},
+    {{{Op::kSolarize, 0.6f, 3}, {Op::kEqualize, 0.6f, -1}}},
+    {{{Op::kPosterize, 0.8f, 5}, {Op::kEqualize, 1.0f, -1}}},
+    {{{Op::kRotate, 0.2f, 3}, {Op::kSolarize, 0.6f, 8}}},
+    {{{Op::kEqualize, 0.6f, -1}, {Op::kPosterize, 0.4f, 6}}},
+    {{{Op::kRotate, 0.8f, 8}, {Op::kColor, 0.4f, 0}}},
+    {{{Op::kRotate, 0.4f, 9}, {Op::kEqualize, 0.6f, -1}}},
+    {{{Op::kEqualize, 0.0f, -1}, {Op::kEqualize, 0.8f, -1}}},
+    {{{Op::kInvert, 0.6f, -1}, {Op::kEqualize, 1.0f, -1}}},
+    {{{Op::kColor, 0.6f, 4}, {Op::kContrast, 1.0f, 8}}},
+    {{{Op::kRotate, 0.8f, 8}, {Op::kColor, 1.0f, 2}}},
+    {{{Op::kColor, 0.8f, 8}, {Op::kSolarize, 0.8f, 7}}},
+    {{{Op::kSharpness, 0.4f, 7}, {Op::kInvert, 0.6f, -1}}},
+    {{{Op::kShearX, 0.6f, 5}, {Op::kEqualize, 1.0f, -1}}},
+    {{{Op::kColor, 0.4f, 0}, {Op::kEqualize, 0.6f, -1}}},
+    {{{Op::kEqualize, 0.4f, -1}, {Op::kSolarize, 0.2f, 4}}},
+    {{{Op::kSolarize, 0.6f, 5}, {Op::kAutoContrast, 0.6f, -1}}},
+    {{{Op::kInvert, 0.6f, -1}, {Op::kEqualize, 1.0f, -1}}},
+    {{{Op::kColor, 0.6f, 4}, {Op::kContrast, 1.0f, 8}}},
+    {{{Op::kEqualize, 0.8f, -1}, {Op::kEqualize, 0.6f, -1}}},
+}};
+
+// torch.linspace(start, end, n)[i] in float32 as ATen's CPU kernel computes it: the first half
+// from the start, the second from the end, each a fused multiply-add.
+float linspace_at(float start, float end, int n, int i) {
+  const float step = (end - start) / static_cast<float>(n - 1);
+  if (i < n / 2) return std::fma(step, static_cast<float>(i), start);
+  return std::fma(-step, static_cast<float>(n - 1 - i), end);
+}
+
+// torch's fused multiply-adds, fma(a, b, c) rounded once, without an FMA instruction (the build
+// targets baseline x86-64): for a whole a with |a| <= 2^9 and floats b, c below 2^9 in magnitude,
+// the double a * b (at most 33 significant bits) and the double sum are exact, so converting the
+// sum to float is the single rounding. The kernels below table a * b as doubles ("fma_int").
+
+// Round half to even (nearbyint in the default rounding mode) to an integer, for |v| < 2^22:
+// adding 1.5 * 2^23 leaves the rounded value in the sum's low mantissa bits (not folded: no
+// -ffast-math).
+inline int32_t round_to_int(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  return std::bit_cast<int32_t>(v + kMagic) - std::bit_cast<int32_t>(kMagic);
+}
+
+// floor for |v| < 2^31, inline.
+inline float floor_small(float v) {
+  const auto t = static_cast<float>(static_cast<int32_t>(v));
+  return t - static_cast<float>(t > v);  // branch-free
+}
+
+// Python's round() on a float (half to even, the default rounding mode).
+int py_round(double v) { return static_cast<int>(std::nearbyint(v)); }
+
+// CPython's math.degrees / math.radians.
+double degrees(double x) { return x * (180.0 / std::numbers::pi); }
+double radians(double x) { return x * (std::numbers::pi / 180.0); }
+
+// clamp_(0, 255) then .to(torch.uint8), without branches (the blends saturate on data-dependent
+// pixels, which a branch predictor cannot learn): SSE's minss/maxss where there is SSE.
+inline uint8_t to_u8_trunc(float v) {
+#if defined(__SSE__)
+  const __m128 x = _mm_min_ss(_mm_max_ss(_mm_set_ss(v), _mm_setzero_ps()), _mm_set_ss(255.0f));
+  return static_cast<uint8_t>(_mm_cvttss_si32(x));
+#else
+  return static_cast<uint8_t>(static_cast<int>(std::min(std::max(v, 0.0f), 255.0f)));
+#endif
+}
+
+size_t pixel_count(int height, int width) { return static_cast<size_t>(height) * static_cast<size_t>(width); }
+
+void apply_lut(uint8_t* image, int height, int width, const std::array<std::array<uint8_t, 256>, 3>& lut) {
+  const size_t n = pixel_count(height, width);
+  for (size_t p = 0; p < n; ++p, image += 3) {
+    image[0] = lut[0][image[0]];
+    image[1] = lut[1][image[1]];
+    image[2] = lut[2][image[2]];
+  }
+}
+
+void apply_lut(uint8_t* image, int height, int width, const std::array<uint8_t, 256>& lut) {
+  const size_t n = pixel_count(height, width) * 3;
+  for (size_t k = 0; k < n; ++k) image[k] = lut[image[k]];
+}
+
+// _rgb_to_grayscale_image(..., preserve_dtype=False).floor_(): r * 0.2989 + g * 0.587 + b * 0.114
+// with add_(alpha=...) fused. The fused adds are fma_int's: the products and the red term are
+// tabled as the doubles fma_int would form, so a pixel costs two double adds and two roundings.
+struct GrayTables {
+  std::array<double, 256> red{}, green{}, blue{};
+  GrayTables() {
+    for (int v = 0; v < 256; ++v) {
+      red[static_cast<size_t>(v)] = static_cast<float>(v) * 0.2989f;  // float product, as torch's mul
+      green[static_cast<size_t>(v)] = static_cast<double>(v) * static_cast<double>(0.587f);
+      blue[static_cast<size_t>(v)] = static_cast<double>(v) * static_cast<double>(0.114f);
+    }
+  }
+  float gray_floor(uint8_t r, uint8_t g, uint8_t b) const {
+    const float l = static_cast<float>(red[r] + green[g]);  // fma_int(g, 0.587f, r * 0.2989f)
+    return floor_small(static_cast<float>(static_cast<double>(l) + blue[b]));
+  }
+};
+const GrayTables& gray_tables() {
+  static const GrayTables t;
+  return t;
+}
+
+void check_factor(const char* what, double factor) {
+  if (!(factor >= 0)) {
+    throw std::invalid_argument(fmt::format("{}: factor {} is not non-negative", what, factor));
+  }
+}
+
+uint8_t* copy_into(AugmentScratch& scratch, const uint8_t* image, int height, int width) {
+  const size_t n = pixel_count(height, width) * 3;
+  scratch.copy.resize(n);
+  std::copy(image, image + n, scratch.copy.data());
+  return scratch.copy.data();
+}
+
+// The inverse affine matrix of torchvision's _get_inverse_affine_matrix (scale 1), in double and
+// in Python's evaluation order.
+std::array<double, 6> inverse_affine_matrix(double cx, double cy, double angle, double tx, double ty,
+                                            double shear_x, double shear_y) {
+  const double rot = radians(angle);
+  const double sx = radians(shear_x);
+  const double sy = radians(shear_y);
+  const double cos_sy = std::cos(sy);
+  const double tan_sx = std::tan(sx);
+  const double rot_minus_sy = rot - sy;
+  const double cx_plus_tx = cx + tx;
+  const double cy_plus_ty = cy + ty;
+  const double a = std::cos(rot_minus_sy) / cos_sy;
+  const double b = -(a * tan_sx + std::sin(rot));
+  const double c = std::sin(rot_minus_sy) / cos_sy;
+  const double d = std::cos(rot) - c * tan_sx;
+  std::array<double, 6> m = {d, -b, 0.0, -c, a, 0.0};
+  m[2] += cx - m[0] * cx_plus_tx - m[1] * cy_plus_ty;
+  m[5] += cy - m[3] * cx_plus_tx - m[4] * cy_plus_ty;
+  return m;
+}
+
+// _affine_grid + grid_sample(mode="nearest", padding_mode="zeros", align_corners=False) + round,
+// in float32: the grid point of output (x, y) is base (x - (W-1)/2, y - (H-1)/2, 1) times
+// theta^T / (W/2, H/2); the source pixel is round-half-even((g + 1) * size/2 - 0.5).
+void grid_nearest(uint8_t* image, int height, int width, const std::array<double, 6>& matrix,
+                  AugmentScratch& scratch) {
+  copy_into(scratch, image, height, width);
+  const size_t zero_pixel = scratch.copy.size();  // a black pixel after the copy: out-of-image taps
+  scratch.copy.resize(zero_pixel + 3, 0);
+  const uint8_t* src = scratch.copy.data();
+  std::array<float, 6> t{};
+  for (size_t k = 0; k < 6; ++k) t[k] = static_cast<float>(matrix[k]);
+  const float half_w = static_cast<float>(0.5 * width);
+  const float half_h = static_cast<float>(0.5 * height);
+  // rescaled_theta = theta.transpose(1, 2) / [0.5 w, 0.5 h]
+  const float xa = t[0] / half_w, xb = t[1] / half_w, xc = t[2] / half_w;
+  const float ya = t[3] / half_h, yb = t[4] / half_h, yc = t[5] / half_h;
+  const float sx = static_cast<float>(width) / 2, sy = static_cast<float>(height) / 2;
+  const float x0 = (1.0f - static_cast<float>(width)) * 0.5f;
+  const float y0 = (1.0f - static_cast<float>(height)) * 0.5f;
+  const size_t row = static_cast<size_t>(width) * 3;
+  // The column products bx * a, computed once (the same float products per pixel).
+  thread_local std::vector<float> col_xs, col_ys;
+  col_xs.resize(static_cast<size_t>(width));
+  col_ys.resize(static_cast<size_t>(width));
+  float* const col_x = col_xs.data();  // local pointers: the uint8 stores may alias anything
+  float* const col_y = col_ys.data();
+  for (int x = 0; x < width; ++x) {
+    const float bx = x0 + static_cast<float>(x);
+    col_x[static_cast<size_t>(x)] = bx * xa;
+    col_y[static_cast<size_t>(x)] = bx * ya;
+  }
+  for (int y = 0; y < height; ++y) {
+    const float by = y0 + static_cast<float>(y);
+    const float row_x = by * xb, row_y = by * yb;
+    uint8_t* out = image + static_cast<size_t>(y) * row;
+    for (int x = 0; x < width; ++x, out += 3) {
+      // bmm of the base grid with the rescaled theta: (bx * a + by * b) + c, unfused (ATen's
+      // result, checked against _affine_grid's output)
+      const float gx = (col_x[static_cast<size_t>(x)] + row_x) + xc;
+      const float gy = (col_y[static_cast<size_t>(x)] + row_y) + yc;
+      const int32_t ix = round_to_int((gx + 1.0f) * sx - 0.5f);
+      const int32_t iy = round_to_int((gy + 1.0f) * sy - 0.5f);
+      const bool inside = static_cast<uint32_t>(ix) < static_cast<uint32_t>(width) &&
+                          static_cast<uint32_t>(iy) < static_cast<uint32_t>(height);
+      const size_t at = inside ? static_cast<size_t>(iy) * row + static_cast<size_t>(ix) * 3 : zero_pixel;
+      out[0] = src[at];
+      out[1] = src[at + 1];
+      out[2] = src[at + 2];
+    }
+  }
+}
+
+// out(y, x) = in(y - dy, x - dx), 0 outside.
+void shift(uint8_t* image, int height, int width, int dx, int dy, AugmentScratch& scratch) {
+  const uint8_t* src = copy_into(scratch, image, height, width);
+  const size_t row = static_cast<size_t>(width) * 3;
+  const int x0 = std::clamp(dx, 0, width), x1 = std::clamp(width + dx, 0, width);  // out columns with a source
+  for (int y = 0; y < height; ++y) {
+    uint8_t* out = image + static_cast<size_t>(y) * row;
+    const int sy = y - dy;
+    if (sy < 0 || sy >= height || x0 >= x1) {
+      std::fill(out, out + row, uint8_t{0});
+      continue;
+    }
+    std::fill(out, out + static_cast<size_t>(x0) * 3, uint8_t{0});
+    std::copy(src + static_cast<size_t>(sy) * row + static_cast<size_t>(x0 - dx) * 3,
+              src + static_cast<size_t>(sy) * row + static_cast<size_t>(x1 - dx) * 3, out + static_cast<size_t>(x0) * 3);
+    std::fill(out + static_cast<size_t>(x1) * 3, out + row, uint8_t{0});
+  }
+}
+
+// torch.rot90(image, k, dims=(-2, -1)) on a square image (k = 1, 3) or any image (k = 2).
+void rot90(uint8_t* image, int height, int width, int k, AugmentScratch& scratch) {
+  const uint8_t* src = copy_into(scratch, image, height, width);
+  const size_t row = static_cast<size_t>(width) * 3;
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) {
+      int sy, sx;
+      if (k == 1) {
+        sy = x, sx = width - 1 - y;  // flip(W) then transpose
+      } else if (k == 3) {
+        sy = height - 1 - x, sx = y;  // flip(H) then transpose
+      } else {
+        sy = height - 1 - y, sx = width - 1 - x;
+      }
+      const uint8_t* s = src + static_cast<size_t>(sy) * row + static_cast<size_t>(sx) * 3;
+      uint8_t* o = image + static_cast<size_t>(y) * row + static_cast<size_t>(x) * 3;
+      o[0] = s[0];
+      o[1] = s[1];
+      o[2] = s[2];
+    }
+  }
+}
+
+float uniform01(DrawSource& d) { return d.uniform(0.0f, 1.0f); }
+
+uint8_t erase_value(float v, float mean, float std) {
+  return static_cast<uint8_t>(std::clamp(std::nearbyint(255.0f * (mean + std * v)), 0.0f, 255.0f));
+}
+
+void plan_color_jitter(const ColorJitterOptions& o, DrawSource& draws, AugmentPlan& plan) {
+  plan.color_jitter = o.enabled();
+  if (!plan.color_jitter) return;
+  draws.randperm(4, plan.jitter_order.data());
+  // torchvision's _check_input: [max(0, 1 - v), 1 + v]; hue [-v, v]; 0 = off (no draw).
+  const std::array<float, 4> v = {o.brightness, o.contrast, o.saturation, o.hue};
+  for (size_t k = 0; k < 4; ++k) {
+    plan.jitter_on[k] = v[k] > 0;
+    if (!plan.jitter_on[k]) continue;
+    const double x = v[k];
+    const float lo = static_cast<float>(k == 3 ? -x : std::max(1.0 - x, 0.0));
+    const float hi = static_cast<float>(k == 3 ? x : 1.0 + x);
+    plan.jitter_factor[k] = draws.uniform(lo, hi);
+  }
+}
+
+// One op of a policy with its magnitude bin: the magnitude, negated on a uniform <= 0.5 draw
+// when signed (_AutoAugmentBase's forward methods).
+AugmentStep policy_step(AutoAugmentPolicy policy, Op op, int bin, int num_bins, int height, int width,
+                        DrawSource& draws) {
+  AugmentStep s{op, 0.0};
+  if (!augment_has_magnitude(op)) return s;
+  s.magnitude = augment_magnitude(policy, op, bin, num_bins, height, width);
+  if (augment_signed(op) && uniform01(draws) <= 0.5f) s.magnitude = -s.magnitude;
+  return s;
+}
+
+void plan_policy(const AugmentOptions& o, int height, int width, DrawSource& draws, AugmentPlan& plan) {
+  plan.steps.clear();
+  const int n_ops = static_cast<int>(kWideSpace.size());
+  switch (o.auto_augment) {
+    case AutoAugmentPolicy::kNone:
+      return;
+    case AutoAugmentPolicy::kTrivialAugmentWide: {
+      const Op op = kWideSpace[static_cast<size_t>(draws.randint(0, n_ops))];
+      const int bin = augment_has_magnitude(op) ? static_cast<int>(draws.randint(0, o.num_magnitude_bins)) : 0;
+      plan.steps.push_back(policy_step(o.auto_augment, op, bin, o.num_magnitude_bins, height, width, draws));
+      return;
+    }
+    case AutoAugmentPolicy::kRandAugment:
+      for (int k = 0; k < o.ra_num_ops; ++k) {
+        const Op op = kWideSpace[static_cast<size_t>(draws.randint(0, n_ops))];
+        plan.steps.push_back(
+            policy_step(o.auto_augment, op, o.ra_magnitude, o.num_magnitude_bins, height, width, draws));
+      }
+      return;
+    case AutoAugmentPolicy::kImageNet: {
+      const auto& sub = kImageNetPolicy[static_cast<size_t>(draws.randint(0, kImageNetPolicy.size()))];
+      for (const PolicyOp& p : sub) {
+        if (!(uniform01(draws) <= p.probability)) continue;
+        plan.steps.push_back(policy_step(o.auto_augment, p.op, p.bin, 10, height, width, draws));
+      }
+      return;
+    }
+  }
+}
+
+// RandomErasing.make_params with the value mapped to uint8 (RandomErasingOptions).
+void plan_erasing(const AugmentOptions& options, int height, int width, DrawSource& draws,
+                  AugmentPlan& plan) {
+  const RandomErasingOptions& o = options.random_erasing;
+  plan.erase = false;
+  if (!(o.p > 0)) return;
+  if (uniform01(draws) >= o.p) return;  // _RandomApplyTransform: torch.rand(1) >= p skips
+  const double area = static_cast<double>(height) * width;
+  const float log_lo = std::log(o.ratio_min), log_hi = std::log(o.ratio_max);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double erase_area = area * static_cast<double>(draws.uniform(o.scale_min, o.scale_max));
+    const double aspect = static_cast<double>(std::exp(draws.uniform(log_lo, log_hi)));
+    const int h = py_round(std::sqrt(erase_area * aspect));
+    const int w = py_round(std::sqrt(erase_area / aspect));
+    if (!(h < height && w < width)) continue;
+    plan.erase_pixels.clear();
+    if (o.random_value) {
+      // torch.empty([3, h, w]).normal_(): channel-major normals, mapped to HWC uint8.
+      const size_t n = static_cast<size_t>(h) * static_cast<size_t>(w);
+      thread_local std::vector<float> normals;
+      normals.resize(3 * n);
+      draws.normal(normals.data(), normals.size());
+      plan.erase_pixels.resize(3 * n);
+      for (size_t c = 0; c < 3; ++c)
+        for (size_t p = 0; p < n; ++p)
+          plan.erase_pixels[p * 3 + c] = erase_value(normals[c * n + p], options.mean[c], options.std[c]);
+    }
+    plan.erase_top = static_cast<int>(draws.randint(0, height - h + 1));
+    plan.erase_left = static_cast<int>(draws.randint(0, width - w + 1));
+    plan.erase_height = h;
+    plan.erase_width = w;
+    plan.erase = true;
+    return;
+  }
+  // torchvision's fallback box (the whole image) comes with v = None: nothing is erased.
+}
+
+}  // namespace
+
+std::string_view to_string(AugmentOp op) {
+  switch (op) {
+    case Op::kIdentity: return "Identity";
+    case Op::kShearX: return "ShearX";
+    case Op::kShearY: return "ShearY";
+    case Op::kTranslateX: return "TranslateX";
+    case Op::kTranslateY: return "TranslateY";
+    case Op::kRotate: return "Rotate";
+    case Op::kBrightness: return "Brightness";
+    case Op::kColor: return "Color";
+    case Op::kContrast: return "Contrast";
+    case Op::kSharpness: return "Sharpness";
+    case Op::kPosterize: return "Posterize";
+    case Op::kSolarize: return "Solarize";
+    case Op::kAutoContrast: return "AutoContrast";
+    case Op::kEqualize: return "Equalize";
+    case Op::kInvert: return "Invert";
+  }
+  return "?";
+}
+
+std::string_view to_string(AutoAugmentPolicy policy) {
+  switch (policy) {
+    case AutoAugmentPolicy::kNone: return "none";
+    case AutoAugmentPolicy::kTrivialAugmentWide: return "ta_wide";
+    case AutoAugmentPolicy::kRandAugment: return "ra";
+    case AutoAugmentPolicy::kImageNet: return "imagenet";
+  }
+  return "?";
+}
+
+AutoAugmentPolicy parse_auto_augment(std::string_view name) {
+  for (auto p : {AutoAugmentPolicy::kNone, AutoAugmentPolicy::kTrivialAugmentWide,
+                 AutoAugmentPolicy::kRandAugment, AutoAugmentPolicy::kImageNet}) {
+    if (name == to_string(p)) return p;
+  }
+  throw std::invalid_argument(fmt::format(
+      "auto_augment: unknown policy '{}' (expected none, ta_wide, ra or imagenet; the references' "
+      "augmix, cifar10 and svhn are not provided)",
+      name));
+}
+
+std::string to_string(const AugmentOptions& o) {
+  std::string s;
+  const auto add = [&s](const std::string& part) { s += (s.empty() ? "" : " ") + part; };
+  if (o.auto_augment != AutoAugmentPolicy::kNone) add(fmt::format("auto_augment={}", to_string(o.auto_augment)));
+  if (o.auto_augment == AutoAugmentPolicy::kRandAugment) {
+    add(fmt::format("ra_num_ops={} ra_magnitude={}", o.ra_num_ops, o.ra_magnitude));
+  }
+  if (o.auto_augment == AutoAugmentPolicy::kRandAugment || o.auto_augment == AutoAugmentPolicy::kTrivialAugmentWide) {
+    if (o.num_magnitude_bins != 31) add(fmt::format("num_magnitude_bins={}", o.num_magnitude_bins));
+  }
+  const ColorJitterOptions& j = o.color_jitter;
+  if (j.enabled()) add(fmt::format("color_jitter={},{},{},{}", j.brightness, j.contrast, j.saturation, j.hue));
+  const RandomErasingOptions& e = o.random_erasing;
+  if (e.p > 0) {
+    add(e.random_value ? fmt::format("random_erase={} (value random)", e.p)
+                       : fmt::format("random_erase={} (value {})", e.p, e.value));
+  }
+  return s.empty() ? "none" : s;
+}
+
+void AugmentOptions::validate() const {
+  const auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
+  if (ra_num_ops < 0) fail(fmt::format("ra_num_ops must be >= 0, got {}", ra_num_ops));
+  if (num_magnitude_bins < 2) fail(fmt::format("num_magnitude_bins must be >= 2, got {}", num_magnitude_bins));
+  if (ra_magnitude < 0 || ra_magnitude >= num_magnitude_bins) {
+    fail(fmt::format("ra_magnitude must be in [0, num_magnitude_bins - 1 = {}], got {}",
+                     num_magnitude_bins - 1, ra_magnitude));
+  }
+  const ColorJitterOptions& j = color_jitter;
+  for (auto [name, v] : {std::pair{"brightness", j.brightness}, {"contrast", j.contrast},
+                         {"saturation", j.saturation}}) {
+    if (!(v >= 0) || !std::isfinite(v)) fail(fmt::format("color_jitter {} must be a finite number >= 0, got {}", name, v));
+  }
+  if (!(j.hue >= 0 && j.hue <= 0.5f)) fail(fmt::format("color_jitter hue must be in [0, 0.5], got {}", j.hue));
+  const RandomErasingOptions& e = random_erasing;
+  if (!(e.p >= 0 && e.p <= 1)) fail(fmt::format("random_erase probability must be in [0, 1], got {}", e.p));
+  if (!(e.scale_min >= 0 && e.scale_min <= e.scale_max && e.scale_max <= 1)) {
+    fail(fmt::format("random_erase scale must satisfy 0 <= min <= max <= 1, got ({}, {})", e.scale_min,
+                     e.scale_max));
+  }
+  if (!(e.ratio_min > 0 && e.ratio_min <= e.ratio_max && std::isfinite(e.ratio_max))) {
+    fail(fmt::format("random_erase ratio must satisfy 0 < min <= max, got ({}, {})", e.ratio_min, e.ratio_max));
+  }
+  if (!std::isfinite(e.value)) fail(fmt::format("random_erase value must be finite, got {}", e.value));
+  for (size_t c = 0; c < 3; ++c) {
+    if (!(this->std[c] > 0) || !std::isfinite(mean[c])) {
+      fail(fmt::format("augment mean/std: std must be > 0 and mean finite, got mean {} std {} (channel {})",
+                       mean[c], this->std[c], c));
+    }
+  }
+}
+
+bool augment_signed(AugmentOp op) {
+  switch (op) {
+    case Op::kShearX: case Op::kShearY: case Op::kTranslateX: case Op::kTranslateY: case Op::kRotate:
+    case Op::kBrightness: case Op::kColor: case Op::kContrast: case Op::kSharpness:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool augment_has_magnitude(AugmentOp op) {
+  return augment_signed(op) || op == Op::kPosterize || op == Op::kSolarize;
+}
+
+float augment_magnitude(AutoAugmentPolicy policy, AugmentOp op, int bin, int num_bins, int height,
+                        int width) {
+  if (policy == AutoAugmentPolicy::kNone) throw std::invalid_argument("augment_magnitude: no policy");
+  if (bin < 0 || bin >= num_bins) {
+    throw std::invalid_argument(fmt::format("augment_magnitude: bin {} outside [0, {})", bin, num_bins));
+  }
+  const bool wide = policy == AutoAugmentPolicy::kTrivialAugmentWide;
+  const auto lin = [&](double end) { return linspace_at(0.0f, static_cast<float>(end), num_bins, bin); };
+  switch (op) {
+    case Op::kShearX: case Op::kShearY:
+      return lin(wide ? 0.99 : 0.3);
+    case Op::kTranslateX:
+      return lin(wide ? 32.0 : 150.0 / 331.0 * width);
+    case Op::kTranslateY:
+      return lin(wide ? 32.0 : 150.0 / 331.0 * height);
+    case Op::kRotate:
+      return lin(wide ? 135.0 : 30.0);
+    case Op::kBrightness: case Op::kColor: case Op::kContrast: case Op::kSharpness:
+      return lin(wide ? 0.99 : 0.9);
+    case Op::kPosterize: {
+      // (8 - (torch.arange(num_bins) / ((num_bins - 1) / d))).round().int(), float32
+      const float div = static_cast<float>((num_bins - 1) / (wide ? 6.0 : 4.0));
+      return std::nearbyint(8.0f - static_cast<float>(bin) / div);
+    }
+    case Op::kSolarize:
+      return linspace_at(1.0f, 0.0f, num_bins, bin);
+    default:
+      return 0.0f;
+  }
+}
+
+void DrawSource::randperm(int n, int* out) {
+  for (int k = 0; k < n; ++k) out[k] = k;
+  for (int i = 0; i + 1 < n; ++i) std::swap(out[i], out[randint(i, n)]);
+}
+
+void DrawSource::normal(float* out, size_t n) {
+  constexpr float kTwoPi = 2.0f * std::numbers::pi_v<float>;
+  for (size_t k = 0; k < n; k += 2) {
+    const float u1 = uniform(0.0f, 1.0f), u2 = uniform(0.0f, 1.0f);
+    const float r = std::sqrt(-2.0f * std::log(1.0f - u1));
+    out[k] = r * std::cos(kTwoPi * u2);
+    if (k + 1 < n) out[k + 1] = r * std::sin(kTwoPi * u2);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The functional ops.
+
+void adjust_brightness(uint8_t* image, int height, int width, double factor) {
+  check_factor("adjust_brightness", factor);
+  const float f = static_cast<float>(factor);
+  std::array<uint8_t, 256> lut{};
+  for (int v = 0; v < 256; ++v) lut[static_cast<size_t>(v)] = to_u8_trunc(static_cast<float>(v) * f);
+  apply_lut(image, height, width, lut);
+}
+
+void adjust_saturation(uint8_t* image, int height, int width, double factor) {
+  check_factor("adjust_saturation", factor);
+  // _blend(image, gray, ratio): image.mul(ratio).add_(gray, alpha=1 - ratio), fused.
+  const float ratio = static_cast<float>(factor);
+  const float alpha = static_cast<float>(1.0 - factor);
+  // fma_int(gray, alpha, x * ratio) with both terms tabled as doubles (gray is whole, 0..255).
+  std::array<double, 256> scaled{}, gray_term{};
+  for (int v = 0; v < 256; ++v) {
+    scaled[static_cast<size_t>(v)] = static_cast<float>(v) * ratio;
+    gray_term[static_cast<size_t>(v)] = static_cast<double>(v) * static_cast<double>(alpha);
+  }
+  const GrayTables& gt = gray_tables();
+  const size_t n = pixel_count(height, width);
+  for (size_t p = 0; p < n; ++p, image += 3) {
+    const double g = gray_term[static_cast<uint32_t>(static_cast<int32_t>(gt.gray_floor(image[0], image[1], image[2])))];
+    image[0] = to_u8_trunc(static_cast<float>(g + scaled[image[0]]));
+    image[1] = to_u8_trunc(static_cast<float>(g + scaled[image[1]]));
+    image[2] = to_u8_trunc(static_cast<float>(g + scaled[image[2]]));
+  }
+}
+
+void adjust_contrast(uint8_t* image, int height, int width, double factor) {
+  check_factor("adjust_contrast", factor);
+  const size_t n = pixel_count(height, width);
+  int64_t sum = 0;  // of whole numbers <= 255: torch's float32 sum is exact below 2^24
+  const GrayTables& gt = gray_tables();
+  for (const uint8_t* px = image; px != image + 3 * n; px += 3) {
+    sum += static_cast<int64_t>(gt.gray_floor(px[0], px[1], px[2]));
+  }
+  const float mean = static_cast<float>(sum) / static_cast<float>(n);
+  const float ratio = static_cast<float>(factor);
+  const float alpha = static_cast<float>(1.0 - factor);
+  std::array<uint8_t, 256> lut{};
+  for (int v = 0; v < 256; ++v) {
+    lut[static_cast<size_t>(v)] = to_u8_trunc(std::fma(mean, alpha, static_cast<float>(v) * ratio));
+  }
+  apply_lut(image, height, width, lut);
+}
+
+void adjust_sharpness(uint8_t* image, int height, int width, double factor, AugmentScratch& scratch) {
+  check_factor("adjust_sharpness", factor);
+  if (height <= 2 || width <= 2) return;
+  const uint8_t* src = copy_into(scratch, image, height, width);
+  const float alpha = static_cast<float>(1.0 - factor);
+  // out = x + (1 - factor) * (round(blur) - x), fused; round(S / 13) is never a tie (13 is odd),
+  // so the integer (2 S + 13) / 26 is torch's float conv2d + round_ exactly.
+  // fma_int(blur - x, alpha, x) with the product tabled per difference
+  std::array<double, 511> diff_term{};
+  for (int d = -255; d <= 255; ++d) {
+    diff_term[static_cast<size_t>(d + 255)] = static_cast<double>(d) * static_cast<double>(alpha);
+  }
+  const size_t row = static_cast<size_t>(width) * 3;
+  thread_local std::vector<uint16_t> column_sums;
+  column_sums.resize(row);
+  uint16_t* const column_sum = column_sums.data();  // a local pointer: the uint8 stores below may
+                                                    // alias anything, a thread_local would reload
+  for (int y = 1; y + 1 < height; ++y) {
+    const uint8_t* up = src + static_cast<size_t>(y - 1) * row;
+    const uint8_t* mid = up + row;
+    const uint8_t* down = mid + row;
+    uint8_t* out = image + static_cast<size_t>(y) * row;
+    // 3-row column sums first (vectorisable), then the 3x3 sum with the centre weighted 5
+    for (size_t k = 0; k < row; ++k) column_sum[k] = static_cast<uint16_t>(up[k] + mid[k] + down[k]);
+    for (size_t k = 3; k + 3 < row; ++k) {
+      const int s = column_sum[k - 3] + column_sum[k] + column_sum[k + 3] + 4 * mid[k];
+      const int blur = (2 * s + 13) / 26;
+      const int x = mid[k];
+      out[k] = to_u8_trunc(static_cast<float>(diff_term[static_cast<size_t>(blur - x + 255)] + x));
+    }
+  }
+}
+
+void adjust_hue(uint8_t* image, int height, int width, double factor) {
+  if (!(factor >= -0.5 && factor <= 0.5)) {
+    throw std::invalid_argument(fmt::format("adjust_hue: factor {} is not in [-0.5, 0.5]", factor));
+  }
+  const float hue = static_cast<float>(factor);
+  const float inv255 = static_cast<float>(1.0 / 255);
+  const float sixth = static_cast<float>(1.0 / 6.0);
+  const float to_u8 = static_cast<float>(255 + 1.0 - 1e-3);
+  const size_t n = pixel_count(height, width);
+  for (size_t p = 0; p < n; ++p, image += 3) {
+    const float r = static_cast<float>(image[0]) * inv255;
+    const float g = static_cast<float>(image[1]) * inv255;
+    const float b = static_cast<float>(image[2]) * inv255;
+    // _rgb_to_hsv
+    const float maxc = std::max(std::max(r, g), b);
+    const float minc = std::min(std::min(r, g), b);
+    const bool eqc = maxc == minc;
+    const float cr = maxc - minc;
+    const float s = cr / (eqc ? 1.0f : maxc);
+    const float crd = eqc ? 1.0f : cr;
+    const float rc = (maxc - r) / crd, gc = (maxc - g) / crd, bc = (maxc - b) / crd;
+    const bool max_ne_r = maxc != r, max_eq_g = maxc == g;
+    const float hg = ((rc + 2.0f) - bc) * static_cast<float>(max_eq_g && max_ne_r);
+    const float hr = (bc - gc) * static_cast<float>(!max_ne_r);
+    const float hb = ((gc + 4.0f) - rc) * static_cast<float>(max_ne_r && !max_eq_g);
+    // fmod(x, 1) of x in (0, 2] is x - floor(x), exactly
+    float h = (hr + hg + hb) * sixth + 1.0f;
+    h = h - floor_small(h);
+    // h.add_(hue_factor).remainder_(1.0)
+    h = h + hue;
+    h = h - floor_small(h);
+    // _hsv_to_rgb
+    const float h6 = h * 6.0f;
+    const float i = floor_small(h6);
+    const float f = h6 - i;
+    int sector = static_cast<int>(i) % 6;
+    if (sector < 0) sector += 6;
+    const float sxf = s * f;
+    const float one_minus_s = 1.0f - s;
+    const float v = maxc;
+    const float q = std::clamp((1.0f - sxf) * v, 0.0f, 1.0f);
+    const float t = std::clamp((sxf + one_minus_s) * v, 0.0f, 1.0f);
+    const float pp = std::clamp(one_minus_s * v, 0.0f, 1.0f);
+    const float vpqt[4] = {v, pp, q, t};
+    static constexpr int kSelect[3][6] = {{0, 2, 1, 1, 3, 0}, {3, 0, 0, 2, 1, 1}, {1, 1, 3, 0, 0, 2}};
+    for (int c = 0; c < 3; ++c) {
+      image[c] = static_cast<uint8_t>(vpqt[kSelect[c][sector]] * to_u8);
+    }
+  }
+}
+
+void posterize(uint8_t* image, int height, int width, int bits) {
+  if (bits < 0 || bits > 8) throw std::invalid_argument(fmt::format("posterize: bits {} not in [0, 8]", bits));
+  if (bits == 8) return;
+  const auto mask = static_cast<uint8_t>(((1 << bits) - 1) << (8 - bits));
+  const size_t n = pixel_count(height, width) * 3;
+  for (size_t k = 0; k < n; ++k) image[k] &= mask;
+}
+
+void solarize(uint8_t* image, int height, int width, double threshold) {
+  if (threshold > 255) {
+    throw std::invalid_argument(fmt::format("solarize: threshold {} exceeds 255", threshold));
+  }
+  const float t = static_cast<float>(threshold);
+  std::array<uint8_t, 256> lut{};
+  for (int v = 0; v < 256; ++v) {
+    lut[static_cast<size_t>(v)] = static_cast<float>(v) >= t ? static_cast<uint8_t>(255 - v) : static_cast<uint8_t>(v);
+  }
+  apply_lut(image, height, width, lut);
+}
+
+void autocontrast(uint8_t* image, int height, int width) {
+  const size_t n = pixel_count(height, width);
+  uint8_t lo0 = 255, lo1 = 255, lo2 = 255, hi0 = 0, hi1 = 0, hi2 = 0;
+  for (const uint8_t* px = image; px != image + 3 * n; px += 3) {
+    lo0 = std::min(lo0, px[0]), hi0 = std::max(hi0, px[0]);
+    lo1 = std::min(lo1, px[1]), hi1 = std::max(hi1, px[1]);
+    lo2 = std::min(lo2, px[2]), hi2 = std::max(hi2, px[2]);
+  }
+  const std::array<uint8_t, 3> lo{lo0, lo1, lo2}, hi{hi0, hi1, hi2};
+  std::array<std::array<uint8_t, 256>, 3> lut{};
+  const float inv_bound = static_cast<float>(1.0 / 255);
+  for (size_t c = 0; c < 3; ++c) {
+    float minimum = lo[c];
+    float inv_scale = (static_cast<float>(hi[c]) - static_cast<float>(lo[c])) * inv_bound;
+    if (hi[c] == lo[c]) minimum = 0, inv_scale = 1;
+    for (int v = 0; v < 256; ++v) {
+      lut[c][static_cast<size_t>(v)] = to_u8_trunc((static_cast<float>(v) - minimum) / inv_scale);
+    }
+  }
+  apply_lut(image, height, width, lut);
+}
+
+void equalize(uint8_t* image, int height, int width) {
+  const size_t n = pixel_count(height, width);
+  std::array<std::array<int64_t, 256>, 3> hist{};
+  for (const uint8_t* px = image; px != image + 3 * n; px += 3) {
+    ++hist[0][px[0]];
+    ++hist[1][px[1]];
+    ++hist[2][px[2]];
+  }
+  std::array<std::array<uint8_t, 256>, 3> lut{};
+  for (size_t c = 0; c < 3; ++c) {
+    // PIL's scheme as torchvision's equalize_image: step = (pixels not of the last non-empty
+    // value) // 255; lut[0] = 0, lut[k] = min((cum[k-1] + step // 2) // step, 255); step 0 keeps
+    // the channel.
+    size_t last = 255;
+    while (last > 0 && hist[c][last] == 0) --last;
+    const int64_t step = (static_cast<int64_t>(n) - hist[c][last]) / 255;
+    int64_t cum = 0;
+    for (size_t v = 0; v < 256; ++v) {
+      if (step == 0) {
+        lut[c][v] = static_cast<uint8_t>(v);
+        continue;
+      }
+      lut[c][v] = v == 0 ? 0 : static_cast<uint8_t>(std::min<int64_t>((cum + step / 2) / step, 255));
+      cum += hist[c][v];
+    }
+  }
+  apply_lut(image, height, width, lut);
+}
+
+void invert(uint8_t* image, int height, int width) {
+  const size_t n = pixel_count(height, width) * 3;
+  for (size_t k = 0; k < n; ++k) image[k] = static_cast<uint8_t>(255 - image[k]);
+}
+
+void affine_nearest(uint8_t* image, int height, int width, double angle, double translate_x,
+                    double translate_y, double shear_x, double shear_y, bool center_top_left,
+                    AugmentScratch& scratch) {
+  if (angle == 0 && shear_x == 0 && shear_y == 0 && translate_x == std::trunc(translate_x) &&
+      translate_y == std::trunc(translate_y) && std::abs(translate_x) < 1 << 20 && std::abs(translate_y) < 1 << 20) {
+    // A whole-pixel translation: the float32 grid lands within rounding of the shifted pixel
+    // centres, far from any tie, so nearest sampling is the shift itself (the goldens check it).
+    return shift(image, height, width, static_cast<int>(translate_x), static_cast<int>(translate_y), scratch);
+  }
+  // affine_image: center [0, 0] becomes (0 - w/2, 0 - h/2) relative to the image centre.
+  const double cx = center_top_left ? 0.0 - width * 0.5 : 0.0;
+  const double cy = center_top_left ? 0.0 - height * 0.5 : 0.0;
+  grid_nearest(image, height, width,
+               inverse_affine_matrix(cx, cy, angle, translate_x, translate_y, shear_x, shear_y), scratch);
+}
+
+void rotate_nearest(uint8_t* image, int height, int width, double angle, AugmentScratch& scratch) {
+  // rotate_image: angle % 360 (Python's modulo), transposes for the right angles, else the affine
+  // grid with -angle.
+  double a = std::fmod(angle, 360.0);
+  if (a != 0 && a < 0) a += 360.0;
+  if (a == 0) return;
+  if (a == 180) return rot90(image, height, width, 2, scratch);
+  if (height == width && a == 90) return rot90(image, height, width, 1, scratch);
+  if (height == width && a == 270) return rot90(image, height, width, 3, scratch);
+  grid_nearest(image, height, width, inverse_affine_matrix(0, 0, -a, 0, 0, 0, 0), scratch);
+}
+
+void apply_augment_op(AugmentOp op, double m, uint8_t* image, int height, int width,
+                      AugmentScratch& scratch) {
+  switch (op) {
+    case Op::kIdentity:
+      return;
+    case Op::kShearX:  // shear = degrees(atan(magnitude)), about the top-left corner
+      return affine_nearest(image, height, width, 0.0, 0, 0, degrees(std::atan(m)), 0.0, true, scratch);
+    case Op::kShearY:
+      return affine_nearest(image, height, width, 0.0, 0, 0, 0.0, degrees(std::atan(m)), true, scratch);
+    case Op::kTranslateX:  // translate = [int(magnitude), 0]
+      return affine_nearest(image, height, width, 0.0, std::trunc(m), 0, 0, 0, false, scratch);
+    case Op::kTranslateY:
+      return affine_nearest(image, height, width, 0.0, 0, std::trunc(m), 0, 0, false, scratch);
+    case Op::kRotate:
+      return rotate_nearest(image, height, width, m, scratch);
+    case Op::kBrightness:
+      return adjust_brightness(image, height, width, 1.0 + m);
+    case Op::kColor:
+      return adjust_saturation(image, height, width, 1.0 + m);
+    case Op::kContrast:
+      return adjust_contrast(image, height, width, 1.0 + m);
+    case Op::kSharpness:
+      return adjust_sharpness(image, height, width, 1.0 + m, scratch);
+    case Op::kPosterize:
+      return posterize(image, height, width, static_cast<int>(m));
+    case Op::kSolarize:  // threshold = 255 * magnitude
+      return solarize(image, height, width, 255.0 * m);
+    case Op::kAutoContrast:
+      return autocontrast(image, height, width);
+    case Op::kEqualize:
+      return equalize(image, height, width);
+    case Op::kInvert:
+      return invert(image, height, width);
+  }
+}
+
+void plan_augment(const AugmentOptions& options, int height, int width, DrawSource& draws,
+                  AugmentPlan& plan) {
+  plan_color_jitter(options.color_jitter, draws, plan);
+  plan_policy(options, height, width, draws, plan);
+  plan_erasing(options, height, width, draws, plan);
+  if (plan.erase && !options.random_erasing.random_value) {
+    plan.erase_pixels.clear();  // the constant colour is written by apply_augment
+    for (size_t c = 0; c < 3; ++c) {
+      plan.erase_color[c] = erase_value(options.random_erasing.value, options.mean[c], options.std[c]);
+    }
+  }
+}
+
+void apply_augment(const AugmentPlan& plan, uint8_t* image, int height, int width,
+                   AugmentScratch& scratch) {
+  if (plan.color_jitter) {
+    for (int fn : plan.jitter_order) {
+      const auto k = static_cast<size_t>(fn);
+      if (!plan.jitter_on[k]) continue;
+      const double f = plan.jitter_factor[k];
+      switch (fn) {
+        case 0: adjust_brightness(image, height, width, f); break;
+        case 1: adjust_contrast(image, height, width, f); break;
+        case 2: adjust_saturation(image, height, width, f); break;
+        default: adjust_hue(image, height, width, f); break;
+      }
+    }
+  }
+  for (const AugmentStep& s : plan.steps) apply_augment_op(s.op, s.magnitude, image, height, width, scratch);
+  if (plan.erase) {
+    const size_t row = static_cast<size_t>(width) * 3;
+    const size_t box_row = static_cast<size_t>(plan.erase_width) * 3;
+    for (int y = 0; y < plan.erase_height; ++y) {
+      uint8_t* out = image + static_cast<size_t>(plan.erase_top + y) * row + static_cast<size_t>(plan.erase_left) * 3;
+      if (!plan.erase_pixels.empty()) {
+        const uint8_t* in = plan.erase_pixels.data() + static_cast<size_t>(y) * box_row;
+        std::copy(in, in + box_row, out);
+      } else {
+        for (int x = 0; x < plan.erase_width; ++x, out += 3) {
+          out[0] = plan.erase_color[0];
+          out[1] = plan.erase_color[1];
+          out[2] = plan.erase_color[2];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace gpufeed::loader
