@@ -81,6 +81,7 @@ struct Args {
   bool json = false;
   std::string on_error = "raise";
   int64_t max_skips = 100;
+  loader::AugmentOptions augment;  // train transform only
 };
 
 loader::LoaderOptions loader_options(const Args& a, int workers) {
@@ -95,6 +96,7 @@ loader::LoaderOptions loader_options(const Args& a, int workers) {
                                                        ? loader::TransformOptions::Kind::kTrain
                                                        : loader::TransformOptions::Kind::kEval,
                                                    a.image_size);
+  if (a.transform == "train") o.transform.augment = a.augment;
   return o;
 }
 
@@ -218,6 +220,7 @@ nlohmann::json run_loader(const Args& a, std::shared_ptr<const loader::Dataset> 
             {"batch_size", a.batch_size},
             {"image_size", a.image_size},
             {"transform", a.transform},
+            {"augment", loader::to_string(o.transform.augment)},
             {"skipped", st.skipped},
             {"read_s", st.read_s - before.read_s},
             {"decode_s", st.decode_s - before.decode_s},
@@ -343,9 +346,11 @@ std::string describe(const nlohmann::json& r) {
     const auto& p = r["per_sample_us"];
     const auto& rss = r["rss_after_pass_bytes"];
     s += fmt::format(
-        "; per sample: read {:.0f} us, decode {:.0f} us, resize {:.0f} us, other {:.0f} us; "
+        "; per sample: read {:.0f} us, decode {:.0f} us, resize{} {:.0f} us, other {:.0f} us; "
         "RSS after last pass {:.1f} MiB, peak {:.1f} MiB",
-        p["read"].get<double>(), p["decode"].get<double>(), p["resize"].get<double>(),
+        p["read"].get<double>(), p["decode"].get<double>(),
+        r.value("augment", "none") == "none" ? "" : " + augment (" + r["augment"].get<std::string>() + ")",
+        p["resize"].get<double>(),
         p["other"].get<double>(), rss.back().get<double>() / (1 << 20),
         r["peak_rss_bytes"].get<double>() / (1 << 20));
     if (const auto skipped = r["skipped"].get<int64_t>(); skipped > 0)
@@ -402,7 +407,9 @@ Run add_bench(CLI::App& app) {
                  "--mode loader: write the first pass's samples ([N, S, S, 3] uint8, sampler order) "
                  "to this file and their plans to FILE.json (first --num-workers count only)");
   app.add_flag("--json", a->json, "print one JSON object instead of text");
-  return [a] {
+  auto finish_augment = add_augment_options(app, a->augment);
+  return [a, finish_augment] {
+    finish_augment();
     std::shared_ptr<const loader::Dataset> ds = loader::open_dataset(a->data);
     // The floors decode from memory: read every file once, before any timing.
     std::vector<std::vector<uint8_t>> files;

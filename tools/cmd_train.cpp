@@ -248,7 +248,11 @@ Run add_train(CLI::App& app) {
                  "trace size bound: first and last half of the run are kept")->capture_default_str();
   str("--progress", "progress display: auto, bar, lines or off", "auto")
       ->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "plain", "off"}));
-  return without_backtrace([o, s, no_benchmark] {
+  // Per-sample augmentations (--auto-augment, --ra-magnitude, --ra-num-ops, --color-jitter,
+  // --random-erase, --random-erase-value): shared with `gpufeed bench`.
+  auto finish_augment = add_augment_options(app, o->augment);
+  return without_backtrace([o, s, no_benchmark, finish_augment] {
+    finish_augment();
     auto get = [&](const char* k) -> const std::string& { return s->at(k); };
     auto path = [&](const char* k) -> std::optional<std::filesystem::path> {
       if (get(k).empty()) return std::nullopt;

@@ -105,6 +105,7 @@ loader::LoaderOptions Trainer::Impl::loader_options(bool train) const {
   lo.transform = loader::TransformOptions::imagenet(
       train ? loader::TransformOptions::Kind::kTrain : loader::TransformOptions::Kind::kEval,
       options.image_size);
+  if (train) lo.transform.augment = options.augment;
   return lo;
 }
 
@@ -355,6 +356,7 @@ void Trainer::Impl::log_setup(double lr) const {
                o.warmup_epochs, " epochs; precision ", precision_name(o.precision),
                o.channels_last ? ", channels_last" : "",
                device.is_cuda() && o.cudnn_benchmark ? ", cudnn.benchmark" : ""));
+  if (o.augment.enabled()) gpufeed::log_text(LogLevel::kInfo, "train: augment " + loader::to_string(o.augment));
 }
 
 Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {

@@ -26,6 +26,18 @@ def distributed_rank_world_size() -> Tuple[int, int]:
     return 0, 1
 
 
+def _color_jitter(value: "float | Sequence[float] | None") -> List[float]:
+    """color_jitter as [brightness, contrast, saturation, hue] (None: all off)."""
+    if value is None:
+        return [0.0, 0.0, 0.0, 0.0]
+    if isinstance(value, (int, float)):
+        return [float(value)] * 3 + [0.0]
+    values = [float(v) for v in value]
+    if len(values) != 4:
+        raise ValueError(f"color_jitter must be one number or (brightness, contrast, saturation, hue), not {value!r}")
+    return values
+
+
 class DataLoader:
     """Batches of decoded, augmented images from a folder or a file list, as torch tensors.
 
@@ -82,6 +94,20 @@ class DataLoader:
         max_skips: see on_error.
         prefetch_depth: batch slots, the one the caller holds included (>= 1); the loader works
             ahead into the others.
+        auto_augment: train only, per sample after the flip, with torchvision.transforms.v2's
+            semantics and pixels: ``"ta_wide"`` (TrivialAugmentWide()), ``"ra"``
+            (RandAugment(ra_num_ops, ra_magnitude)) or ``"imagenet"`` (AutoAugment's ImageNet
+            policy); NEAREST interpolation, fill 0 (the transforms' defaults). The names are
+            torchvision's references' ``--auto-augment`` values.
+        ra_magnitude, ra_num_ops: RandAugment's magnitude (bin 0..30) and ops per sample.
+        color_jitter: ColorJitter(brightness, contrast, saturation, hue) before the policy: one
+            number b (= ColorJitter(b, b, b)) or four.
+        random_erase: RandomErasing probability (the references' ``--random-erase``), after the
+            policy. The references erase after Normalize; gpufeed erases the uint8 image with the
+            value that normalises nearest to ``random_erase_value`` (0: the mean colour;
+            ``"random"``: per-pixel standard normals), using ``mean``/``std``.
+        Every random choice comes from the sample's own stream (seed, epoch, index): the same
+        for any num_workers. Draw order: gpufeed/loader/augment.h.
         rank, world_size: shard as DistributedSampler(num_replicas=world_size, rank=rank,
             shuffle=shuffle, seed=seed) does (padding by repeating the start). Default: the
             initialised torch.distributed process group, else torchrun's RANK/WORLD_SIZE, else 0/1.
@@ -111,7 +137,10 @@ class DataLoader:
                  memory_format: torch.memory_format = torch.contiguous_format,
                  mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                  on_error: str = "raise", max_skips: int = 100, prefetch_depth: int = 3,
-                 rank: Optional[int] = None, world_size: Optional[int] = None):
+                 rank: Optional[int] = None, world_size: Optional[int] = None,
+                 auto_augment: Optional[str] = None, ra_magnitude: int = 9, ra_num_ops: int = 2,
+                 color_jitter: "float | Sequence[float] | None" = None, random_erase: float = 0.0,
+                 random_erase_value: "float | str" = 0.0):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {list(_DTYPES)}, not {dtype}")
         if memory_format not in (torch.contiguous_format, torch.channels_last):
@@ -147,12 +176,16 @@ class DataLoader:
         self.rank = rank
         self.world_size = world_size
         self.root = os.fspath(root)
+        jitter = _color_jitter(color_jitter)
+        if isinstance(random_erase_value, str) and random_erase_value != "random":
+            raise ValueError(f"random_erase_value must be a number or 'random', not {random_erase_value!r}")
         self._c = _C._Loader(
             self.root, batch_size, shuffle, drop_last, num_workers or 0, seed, train, image_size,
             (float(scale[0]), float(scale[1])), (float(ratio[0]), float(ratio[1])), 0.5,
             resize_size or 0, str(self.device), _DTYPES[dtype], memory_format == torch.channels_last,
             [float(m) for m in mean], [float(s) for s in std], on_error, max_skips, prefetch_depth,
-            rank, world_size)
+            rank, world_size, auto_augment or "none", ra_num_ops, ra_magnitude, jitter,
+            float(random_erase), str(random_erase_value))
         self._next_epoch = 0
         self._epoch = 0
         self._yielded = 0

@@ -46,6 +46,50 @@ def test_batches_equal_cli_loader_byte_for_byte(tmp_path, folder, gpufeed_cli, t
     assert torch.cat([b[1] for b in batches]).tolist() == [s["label"] for s in meta["samples"]]
 
 
+@pytest.mark.parametrize("flags,kwargs", [
+    (["--auto-augment", "ta_wide", "--random-erase", "0.5"], dict(auto_augment="ta_wide", random_erase=0.5)),
+    (["--auto-augment", "ra", "--ra-magnitude", "15", "--ra-num-ops", "3", "--color-jitter", "0.3,0.2,0.4,0.1",
+      "--random-erase", "1", "--random-erase-value", "random"],
+     dict(auto_augment="ra", ra_magnitude=15, ra_num_ops=3, color_jitter=(0.3, 0.2, 0.4, 0.1), random_erase=1.0,
+          random_erase_value="random")),
+    (["--auto-augment", "imagenet", "--color-jitter", "0.4"], dict(auto_augment="imagenet", color_jitter=0.4)),
+])
+def test_augmented_batches_equal_cli_loader_byte_for_byte(tmp_path, folder, gpufeed_cli, flags, kwargs):
+    """The augmentation keywords mean what the CLI's flags of the same names mean: the same bytes
+    as `gpufeed bench --dump` with them, and not the plain train transform's."""
+    dump = tmp_path / "dump.bin"
+    subprocess.run([str(gpufeed_cli), "bench", "--data", str(folder), "--num-workers", "2", "--batch-size", "5",
+                    "--image-size", "48", "--transform", "train", "--epochs", "1", "--dump", str(dump)] + flags,
+                   check=True, capture_output=True)
+    cpp = np.fromfile(dump, np.uint8).reshape(-1, 48, 48, 3)
+    loader = gpufeed.DataLoader(folder, batch_size=5, num_workers=3, image_size=48, dtype=torch.uint8, **kwargs)
+    loader.set_epoch(0)
+    py = torch.cat([b[0] for b in epoch_batches(loader)]).numpy()
+    assert np.array_equal(py, cpp)
+    plain = gpufeed.DataLoader(folder, batch_size=5, num_workers=3, image_size=48, dtype=torch.uint8)
+    plain.set_epoch(0)
+    assert not np.array_equal(torch.cat([b[0] for b in epoch_batches(plain)]).numpy(), cpp)
+
+
+def test_bad_augmentation_options_raise_naming_them(folder, gpufeed_cli):
+    with pytest.raises(ValueError, match="auto_augment"):
+        gpufeed.DataLoader(folder, auto_augment="augmix")
+    with pytest.raises(ValueError, match="ra_magnitude"):
+        gpufeed.DataLoader(folder, auto_augment="ra", ra_magnitude=31)
+    with pytest.raises(ValueError, match="color_jitter"):
+        gpufeed.DataLoader(folder, color_jitter=(0.1, 0.2))
+    with pytest.raises(ValueError, match="hue"):
+        gpufeed.DataLoader(folder, color_jitter=(0, 0, 0, 0.7))
+    with pytest.raises(ValueError, match="random_erase"):
+        gpufeed.DataLoader(folder, random_erase=1.5)
+    out = subprocess.run([str(gpufeed_cli), "bench", "--data", str(folder), "--auto-augment", "ra",
+                          "--ra-magnitude", "40"], capture_output=True, text=True)
+    assert out.returncode != 0 and "ra_magnitude" in out.stderr
+    out = subprocess.run([str(gpufeed_cli), "bench", "--data", str(folder), "--color-jitter", "0.1,x"],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "--color-jitter" in out.stderr
+
+
 def test_shuffled_batches_equal_load_sample(folder):
     """Shuffled epochs: every sample equals loader::load_sample (the workers' own function) for
     its (index, epoch), labels are the dataset's, and the order is DistributedSampler's."""

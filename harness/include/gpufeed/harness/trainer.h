@@ -78,6 +78,9 @@ struct TrainOptions {
   loader::ErrorPolicy error_policy = loader::ErrorPolicy::kRaise;
   int64_t max_skips = 100;          ///< skip policy: more skips than this in one epoch is an error
   uint64_t seed = 0;                ///< model init, sampler order and augmentation
+  /// Per-sample augmentations of the training transform after RandomResizedCrop + flip
+  /// (TrivialAugmentWide / RandAugment / AutoAugment, ColorJitter, RandomErasing; augment.h).
+  loader::AugmentOptions augment{};
 
   // --- model ---
   std::string arch = "resnet18";    ///< any of known_resnet_archs()
