@@ -18,6 +18,12 @@ size, output size and transform for every method:
                gpufeed run (same plans, DCT scales and crops), files in memory, nothing else
   full         `gpufeed bench --mode full`: whole-image decode of the same files (8/8)
 
+The train_aug rows (gpufeed and pytorch only) add the torchvision references' augmentations
+after RandomResizedCrop + flip: TrivialAugmentWide + RandomErasing(p=0.1) (`gpufeed bench
+--auto-augment ta_wide --random-erase 0.1`; torchvision.transforms.v2 for PyTorch, PIL path,
+RandomErasing on the uint8 tensor). Reported: gpufeed train_aug / PyTorch train_aug, and
+gpufeed train_aug / gpufeed train (what the augmentation costs gpufeed), per round.
+
 Every measurement runs in its own process (its peak memory is the process tree's), after
 --warmup untimed passes, over --epochs timed passes. The machine may be shared, so the whole set
 runs --rounds times, interleaved, and the report uses per-round ratios (median over rounds):
@@ -48,6 +54,16 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRANSFORMS = ("train", "eval")
+# The augmented train row: torchvision's classification references' recipe
+# (--auto-augment ta_wide --random-erase 0.1) after RandomResizedCrop + flip, for gpufeed
+# (`gpufeed bench` with those flags) and PyTorch (torchvision.transforms.v2) only.
+AUGMENTED = "train_aug"
+AUGMENT_FLAGS = ["--auto-augment", "ta_wide", "--random-erase", "0.1"]
+
+
+def transforms_of(method):
+    base = ("train",) if method == "full" else TRANSFORMS
+    return base + ((AUGMENTED,) if method in ("gpufeed", "pytorch") else ())
 
 # --- the baselines, run in a child process: `bench_compare.py --child METHOD ...` --------------------
 
@@ -71,6 +87,12 @@ def child_pytorch(args):
     size = args.image_size
     if args.transform == "train":
         tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.PILToTensor()])
+    elif args.transform == AUGMENTED:
+        # The references' PIL path with --auto-augment ta_wide --random-erase 0.1, kept uint8
+        # (no ToDtype/Normalize, as in the other rows): RandomErasing(value 0) on the uint8 tensor.
+        import torchvision.transforms.v2 as T2
+        tf = T2.Compose([T2.RandomResizedCrop(size, antialias=True), T2.RandomHorizontalFlip(),
+                         T2.TrivialAugmentWide(), T2.PILToTensor(), T2.RandomErasing(p=0.1)])
     else:
         tf = T.Compose([T.Resize(round(size * 256 / 224)), T.CenterCrop(size), T.PILToTensor()])
 
@@ -242,8 +264,9 @@ class Runner:
         a = self.args
         if method in ("gpufeed", "floor", "full"):
             mode = {"gpufeed": "loader", "floor": "floor", "full": "full"}[method]
-            cmd = [str(self.gpufeed), "bench", "--mode", mode, "--workers", str(threads),
-                   "--transform", transform, "--json", "--seed", "0"] + self.common()
+            cmd = [str(self.gpufeed), "bench", "--mode", mode, "--num-workers", str(threads),
+                   "--transform", "train" if transform == AUGMENTED else transform, "--json",
+                   "--seed", "0"] + self.common() + (AUGMENT_FLAGS if transform == AUGMENTED else [])
         elif method == "libtorch":
             cmd = [str(self.libtorch), "--workers", str(threads), "--transform", transform,
                    "--data", a.data, "--batch-size", str(a.batch_size), "--image-size",
@@ -376,7 +399,7 @@ def main():
     plan = []  # (method, transform, threads); full decode does not depend on the transform
     for t in threads:
         for m in methods:
-            for tf in (("train",) if m == "full" else TRANSFORMS):
+            for tf in transforms_of(m):
                 plan.append((m, tf, t))
     results = []
     for rnd in range(args.rounds):
@@ -402,7 +425,7 @@ def main():
 
     summary = {"rates": {}, "ratios": {}, "scaling": {}, "memory": {}, "cpu_us_per_sample": {}}
     for m in methods:
-        for tf in (("train",) if m == "full" else TRANSFORMS):
+        for tf in transforms_of(m):
             for t in threads:
                 summary["rates"][f"{m}/{tf}/{t}"] = median(list(rates(m, tf, t).values()))
                 rs = [r for r in results if r["method"] == m and r["transform"] == tf and r["threads"] == t]
@@ -428,11 +451,18 @@ def main():
                 for other in ("pytorch", "dali", "libtorch"):
                     if other in methods:
                         summary["ratios"][f"floor/{other}/{tf}/{t}"] = ratio("floor", other, tf, t)
-            if "floor" in methods:
+            if "floor" in methods and tf != AUGMENTED:
                 cg = summary["cpu_us_per_sample"].get(f"gpufeed/{tf}/{t}")
                 cf = summary["cpu_us_per_sample"].get(f"floor/{tf}/{t}")
                 if cg and cf:
                     summary["ratios"][f"gpufeed/floor_cpu_time/{tf}/{t}"] = cf / cg
+    # The augmented row: against PyTorch's, and against gpufeed's own plain train row (per round).
+    for t in threads:
+        if "gpufeed" in methods:
+            summary["ratios"][f"gpufeed/gpufeed/{AUGMENTED}_vs_train/{t}"] = ratio("gpufeed", "gpufeed", AUGMENTED, t, "train")
+            if "pytorch" in methods:
+                summary["ratios"][f"gpufeed/pytorch/{AUGMENTED}/{t}"] = ratio("gpufeed", "pytorch", AUGMENTED, t)
+                summary["ratios"][f"pytorch/pytorch/{AUGMENTED}_vs_train/{t}"] = ratio("pytorch", "pytorch", AUGMENTED, t, "train")
     # CPU time per sample at the most threads over that at the fewest: 1.0 means no parallel
     # overhead (no contention, no spinning); wall-clock scaling can still fall short when other
     # work on the machine takes the cores.
@@ -479,11 +509,11 @@ def main():
     head += f"  {'gpufeed/x':>9s}  {'peak RSS':>9s}"
     print(head)
     for m in methods:
-        for tf in (("train",) if m == "full" else TRANSFORMS):
+        for tf in transforms_of(m):
             label = "gpufeed-py" if m == "python" else m
             row = f"{label:10s} {tf:9s}" + "".join(
                 f" {summary['rates'].get(f'{m}/{tf}/{t}', float('nan')):13.1f}" for t in threads)
-            rt = summary["ratios"].get(f"gpufeed/{m}/{tf}/{t2}")
+            rt = summary["ratios"].get(f"gpufeed/{m}/{tf}/{t2}") if m != "gpufeed" else None
             row += f"  {rt:9.2f}" if rt else f"  {'':9s}"
             row += f"  {summary['memory'].get(f'{m}/{tf}/{t2}', 0) / 2**20:7.0f} MiB"
             print(row)
@@ -520,6 +550,10 @@ def main():
          1 / r[f"gpufeed/python/train/{t2}"] if r.get(f"gpufeed/python/train/{t2}") else None, 0.97),
         ("gpufeed (Python) eval within 3% of the C++ loader",
          1 / r[f"gpufeed/python/eval/{t2}"] if r.get(f"gpufeed/python/eval/{t2}") else None, 0.97),
+        (f"{AUGMENTED} (TrivialAugmentWide + RandomErasing 0.1) >= 2.5x PyTorch DataLoader (v2)",
+         r.get(f"gpufeed/pytorch/{AUGMENTED}/{t2}"), 2.5),
+        (f"augmentation costs <= 15%: gpufeed {AUGMENTED}/train >= 0.85",
+         r.get(f"gpufeed/gpufeed/{AUGMENTED}_vs_train/{t2}"), 0.85),
         (f"train {t2} threads >= 1.85x 1 thread",
          summary["scaling"].get(f"gpufeed/train/{t2}v{min(threads)}"), 1.85),
     ]
