@@ -29,7 +29,7 @@ PUBLIC_HEADERS = [
     "gpufeed/loader.h", "gpufeed/torch.h", "gpufeed/version.h",
     "gpufeed/decode/decoder.h", "gpufeed/decode/error.h",
     "gpufeed/sampler/sampler.h", "gpufeed/sampler/randperm.h",
-    "gpufeed/loader/batch.h", "gpufeed/loader/dataset.h", "gpufeed/loader/host_allocator.h",
+    "gpufeed/loader/augment.h", "gpufeed/loader/batch.h", "gpufeed/loader/dataset.h", "gpufeed/loader/host_allocator.h",
     "gpufeed/loader/loader.h", "gpufeed/loader/resize.h", "gpufeed/loader/synthetic.h",
     "gpufeed/loader/transform.h", "gpufeed/prefetch/prefetcher.h",
     "gpufeed/harness/amp.h", "gpufeed/harness/checkpoint.h", "gpufeed/harness/data_parallel.h",
