@@ -171,8 +171,15 @@ Run add_train(CLI::App& app) {
   app.add_option("--momentum", o->momentum)->capture_default_str();
   app.add_flag("--nesterov", o->nesterov, "Nesterov momentum");
   app.add_option("--weight-decay", o->weight_decay)->capture_default_str();
-  app.add_flag("--no-decay-norm-bias", o->no_decay_norm_bias, "no weight decay on BatchNorm parameters and biases");
-  app.add_option("--label-smoothing", o->label_smoothing)->capture_default_str()->check(CLI::Range(0.0, 0.999));
+  str("--norm-weight-decay", "weight decay of norm layers' parameters (torchvision references; default: --weight-decay)")
+      ->check(CLI::NonNegativeNumber);
+  str("--bias-weight-decay", "weight decay of every bias, norm layers' included (torchvision references; default: "
+      "as the other rules say)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-decay-norm-bias", o->no_decay_norm_bias, "--norm-weight-decay 0 --bias-weight-decay 0 (unless given)");
+  app.add_option("--label-smoothing", o->label_smoothing, "CrossEntropyLoss's label_smoothing (soft targets too)")
+      ->capture_default_str()->check(CLI::Range(0.0, 0.999));
+  app.add_option("--clip-grad-norm", o->clip_grad_norm, "clip the gradients' total 2-norm to this "
+                 "(clip_grad_norm_, after unscaling under fp16); 0 = off")->capture_default_str()->check(CLI::NonNegativeNumber);
   str("--lr-schedule", "constant, step, multistep, cosine or onecycle (per optimizer step)", "cosine")
       ->check(CLI::IsMember({"constant", "step", "multistep", "cosine", "onecycle"}))->capture_default_str();
   app.add_option("--warmup-epochs", o->warmup_epochs, "linear LR warmup, epochs")->capture_default_str();
@@ -267,6 +274,8 @@ Run add_train(CLI::App& app) {
     o->profile.metrics_path = path("--metrics");
     o->profile.trace_path = path("--trace");
     o->lr_schedule = harness::parse_lr_schedule_kind(get("--lr-schedule"));
+    if (!get("--norm-weight-decay").empty()) o->norm_weight_decay = std::stod(get("--norm-weight-decay"));
+    if (!get("--bias-weight-decay").empty()) o->bias_weight_decay = std::stod(get("--bias-weight-decay"));
     for (const auto& m : split_list(get("--lr-milestones"))) o->lr_milestones.push_back(std::stod(m));
     o->precision = harness::parse_precision(get("--precision"));
     o->distributed = harness::parse_distributed_mode(get("--distributed"));

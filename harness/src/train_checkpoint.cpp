@@ -179,7 +179,7 @@ void load_sgd_state_dict(torch::optim::SGD& optimizer, const c10::IValue& v, con
     throw std::runtime_error(file + ": optimizer has " + std::to_string(groups.size()) +
                              " parameter groups, this run " +
                              std::to_string(optimizer.param_groups().size()) +
-                             " (--no-decay-norm-bias differs?)");
+                             " (--norm-weight-decay, --bias-weight-decay or --no-decay-norm-bias differ?)");
   }
   std::vector<at::Tensor> params;  // numbered in group order, as sgd_state_dict numbers them
   for (size_t g = 0; g < groups.size(); ++g) {

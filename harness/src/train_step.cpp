@@ -3,12 +3,12 @@
 // A step is accum_steps micro-batches (fewer at the end of an epoch), each one:
 //   data wait -> [batch transform hook] -> forward + loss + backward (DDP's buckets all-reduce
 //   during the last micro-batch's backward; no_sync before) -> all-reduce wait (last) ->
-//   optimizer (last): loss check or GradScaler, [gradient transform hook], optimizer.step(),
+//   optimizer (last): loss check or GradScaler, [clip_grad_norm], [gradient transform hook],
+//   optimizer.step(),
 //   zero_grad, [post-step hook]
 // with the profiler's phases around each part, then the stop vote and checkpoints between steps.
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
@@ -16,6 +16,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "gpufeed/harness/recipe.h"
 #include "gpufeed/log_text.h"
 #include "trainer_impl.h"
 
@@ -189,7 +190,7 @@ void Trainer::Impl::train_micro_batch(EpochState& ep, StepState& step, bool last
     const at::Tensor l = loss.detach().to(at::kDouble) * static_cast<double>(n);
     ep.loss_sum += l;
     step.loss += l;
-    ep.correct += logits.detach().argmax(1).eq(batch->labels).sum();
+    ep.correct += top1_hits(logits.detach(), batch->labels).sum();
   }
   if (on_step) step.stats.indices.insert(step.stats.indices.end(), batch->indices.begin(), batch->indices.end());
   ep.stats.samples += n;
@@ -211,9 +212,7 @@ std::pair<at::Tensor, at::Tensor> Trainer::Impl::forward_backward(prefetch::Devi
     std::optional<AutocastGuard> autocast;
     if (amp()) autocast.emplace(device.type(), amp_dtype());
     logits = forward(batch.images);
-    loss = torch::nn::functional::cross_entropy(
-        logits.to(at::kFloat), batch.labels,
-        torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(options.label_smoothing));
+    loss = cross_entropy(logits, batch.labels, options.label_smoothing);
   }
   if (!scaler) {  // fp32/bf16: remember a non-finite loss for the check before the update
     const at::Tensor bad = at::isfinite(loss.detach()).logical_not();
@@ -248,7 +247,8 @@ void Trainer::Impl::optimizer_step(EpochState& ep, StepState& step, const at::Te
         ". Lower --lr or check the data; --precision fp16 skips such steps instead");
   }
   if (update) {
-    // Hook point: gradient transform (clipping), on complete, unscaled gradients.
+    // Gradient clipping, then the gradient transform hook, on complete, unscaled gradients.
+    if (options.clip_grad_norm > 0) clip_grad_norm(params, options.clip_grad_norm);
     if (hooks.gradient_transform) hooks.gradient_transform(params);
     optimizer->step();
   }

@@ -13,9 +13,9 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
-#include <unordered_set>
 
 #include "gpufeed/harness/checkpoint.h"
+#include "gpufeed/harness/recipe.h"
 #include "gpufeed/harness/train_checkpoint.h"
 #include "gpufeed/log_text.h"
 #include "trainer_impl.h"
@@ -141,7 +141,14 @@ void Trainer::Impl::check_options() const {
   // torch.optim.SGD's own checks, made before any work.
   if (!std::isfinite(o.lr) || o.lr < 0) throw std::invalid_argument("Trainer: lr must be finite and >= 0, got " + std::to_string(o.lr));
   if (!std::isfinite(o.momentum) || o.momentum < 0) throw std::invalid_argument("Trainer: momentum must be finite and >= 0");
-  if (!std::isfinite(o.weight_decay) || o.weight_decay < 0) throw std::invalid_argument("Trainer: weight_decay must be finite and >= 0");
+  for (const auto& [name, wd] : {std::pair<const char*, std::optional<double>>{"weight_decay", o.weight_decay},
+                                 {"norm_weight_decay", o.norm_weight_decay},
+                                 {"bias_weight_decay", o.bias_weight_decay}}) {
+    if (wd && (!std::isfinite(*wd) || *wd < 0)) throw std::invalid_argument(std::string("Trainer: ") + name + " must be finite and >= 0");
+  }
+  if (!std::isfinite(o.clip_grad_norm) || o.clip_grad_norm < 0) {
+    throw std::invalid_argument("Trainer: clip_grad_norm must be finite and >= 0 (0 = off), got " + c10::str(o.clip_grad_norm));
+  }
   if (o.max_steps_per_epoch < 0) throw std::invalid_argument("Trainer: max_steps_per_epoch must be >= 0 (0 = whole epoch)");
   if (o.batch_size == 1 && !o.freeze_bn) {
     throw std::invalid_argument(
@@ -245,33 +252,25 @@ void Trainer::Impl::build_model() {
   if (o.channels_last) to_channels_last(*model);
 }
 
-// SGD; with no_decay_norm_bias, BatchNorm parameters and biases go without weight decay (a
-// second parameter group). fp16 adds the GradScaler.
+// SGD over the references' parameter groups (recipe.h, weight_decay_groups: other, norm, bias).
+// fp16 adds the GradScaler.
 void Trainer::Impl::build_optimizer() {
   const TrainOptions& o = options;
-  std::vector<at::Tensor> decay, no_decay;
-  std::unordered_set<const c10::TensorImpl*> norm;
-  for (const auto& mod : model->modules(false)) {
-    if (dynamic_cast<torch::nn::BatchNorm2dImpl*>(mod.get())) {
-      for (const auto& p : mod->parameters(false)) norm.insert(p.unsafeGetTensorImpl());
-    }
-  }
-  for (const auto& p : model->named_parameters(true)) {
-    const bool is_bias = p.key() == "bias" || (p.key().size() > 5 && p.key().ends_with(".bias"));
-    const bool plain = o.no_decay_norm_bias && (is_bias || norm.count(p.value().unsafeGetTensorImpl()));
-    (plain ? no_decay : decay).push_back(p.value());
+  std::optional<double> norm_wd = o.norm_weight_decay, bias_wd = o.bias_weight_decay;
+  if (o.no_decay_norm_bias) {
+    norm_wd = norm_wd.value_or(0.0);
+    bias_wd = bias_wd.value_or(0.0);
   }
   const double lr = scaled_lr();
-  auto sgd = [&](double wd) {
-    return std::make_unique<torch::optim::SGDOptions>(
-        torch::optim::SGDOptions(lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(wd));
-  };
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, sgd(o.weight_decay));
-  if (!no_decay.empty()) groups.emplace_back(no_decay, sgd(0.0));
+  params.clear();
+  for (WeightDecayGroup& g : weight_decay_groups(*model, o.weight_decay, norm_wd, bias_wd)) {
+    groups.emplace_back(g.params, std::make_unique<torch::optim::SGDOptions>(
+                                      torch::optim::SGDOptions(lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(
+                                          g.weight_decay)));
+    params.insert(params.end(), g.params.begin(), g.params.end());
+  }
   optimizer = std::make_unique<torch::optim::SGD>(groups, torch::optim::SGDOptions(lr).momentum(o.momentum));
-  params = decay;
-  params.insert(params.end(), no_decay.begin(), no_decay.end());
   if (o.precision == Precision::kFloat16) scaler = std::make_unique<GradScaler>(device, o.grad_scaler);
 }
 

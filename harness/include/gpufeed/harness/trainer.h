@@ -1,9 +1,9 @@
 #pragma once
 // Training: a ResNet fed by a gpufeed Prefetcher on one device, several devices of one process
 // (DataParallel) or one device per process (DistributedDataParallel, started by
-// `gpufeed launch`, torchrun or srun); SGD (momentum, optional Nesterov, weight decay optionally
-// off for norm and bias parameters), a per-step learning-rate schedule (lr_schedule.h) with the
-// linear scaling rule, label smoothing, gradient accumulation, bf16/fp16 autocast with a
+// `gpufeed launch`, torchrun or srun); SGD (momentum, optional Nesterov, separate weight decay
+// for norm layers and biases), a per-step learning-rate schedule (lr_schedule.h) with the
+// linear scaling rule, label smoothing, gradient clipping by norm, gradient accumulation, bf16/fp16 autocast with a
 // GradScaler for fp16, channels_last, top-1/top-5 evaluation, and resumable training
 // checkpoints. Every epoch reports loss, top-1, images/s and the fraction of step time spent
 // waiting for data.
@@ -111,10 +111,22 @@ struct TrainOptions {
   double momentum = 0.9;
   bool nesterov = false;
   double weight_decay = 1e-4;
-  /// No weight decay on BatchNorm weights and biases or on any bias (torchvision's
-  /// --norm-weight-decay 0 --bias-weight-decay 0).
+  /// Weight decay of the norm layers' parameters (torchvision references' --norm-weight-decay;
+  /// unset: weight_decay). Parameter groups as the references build them: recipe.h,
+  /// weight_decay_groups.
+  std::optional<double> norm_weight_decay;
+  /// Weight decay of every parameter named "bias", norm layers' included (the references'
+  /// --bias-weight-decay; unset: by the rules above). Separate from norm_weight_decay.
+  std::optional<double> bias_weight_decay;
+  /// Shorthand for norm_weight_decay = bias_weight_decay = 0 (each unless set explicitly).
   bool no_decay_norm_bias = false;
-  double label_smoothing = 0.0;     ///< cross_entropy's label_smoothing, [0, 1)
+  /// torch.nn.CrossEntropyLoss's label_smoothing, [0, 1); applies to MixUp/CutMix's soft targets
+  /// as well, as in the references (recipe.h, cross_entropy).
+  double label_smoothing = 0.0;
+  /// Clip the gradients' total 2-norm to this (torch.nn.utils.clip_grad_norm_, the references'
+  /// --clip-grad-norm) on the complete, all-reduced and, under fp16, unscaled gradients of each
+  /// optimizer step; 0 = off.
+  double clip_grad_norm = 0.0;
   /// Stop an epoch after this many optimizer steps (0 = the whole epoch).
   int64_t max_steps_per_epoch = 0;
 
@@ -208,9 +220,9 @@ struct StepHooks {
   /// the forward pass; may change images [N, 3, H, W] (normalised, on the device) and labels [N]
   /// (int64) in place or replace them.
   std::function<void(at::Tensor& images, at::Tensor& labels)> batch_transform;
-  /// Gradient transform (clipping goes here): per optimizer step, when the gradients are complete
-  /// -- accumulated over the micro-batches, all-reduced, unscaled and checked finite under fp16 --
-  /// and before optimizer.step(). `params` in optimizer order. Not called for a step fp16 skips.
+  /// Gradient transform: per optimizer step, when the gradients are complete -- accumulated over
+  /// the micro-batches, all-reduced, unscaled and checked finite under fp16, clipped when
+  /// TrainOptions::clip_grad_norm is set -- and before optimizer.step(). `params` in optimizer order. Not called for a step fp16 skips.
   std::function<void(const std::vector<at::Tensor>& params)> gradient_transform;
   /// Post-step hook (an EMA of the weights goes here): after each optimizer step that updated
   /// the parameters; `step` is the 0-based global step just taken.
