@@ -15,6 +15,8 @@
 #include "gpufeed/harness/resnet.h"
 #include "gpufeed/harness/train_checkpoint.h"
 #include "gpufeed/harness/trainer.h"
+#include "gpufeed/loader/synthetic.h"
+#include "gpufeed/sampler/ra_sampler.h"
 #include "test_util.h"
 
 using namespace gpufeed;
@@ -196,4 +198,42 @@ TEST(Trainer, NormAndBiasWeightDecayAreSeparateOptimizerGroups) {
   bad = small_run(data);
   bad.clip_grad_norm = std::nan("");
   EXPECT_THROW(harness::Trainer{bad}, std::invalid_argument);
+}
+
+// --ra-sampler: the steps take the RASampler's indices (4 repetitions: each image 4 times in a
+// row on one rank); a dataset below the references' 256 is refused at start-up naming the rule.
+TEST(Trainer, RaSamplerFeedsTheRASamplersOrder) {
+  test::TempDir dir("ra");
+  loader::SyntheticOptions so;
+  so.num_classes = 4;
+  so.images_per_class = 65;  // 260 images: 256 samples per epoch
+  so.min_size = 36;
+  so.max_size = 40;
+  loader::write_synthetic_image_folder(dir.path / "data", so);
+  harness::TrainOptions o = small_run(dir.path / "data");
+  o.max_steps_per_epoch = 2;
+  o.ra_sampler = true;
+  o.ra_reps = 4;
+  o.seed = 5;
+  std::vector<int64_t> seen;
+  harness::Trainer t(o);
+  t.set_step_callback([&](const harness::StepStats& s) { seen.insert(seen.end(), s.indices.begin(), s.indices.end()); });
+  t.fit();
+  sampler::RASamplerOptions ra;
+  ra.seed = 5;
+  ra.repetitions = 4;
+  sampler::RASampler want(260, ra);
+  ASSERT_EQ(want.size(), 256);
+  const std::vector<int64_t> all = want.indices();
+  EXPECT_EQ(seen, std::vector<int64_t>(all.begin(), all.begin() + 16));
+  EXPECT_EQ(seen[0], seen[3]);
+  harness::TrainOptions small = small_run(test::tiny_dataset(dir.path / "tiny"));
+  small.ra_sampler = true;
+  try {
+    harness::Trainer{small};
+    ADD_FAILURE() << "32 images with --ra-sampler must be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("floor(n // 256 * 256 / world size)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("has 32 images"), std::string::npos) << e.what();
+  }
 }

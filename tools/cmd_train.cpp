@@ -217,6 +217,9 @@ Run add_train(CLI::App& app) {
   app.add_flag("--drop-last", o->drop_last,
                "drop each rank's last, shorter training batch (on by itself when it would hold 1 sample)");
   app.add_option("--seed", o->seed)->capture_default_str();
+  app.add_flag("--ra-sampler", o->ra_sampler, "repeated-augmentation sampler (torchvision references' RASampler)");
+  app.add_option("--ra-reps", o->ra_reps, "--ra-sampler: repetitions of each image per epoch")
+      ->capture_default_str()->check(kAtLeastOne);
   app.add_option("--prefetch-depth", o->prefetch_depth, "loader batch slots")->capture_default_str();
   app.add_option("--on-error", o->error_policy,
                  "a file that cannot be read or decoded: raise (stop, naming it) or skip (replace "

@@ -83,6 +83,7 @@ void save_train_checkpoint(const TrainCheckpoint& ckpt, const fs::path& path) {
   sa.insert("num_replicas", ckpt.run.world_size);
   sa.insert("batch_size", ckpt.run.batch_size);
   sa.insert("accum_steps", ckpt.run.accum_steps);
+  sa.insert("ra_reps", ckpt.run.ra_reps);
   d.insert("sampler", sa);
   d.insert("rng", ckpt.rng);
   d.insert("epoch", ckpt.progress.epoch);
@@ -110,6 +111,7 @@ TrainCheckpoint load_train_checkpoint(const fs::path& path) {
   c.run.batch_size = at_key(sa, "batch_size", file).toInt();
   c.run.accum_steps = at_key(sa, "accum_steps", file).toInt();
   c.run.seed = at_key(sa, "seed", file).toInt();
+  if (auto it = sa.find("ra_reps"); it != sa.end()) c.run.ra_reps = it->value().toInt();
   c.progress.epoch = at_key(sa, "epoch", file).toInt();
   c.progress.batches_consumed = at_key(sa, "batches_consumed", file).toInt();
   c.progress.step = at_key(d, "step", file).toInt();
@@ -132,6 +134,7 @@ void check_same_run(const TrainRunIdentity& saved, const TrainRunIdentity& now, 
       {"batch size", {saved.batch_size, now.batch_size}},
       {"accum steps", {saved.accum_steps, now.accum_steps}},
       {"seed", {saved.seed, now.seed}},
+      {"ra_reps (0: no --ra-sampler)", {saved.ra_reps, now.ra_reps}},
   };
   for (const auto& [what, v] : numbers) {
     if (v.first != v.second) differs(what, std::to_string(v.first), std::to_string(v.second));

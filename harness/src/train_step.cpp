@@ -75,7 +75,7 @@ EpochStats Trainer::Impl::train_epoch(int64_t epoch_index, Profiler& profiler, S
   ep.batch_index = epoch_index == epoch ? batches_done : 0;  // micro-batches done in this epoch
   ep.step_in_epoch = (ep.batch_index + o.accum_steps - 1) / o.accum_steps;
   set_train_mode();
-  train_sampler->set_epoch(epoch_index);  // DistributedSampler.set_epoch, every epoch
+  train_sampler->set_epoch(epoch_index);  // DistributedSampler/RASampler.set_epoch, every epoch
   prefetcher->start_epoch(epoch_index, ep.batch_index);
   profiler.begin_epoch(epoch_index);
   ep.stats.epoch = epoch_index;

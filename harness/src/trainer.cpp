@@ -18,6 +18,7 @@
 #include "gpufeed/harness/recipe.h"
 #include "gpufeed/harness/train_checkpoint.h"
 #include "gpufeed/log_text.h"
+#include "gpufeed/sampler/ra_sampler.h"
 #include "trainer_impl.h"
 
 namespace gpufeed::harness {
@@ -149,6 +150,7 @@ void Trainer::Impl::check_options() const {
   if (!std::isfinite(o.clip_grad_norm) || o.clip_grad_norm < 0) {
     throw std::invalid_argument("Trainer: clip_grad_norm must be finite and >= 0 (0 = off), got " + c10::str(o.clip_grad_norm));
   }
+  if (o.ra_sampler && o.ra_reps < 1) throw std::invalid_argument("Trainer: ra_reps must be >= 1, got " + std::to_string(o.ra_reps));
   if (o.max_steps_per_epoch < 0) throw std::invalid_argument("Trainer: max_steps_per_epoch must be >= 0 (0 = whole epoch)");
   if (o.batch_size == 1 && !o.freeze_bn) {
     throw std::invalid_argument(
@@ -204,11 +206,26 @@ void Trainer::Impl::setup_devices() {
 void Trainer::Impl::build_data() {
   const TrainOptions& o = options;
   train_set = loader::open_dataset(o.data);
-  sampler::DistributedSamplerOptions so;  // torch's DistributedSampler: shuffled, seed + epoch
-  so.num_replicas = world;
-  so.rank = rank;
-  so.seed = o.seed;
-  train_sampler = std::make_shared<sampler::DistributedSampler>(train_set->size(), so);
+  if (o.ra_sampler) {
+    sampler::RASamplerOptions ra;  // the references' RASampler: shuffled, seed + epoch
+    ra.num_replicas = world;
+    ra.rank = rank;
+    ra.seed = o.seed;
+    ra.repetitions = o.ra_reps;
+    train_sampler = std::make_shared<sampler::RASampler>(train_set->size(), ra);
+    if (train_sampler->size() == 0) {
+      throw std::invalid_argument("Trainer: --ra-sampler keeps floor(n // 256 * 256 / world size) images per rank "
+                                  "and epoch (the torchvision references' RASampler): " + o.data.string() + " has " +
+                                  std::to_string(train_set->size()) + " images, world size " + std::to_string(world) +
+                                  ", which gives 0. Use DistributedSampler (no --ra-sampler) for fewer than 256 images");
+    }
+  } else {
+    sampler::DistributedSamplerOptions so;  // torch's DistributedSampler: shuffled, seed + epoch
+    so.num_replicas = world;
+    so.rank = rank;
+    so.seed = o.seed;
+    train_sampler = std::make_shared<sampler::DistributedSampler>(train_set->size(), so);
+  }
   if (o.val_data) {  // before any training, not after the first epoch
     val_set = loader::open_dataset(*o.val_data);
     check_same_classes(*val_set, *o.val_data, *train_set, o.data);
@@ -354,6 +371,7 @@ void Trainer::Impl::log_setup(double lr) const {
                " ranks) = ", lr, "; schedule ", lr_schedule_kind_name(o.lr_schedule), ", warmup ",
                o.warmup_epochs, " epochs; precision ", precision_name(o.precision),
                o.channels_last ? ", channels_last" : "",
+               o.ra_sampler ? c10::str(", RASampler x", o.ra_reps, " (", train_sampler->size(), " samples per rank)") : "",
                device.is_cuda() && o.cudnn_benchmark ? ", cudnn.benchmark" : ""));
   if (o.augment.enabled()) gpufeed::log_text(LogLevel::kInfo, "train: augment " + loader::to_string(o.augment));
 }
@@ -376,7 +394,7 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
 
 TrainRunIdentity Trainer::Impl::run_identity() const {
   return {options.arch,        resnet_options.num_classes, world, options.batch_size, options.accum_steps,
-          static_cast<int64_t>(options.seed)};
+          static_cast<int64_t>(options.seed), options.ra_sampler ? options.ra_reps : 0};
 }
 
 // Rank 0 writes the training checkpoint; `at_epoch`/`batches` is where a resumed run continues.

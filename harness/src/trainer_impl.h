@@ -90,7 +90,7 @@ struct Trainer::Impl {
   int rank = 0, world = 1;
   std::shared_ptr<loader::Dataset> train_set;
   std::shared_ptr<loader::Dataset> val_set;  // options.val_data, listed and checked once at start
-  std::shared_ptr<sampler::DistributedSampler> train_sampler;
+  std::shared_ptr<sampler::Sampler> train_sampler;  // DistributedSampler or RASampler
   std::shared_ptr<loader::Loader> train_loader;
   std::unique_ptr<prefetch::Prefetcher> prefetcher;
   prefetch::PrefetchOptions prefetch_options;

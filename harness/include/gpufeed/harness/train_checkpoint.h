@@ -15,7 +15,7 @@
 //    "scaler": torch.amp.GradScaler.state_dict()'s keys ("scale", "growth_factor",
 //              "backoff_factor", "growth_interval", "_growth_tracker"), or {} when not fp16,
 //    "sampler": {"epoch", "batches_consumed" (micro-batches of that epoch already trained on),
-//                "seed", "num_replicas", "batch_size", "accum_steps"},
+//                "seed", "num_replicas", "batch_size", "accum_steps", "ra_reps" (0: no RASampler)},
 //    "rng": {"cpu": uint8 tensor, "cuda": uint8 tensor (when training on CUDA)},
 //    "epoch": epoch in progress, "step": optimizer steps taken,
 //    "arch": ..., "num_classes": ...}
@@ -49,6 +49,7 @@ struct TrainRunIdentity {
   int64_t batch_size = 0;
   int64_t accum_steps = 1;
   int64_t seed = 0;
+  int64_t ra_reps = 0;     ///< "ra_reps": RASampler's repetitions, 0 = DistributedSampler (absent: 0)
 };
 
 /// Where a run stands.

@@ -81,6 +81,11 @@ struct TrainOptions {
   /// Per-sample augmentations of the training transform after RandomResizedCrop + flip
   /// (TrivialAugmentWide / RandAugment / AutoAugment, ColorJitter, RandomErasing; augment.h).
   loader::AugmentOptions augment{};
+  /// The repeated-augmentation sampler instead of DistributedSampler (the torchvision
+  /// references' --ra-sampler; sampler/ra_sampler.h): each image ra_reps times per epoch, its
+  /// copies on consecutive ranks, each rank's epoch floor(n // 256 * 256 / world) samples.
+  bool ra_sampler = false;
+  int64_t ra_reps = 3;              ///< --ra-reps: repetitions per image (the references' default 3)
 
   // --- model ---
   std::string arch = "resnet18";    ///< any of known_resnet_archs()
