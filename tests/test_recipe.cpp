@@ -237,3 +237,312 @@ TEST(Trainer, RaSamplerFeedsTheRASamplersOrder) {
     EXPECT_NE(std::string(e.what()).find("has 32 images"), std::string::npos) << e.what();
   }
 }
+
+// torchvision.transforms.v2.MixUp / CutMix with the same lam and box: the same images and soft
+// targets, float for float (the same tensor operations on the CPU).
+TEST(Recipe, MixUpAndCutMixEqualTorchvisionV2GivenTheSameLamAndBox) {
+  const auto g = test::load_golden("recipe.json").at("mix");
+  const auto shape = g.at("shape").get<std::vector<int64_t>>();
+  const at::Tensor images = tensor_of(g.at("images"), shape);
+  const at::Tensor labels = at::tensor(g.at("labels").get<std::vector<int64_t>>(), at::kLong);
+  const int64_t classes = g.at("num_classes").get<int64_t>();
+  const auto check = [&](const harness::MixParams& p, const nlohmann::json& want, const std::string& what) {
+    at::Tensor im = images.clone(), lb = labels.clone();
+    harness::mix_batch(p, im, lb, classes);
+    EXPECT_EQ((im - tensor_of(want.at("images"), shape)).abs().max().item<double>(), 0.0) << what;
+    EXPECT_EQ((lb - tensor_of(want.at("labels"))).abs().max().item<double>(), 0.0) << what;
+    EXPECT_EQ(lb.sizes(), (std::vector<int64_t>{shape[0], classes})) << what;
+  };
+  for (const auto& c : g.at("mixup")) {
+    harness::MixParams p;
+    p.lam = c.at("lam").get<double>();
+    check(p, c, "mixup lam " + std::to_string(p.lam));
+  }
+  for (const auto& c : g.at("cutmix")) {
+    const auto box = c.at("box").get<std::vector<int64_t>>();
+    harness::MixParams p;
+    p.kind = harness::MixParams::Kind::kCutMix;
+    p.lam = c.at("lam").get<double>();
+    p.x1 = box[0], p.y1 = box[1], p.x2 = box[2], p.y2 = box[3];
+    check(p, c, "cutmix box " + c.at("box").dump());
+  }
+  // CutMix.make_params' box and lam_adjusted from its draws (lam, centre column, centre row).
+  for (const auto& c : g.at("cutmix_draws")) {
+    const auto p = harness::cutmix_params(c.at("lam").get<double>(), c.at("r_x").get<int64_t>(), c.at("r_y").get<int64_t>(),
+                                          c.at("height").get<int64_t>(), c.at("width").get<int64_t>());
+    EXPECT_EQ((std::vector<int64_t>{p.x1, p.y1, p.x2, p.y2}), c.at("box").get<std::vector<int64_t>>()) << c.dump();
+    EXPECT_EQ(p.lam, c.at("lam_adjusted").get<double>()) << c.dump();
+  }
+  at::Tensor bad = labels.to(at::kFloat), im = images.clone();
+  EXPECT_THROW(harness::mix_batch(harness::MixParams{}, im, bad, classes), std::invalid_argument);
+}
+
+// The draws: a pure function of the key; with both alphas on, both kinds are chosen about
+// equally; lam within (0, 1) and CutMix's box inside the image.
+TEST(Recipe, MixUpCutMixDrawsArePureFunctionsOfTheKey) {
+  const harness::MixUpCutMix both({0.2, 1.0, 10});
+  int cutmix = 0;
+  for (uint64_t key = 0; key < 400; ++key) {
+    const harness::MixParams a = both.draw(key, 32, 48), b = both.draw(key, 32, 48);
+    EXPECT_EQ(a.kind, b.kind);
+    EXPECT_EQ(a.lam, b.lam);
+    EXPECT_EQ(a.x1, b.x1);
+    EXPECT_EQ(a.y2, b.y2);
+    EXPECT_TRUE(a.lam >= 0 && a.lam <= 1) << a.lam;
+    if (a.kind == harness::MixParams::Kind::kCutMix) {
+      ++cutmix;
+      EXPECT_TRUE(0 <= a.x1 && a.x1 <= a.x2 && a.x2 <= 48 && 0 <= a.y1 && a.y1 <= a.y2 && a.y2 <= 32);
+    }
+  }
+  EXPECT_GT(cutmix, 150);
+  EXPECT_LT(cutmix, 250);
+  const harness::MixUpCutMix mixup_only({0.2, 0.0, 10});
+  EXPECT_EQ(mixup_only.draw(7, 8, 8).kind, harness::MixParams::Kind::kMixUp);
+  EXPECT_THROW(harness::MixUpCutMix({0.0, 0.0, 10}), std::invalid_argument);
+  EXPECT_THROW(harness::MixUpCutMix({-1.0, 0.0, 10}), std::invalid_argument);
+}
+
+// The training step mixes each micro-batch with MixUpCutMix keyed by mix_key(seed, epoch,
+// micro-batch, rank): a run with --mixup-alpha/--cutmix-alpha ends with the weights of a run
+// that applies the same draws in its own batch transform, bit for bit, and two runs agree.
+TEST(Trainer, MixUpCutMixIsTheDocumentedDrawPerMicroBatch) {
+  test::TempDir dir("mix");
+  const fs::path data = test::tiny_dataset(dir.path / "data");
+  harness::TrainOptions o = small_run(data);
+  o.max_steps_per_epoch = 3;
+  o.epochs = 2;
+  o.label_smoothing = 0.1;
+  harness::TrainOptions mixed = o;
+  mixed.mixup_alpha = 0.2;
+  mixed.cutmix_alpha = 1.0;
+  harness::Trainer a(mixed), b(mixed), c(o);
+  a.fit();
+  b.fit();
+  const harness::MixUpCutMix mix({0.2, 1.0, 4});
+  int64_t calls = 0;
+  harness::StepHooks hooks;
+  hooks.batch_transform = [&](at::Tensor& images, at::Tensor& labels) {
+    const int64_t epoch = calls / 3, batch = calls % 3;
+    ++calls;
+    mix(images, labels, harness::mix_key(o.seed, epoch, batch, 0));
+  };
+  c.set_step_hooks(hooks);
+  c.fit();
+  EXPECT_EQ(calls, 6);
+  for (auto* other : {&b, &c}) {
+    auto theirs = other->model()->named_parameters();
+    for (const auto& p : a.model()->named_parameters()) {
+      EXPECT_TRUE(torch::equal(p.value(), theirs[p.key()])) << p.key();
+    }
+  }
+}
+
+namespace {
+
+torch::nn::Sequential tiny_ema_model() {  // tests/goldens/gen_recipe.py's _tiny_model
+  return torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3)), torch::nn::BatchNorm2d(4),
+                               torch::nn::Flatten(), torch::nn::Linear(64, 5));
+}
+
+void load_state(torch::nn::Module& m, const nlohmann::json& state) {
+  torch::NoGradGuard no_grad;
+  auto assign = [&](const std::string& name, at::Tensor& t) {
+    const auto& s = state.at(name);
+    t.copy_(tensor_of(s.at("values")).to(at::kDouble).reshape(s.at("shape").get<std::vector<int64_t>>()));
+  };
+  for (auto& p : m.named_parameters()) assign(p.key(), p.value());
+  for (auto& b : m.named_buffers()) assign(b.key(), b.value());
+}
+
+}  // namespace
+
+// The references' ExponentialMovingAverage (AveragedModel, use_buffers) over six model states
+// with the warmup's resets after the first two updates: every parameter and buffer, BatchNorm's
+// integer counter truncated as torch truncates it; and the references' decay adjustment.
+TEST(Recipe, ModelEmaEqualsTorchAveragedModelWithTheReferencesWarmup) {
+  const auto g = test::load_golden("recipe.json").at("ema");
+  auto model = tiny_ema_model();
+  auto averaged = tiny_ema_model();
+  harness::ModelEma ema(averaged.ptr(), 0.9);
+  int64_t k = 0;
+  for (const auto& state : g.at("states")) {
+    load_state(*model, state);
+    ema.update(*model);
+    if (k++ < 2) ema.reset();
+  }
+  EXPECT_EQ(ema.n_averaged(), g.at("n_averaged").get<int64_t>());
+  std::vector<std::string> keys;
+  for (const auto& kv : ema.state_dict()) {
+    const std::string& key = kv.key();
+    const at::Tensor& t = kv.value();
+    keys.push_back(key);
+    if (key == "n_averaged") continue;
+    const auto& want = g.at("averaged").at(key.substr(7));
+    const at::Tensor w = tensor_of(want.at("values")).reshape(want.at("shape").get<std::vector<int64_t>>());
+    EXPECT_LE((t.to(at::kDouble) - w.to(at::kDouble)).abs().max().item<double>(), 1e-7) << key;
+  }
+  auto want_keys = g.at("keys").get<std::vector<std::string>>();
+  std::sort(keys.begin(), keys.end());
+  std::sort(want_keys.begin(), want_keys.end());
+  EXPECT_EQ(keys, want_keys);
+  EXPECT_EQ(averaged->named_buffers()["1.num_batches_tracked"].item<int64_t>(), 3);
+  for (const auto& c : g.at("adjusted")) {
+    EXPECT_NEAR(harness::adjusted_ema_decay(c.at("decay"), c.at("world_size"), c.at("batch_size"), c.at("ema_steps"),
+                                            c.at("epochs")),
+                c.at("adjusted").get<double>(), 1e-15)
+        << c.dump();
+  }
+  // A saved average restores into a fresh one.
+  auto again = tiny_ema_model();
+  harness::ModelEma restored(again.ptr(), 0.9);
+  restored.load_state_dict(ema.state_dict(), "test");
+  EXPECT_EQ(restored.n_averaged(), ema.n_averaged());
+  EXPECT_TRUE(torch::equal(again->named_parameters()["3.weight"], averaged->named_parameters()["3.weight"]));
+}
+
+// --model-ema: the trainer's average is a ModelEma fed the model after steps 0, N, 2N, ... of
+// every epoch, copying during the warmup epoch (the references' schedule), with the references'
+// adjusted decay; it is validated beside the model, saved in the training checkpoint as
+// AveragedModel.state_dict() and restored by a resume.
+TEST(Trainer, ModelEmaFollowsTheReferencesScheduleIsValidatedSavedAndResumed) {
+  test::TempDir dir("ema");
+  const fs::path data = test::tiny_dataset(dir.path / "data");
+  harness::TrainOptions o = small_run(data);
+  o.epochs = 3;
+  o.max_steps_per_epoch = 3;
+  o.warmup_epochs = 1;
+  o.model_ema = true;
+  o.model_ema_steps = 2;
+  o.model_ema_decay = 0.999;
+  o.val_data = data;
+  o.save_checkpoint = dir.path / "train.pt";
+  harness::Trainer t(o);
+  ASSERT_NE(t.model_ema(), nullptr);
+  EXPECT_EQ(t.model_ema()->decay(), harness::adjusted_ema_decay(0.999, 1, 8, 2, 3));
+  EXPECT_NEAR(t.model_ema()->decay(), 1 - 0.001 * 8 * 2 / 3.0, 1e-12);
+  auto mirror_model = harness::make_resnet({"resnet18", 4, true});
+  harness::ModelEma mirror(mirror_model.ptr(), t.model_ema()->decay());
+  harness::StepHooks hooks;
+  hooks.post_step = [&](int64_t step) {
+    const int64_t epoch = step / 3, i = step % 3;
+    if (i % 2 != 0) return;
+    mirror.update(*t.model());
+    if (epoch < 1) mirror.reset();
+  };
+  t.set_step_hooks(hooks);
+  const auto history = t.fit();
+  ASSERT_EQ(history.size(), 3u);
+  EXPECT_EQ(t.model_ema()->n_averaged(), 4);  // epoch 0 resets; epochs 1 and 2 update twice each
+  const harness::StateDict got = t.model_ema()->state_dict(), want = mirror.state_dict();
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& kv : want) {
+    EXPECT_TRUE(torch::equal(got.at(kv.key()), kv.value())) << kv.key();
+  }
+  for (const auto& st : history) {
+    ASSERT_TRUE(st.ema_val_top1 && st.ema_val_loss && st.val_loss);
+    std::cout << "epoch " << st.epoch << " val_loss " << *st.val_loss << " EMA val_loss " << *st.ema_val_loss << "\n";
+  }
+  EXPECT_NE(*history[2].val_loss, *history[2].ema_val_loss);
+  const harness::EvalStats ema_eval = t.evaluate(data, /*ema=*/true);
+  EXPECT_EQ(ema_eval.loss, *history[2].ema_val_loss);
+  // The checkpoint's "model_ema" and a resume.
+  const auto ckpt = harness::load_train_checkpoint(*o.save_checkpoint);
+  ASSERT_FALSE(ckpt.model_ema.isNone());
+  const harness::StateDict saved = harness::find_state_dict(ckpt.model_ema, "model_ema");
+  EXPECT_EQ(saved.at("n_averaged").item<int64_t>(), 4);
+  EXPECT_TRUE(torch::equal(saved.at("module.fc.weight"), got.at("module.fc.weight")));
+  harness::TrainOptions more = o;
+  more.resume = o.save_checkpoint;
+  more.resume_replan_schedule = true;
+  more.epochs = 4;
+  harness::Trainer r(more);
+  EXPECT_EQ(r.model_ema()->n_averaged(), 4);
+  EXPECT_TRUE(torch::equal(r.model_ema()->state_dict().at("module.layer1.0.bn1.running_mean"),
+                           got.at("module.layer1.0.bn1.running_mean")));
+  harness::TrainOptions plain = small_run(data);
+  EXPECT_THROW(harness::Trainer(plain).evaluate(data, /*ema=*/true), std::invalid_argument);
+}
+
+// FFCV's triangular ("cyclic") schedule per optimizer step (golden: its own numpy formulas).
+TEST(LrSchedule, TriangularEqualsFfcvsCyclicScheduleStepByStep) {
+  const auto cases = test::load_golden("recipe.json").at("triangular");
+  ASSERT_EQ(cases.size(), 5u);
+  for (const auto& c : cases) {
+    harness::LrScheduleOptions so;
+    so.kind = harness::LrScheduleKind::kTriangular;
+    so.base_lr = c.at("base_lr");
+    so.steps_per_epoch = c.at("steps_per_epoch");
+    so.total_steps = c.at("epochs").get<int64_t>() * so.steps_per_epoch;
+    so.peak_epoch = c.at("peak_epoch");
+    const harness::LrSchedule s(so);
+    const auto lrs = c.at("lrs").get<std::vector<double>>();
+    ASSERT_EQ(lrs.size(), static_cast<size_t>(so.total_steps));
+    for (size_t k = 0; k < lrs.size(); ++k) {
+      EXPECT_NEAR(s.lr(static_cast<int64_t>(k)), lrs[k], 1e-12 * std::max(1.0, lrs[k])) << "step " << k << " of " << c.dump().substr(0, 90);
+    }
+    EXPECT_FALSE(s.momentum(0).has_value());
+  }
+  harness::LrScheduleOptions bad;
+  bad.kind = harness::LrScheduleKind::kTriangular;
+  bad.total_steps = 12;
+  bad.steps_per_epoch = 4;  // 3 epochs
+  for (const double peak : {0.0, 3.5}) {
+    bad.peak_epoch = peak;
+    EXPECT_THROW(harness::LrSchedule{bad}, std::invalid_argument) << "peak " << peak;
+  }
+  bad.peak_epoch = 2;
+  bad.steps_per_epoch = 5;
+  EXPECT_THROW(harness::LrSchedule{bad}, std::invalid_argument);
+  bad.steps_per_epoch = 4;
+  bad.warmup_steps = 2;
+  EXPECT_THROW(harness::LrSchedule{bad}, std::invalid_argument);
+  EXPECT_EQ(harness::parse_lr_schedule_kind("triangular"), harness::LrScheduleKind::kTriangular);
+}
+
+// --lr-schedule triangular in a run: the rates of its steps are the schedule's over the run's
+// steps per epoch and --lr-peak-epoch.
+TEST(Trainer, TriangularScheduleUsesTheRunsStepsPerEpochAndPeak) {
+  test::TempDir dir("triangular");
+  const fs::path data = test::tiny_dataset(dir.path / "data");
+  harness::TrainOptions o = small_run(data);
+  o.epochs = 3;
+  o.max_steps_per_epoch = 2;
+  o.lr_schedule = harness::LrScheduleKind::kTriangular;
+  o.lr_peak_epoch = 1;
+  harness::Trainer t(o);
+  std::vector<double> lrs;
+  t.set_step_callback([&](const harness::StepStats& s) { lrs.push_back(s.lr); });
+  t.fit();
+  const double peak = t.scaled_lr();
+  // epochs 0..3 -> L = [1e-4 peak, peak, peak / 2, 0]; two steps per epoch, halfway between.
+  const std::vector<double> want = {1e-4 * peak, (1e-4 * peak + peak) / 2, peak, 0.75 * peak, peak / 2, peak / 4};
+  ASSERT_EQ(lrs.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) EXPECT_NEAR(lrs[k], want[k], 1e-12) << "step " << k;
+}
+
+// --val-flip-average: validation on the mean logits of each image and its mirror. A folder and
+// its mirrored copy (lossless PNGs) then give the same loss and accuracy, which they do not
+// without it; the loss differs from the plain one.
+TEST(Trainer, ValFlipAverageValidatesOnTheMeanOfTheImageAndItsMirror) {
+  test::TempDir dir("flip");
+  const fs::path data = test::tiny_dataset(dir.path / "data");
+  const fs::path orig = test::golden_path("flip_val/orig"), mirror = test::golden_path("flip_val/mirror");
+  harness::TrainOptions o = small_run(data);
+  o.val_resize_size = 32;  // 32 x 32 images: Resize and CenterCrop keep them as they are
+  o.val_crop_size = 32;
+  o.freeze_bn = false;
+  o.zero_init_residual = false;
+  harness::TrainOptions flip = o;
+  flip.val_flip_average = true;
+  harness::Trainer plain_run(o), flip_run(flip);
+  const harness::EvalStats p_orig = plain_run.evaluate(orig), p_mirror = plain_run.evaluate(mirror);
+  const harness::EvalStats f_orig = flip_run.evaluate(orig), f_mirror = flip_run.evaluate(mirror);
+  std::cout << "plain: " << p_orig.loss << " / mirrored " << p_mirror.loss << "; flip-averaged: " << f_orig.loss << " / "
+            << f_mirror.loss << "\n";
+  EXPECT_EQ(p_orig.samples, 4);
+  EXPECT_NE(p_orig.loss, p_mirror.loss);
+  EXPECT_EQ(f_orig.loss, f_mirror.loss);
+  EXPECT_EQ(f_orig.top1, f_mirror.top1);
+  EXPECT_NE(f_orig.loss, p_orig.loss);
+  EXPECT_NE(f_orig.loss, p_mirror.loss);
+}

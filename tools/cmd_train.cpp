@@ -150,6 +150,74 @@ std::string profile_report(const harness::RunProfile& p, const harness::TrainOpt
   return out;
 }
 
+// The presets of --recipe: each published recipe as gpufeed train flags (torchvision's and
+// FFCV's names mapped to ours; lr per 256 images, so the references' absolute rate is divided
+// by their global batch / 256). Documented in README.md ("Recipes").
+struct Recipe {
+  const char* name;
+  const char* source;
+  std::vector<std::pair<std::string, std::string>> flags;  // flag, value ("" for a switch)
+  const char* not_covered;
+};
+
+const std::vector<Recipe>& recipes() {
+  static const std::vector<Recipe> all = {
+      {"torchvision-v2",
+       "torchvision's classification references, the ResNet-50 \"new training recipe\" (V2 weights): "
+       "8 GPUs x batch 128, lr 0.5",
+       {{"--arch", "resnet50"}, {"--epochs", "600"}, {"--batch-size", "128"}, {"--lr", "0.125"},
+        {"--momentum", "0.9"}, {"--lr-schedule", "cosine"}, {"--warmup-epochs", "5"},
+        {"--warmup-start-factor", "0.01"}, {"--weight-decay", "2e-05"}, {"--norm-weight-decay", "0"},
+        {"--label-smoothing", "0.1"}, {"--mixup-alpha", "0.2"}, {"--cutmix-alpha", "1.0"},
+        {"--train-crop-size", "176"}, {"--val-resize-size", "232"}, {"--val-crop-size", "224"},
+        {"--ra-sampler", ""}, {"--ra-reps", "4"}, {"--model-ema", ""}, {"--model-ema-steps", "32"},
+        {"--model-ema-decay", "0.99998"}, {"--auto-augment", "ta_wide"}, {"--random-erase", "0.1"}},
+       "the references' --interpolation bilinear for the augmentations' geometric ops (gpufeed's use NEAREST)"},
+      {"ffcv-rn50",
+       "FFCV's ImageNet ResNet-50 (ffcv-imagenet rn50_88_epochs.yaml): 8 GPUs x batch 512, lr 1.7",
+       {{"--arch", "resnet50"}, {"--epochs", "88"}, {"--batch-size", "512"}, {"--lr", "0.10625"},
+        {"--momentum", "0.9"}, {"--lr-schedule", "triangular"}, {"--lr-peak-epoch", "2"},
+        {"--weight-decay", "1e-4"}, {"--norm-weight-decay", "0"}, {"--label-smoothing", "0.1"},
+        {"--train-crop-size", "160"}, {"--val-crop-size", "256"}, {"--val-flip-average", ""},
+        {"--channels-last", ""}},
+       "progressive resizing 160 -> 192 px over epochs 65-76 (trains at 160), BlurPool, fp16 autocast "
+       "(pass --precision), bn_wd's name match ('bn' in the name, which leaves downsample BatchNorms "
+       "decayed)"},
+  };
+  return all;
+}
+
+std::string recipe_names() {
+  std::string names;
+  for (const Recipe& r : recipes()) names += (names.empty() ? "" : ", ") + std::string(r.name);
+  return names;
+}
+
+// Sets every flag of the recipe the command line did not give, through the flag's own parser
+// and checks, and prints what it set.
+void apply_recipe(CLI::App& app, const std::string& name) {
+  const auto it = std::find_if(recipes().begin(), recipes().end(), [&](const Recipe& r) { return name == r.name; });
+  if (it == recipes().end()) {
+    throw std::invalid_argument("--recipe: unknown recipe '" + name + "' (known: " + recipe_names() + ")");
+  }
+  std::string set, kept;
+  for (const auto& [flag, value] : it->flags) {
+    CLI::Option* opt = app.get_option(flag);
+    const std::string shown = value.empty() ? flag : flag + " " + value;
+    if (opt->count() > 0) {
+      kept += " " + flag + (opt->results().empty() ? "" : " " + opt->results().back());
+      continue;
+    }
+    opt->clear();
+    opt->add_result(value.empty() ? std::string("true") : value);
+    opt->run_callback();
+    set += " " + shown;
+  }
+  std::cout << "recipe " << it->name << " (" << it->source << "):" << set << "\n";
+  if (!kept.empty()) std::cout << "  given explicitly, kept:" << kept << "\n";
+  std::cout << "  not covered: " << it->not_covered << "\n" << std::flush;
+}
+
 }  // namespace
 
 Run add_train(CLI::App& app) {
@@ -180,8 +248,20 @@ Run add_train(CLI::App& app) {
       ->capture_default_str()->check(CLI::Range(0.0, 0.999));
   app.add_option("--clip-grad-norm", o->clip_grad_norm, "clip the gradients' total 2-norm to this "
                  "(clip_grad_norm_, after unscaling under fp16); 0 = off")->capture_default_str()->check(CLI::NonNegativeNumber);
-  str("--lr-schedule", "constant, step, multistep, cosine or onecycle (per optimizer step)", "cosine")
-      ->check(CLI::IsMember({"constant", "step", "multistep", "cosine", "onecycle"}))->capture_default_str();
+  app.add_option("--mixup-alpha", o->mixup_alpha, "MixUp on the device, lam ~ Beta(a, a); 0 = off (with "
+                 "--cutmix-alpha: one of the two per batch)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--cutmix-alpha", o->cutmix_alpha, "CutMix on the device, lam ~ Beta(a, a); 0 = off")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_flag("--model-ema", o->model_ema, "keep and validate an EMA of the weights and buffers (torchvision references)");
+  app.add_option("--model-ema-steps", o->model_ema_steps, "--model-ema: optimizer steps between updates")
+      ->capture_default_str()->check(kAtLeastOne);
+  app.add_option("--model-ema-decay", o->model_ema_decay, "--model-ema: decay per update before the references' "
+                 "adjustment for world size, batch and steps")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  str("--lr-schedule", "constant, step, multistep, cosine, onecycle or triangular (FFCV's; per optimizer step)",
+      "cosine")->check(CLI::IsMember({"constant", "step", "multistep", "cosine", "onecycle", "triangular"}))
+      ->capture_default_str();
+  app.add_option("--lr-peak-epoch", o->lr_peak_epoch, "triangular: epoch of the peak (FFCV's lr_peak_epoch)")
+      ->capture_default_str();
   app.add_option("--warmup-epochs", o->warmup_epochs, "linear LR warmup, epochs")->capture_default_str();
   app.add_option("--warmup-start-factor", o->warmup_start_factor, "warmup starts at lr x this")->capture_default_str();
   app.add_option("--lr-step-epochs", o->lr_step_epochs, "step: decay every N epochs")->capture_default_str();
@@ -200,7 +280,13 @@ Run add_train(CLI::App& app) {
       ->capture_default_str()->check(kAtLeastZero);
   // The old name, kept working (hidden from --help): --workers N is --num-workers N.
   app.add_option("--workers", o->num_workers)->check(kAtLeastZero)->group("");
-  app.add_option("--image-size", o->image_size, "train crop side, pixels")->capture_default_str();
+  app.add_option("--image-size,--train-crop-size", o->image_size, "train crop side, pixels")->capture_default_str();
+  app.add_option("--val-resize-size", o->val_resize_size, "validation Resize, pixels (0: val crop x 256/224)")
+      ->capture_default_str()->check(kAtLeastZero);
+  app.add_option("--val-crop-size", o->val_crop_size, "validation CenterCrop, pixels (0: --image-size)")
+      ->capture_default_str()->check(kAtLeastZero);
+  app.add_flag("--val-flip-average", o->val_flip_average,
+               "validate on the mean logits of each image and its horizontal flip (FFCV's lr_tta)");
   app.add_option("--device", o->device, "cpu, cuda or cuda:N (distributed: cuda = cuda:LOCAL_RANK)")->capture_default_str();
   str("--devices", "DataParallel over these devices: 0,1,... (CUDA indices) or full names");
   str("--distributed", "auto (torchrun/Slurm environment), on or off", "auto")
@@ -258,10 +344,13 @@ Run add_train(CLI::App& app) {
                  "trace size bound: first and last half of the run are kept")->capture_default_str();
   str("--progress", "progress display: auto, bar, lines or off", "auto")
       ->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "plain", "off"}));
+  static const std::string recipe_help = "expand a published recipe's flags first (explicit flags override): " + recipe_names();
+  str("--recipe", recipe_help.c_str());
   // Per-sample augmentations (--auto-augment, --ra-magnitude, --ra-num-ops, --color-jitter,
   // --random-erase, --random-erase-value): shared with `gpufeed bench`.
   auto finish_augment = add_augment_options(app, o->augment);
-  return without_backtrace([o, s, no_benchmark, finish_augment] {
+  return without_backtrace([o, s, no_benchmark, finish_augment, &app] {
+    if (!s->at("--recipe").empty()) apply_recipe(app, s->at("--recipe"));  // before reading any flag
     finish_augment();
     auto get = [&](const char* k) -> const std::string& { return s->at(k); };
     auto path = [&](const char* k) -> std::optional<std::filesystem::path> {
@@ -352,7 +441,13 @@ Run add_train(CLI::App& app) {
         line += format("  val_loss %.4f  val_top1 %.1f%%  val_top5 %.1f%%", *st.val_loss,
                        100 * *st.val_top1, 100 * *st.val_top5);
       }
-      std::cout << line << "\n" << std::flush;
+      std::cout << line << "\n";
+      if (st.ema_val_top1) {
+        std::cout << format("epoch %lld/%lld  EMA  val_loss %.4f  val_top1 %.1f%%  val_top5 %.1f%%\n",
+                            static_cast<long long>(st.epoch + 1), static_cast<long long>(o->epochs), *st.ema_val_loss,
+                            100 * *st.ema_val_top1, 100 * *st.ema_val_top5);
+      }
+      std::cout << std::flush;
     });
     if (const int sig = trainer.stopped(); sig != 0) {
       if (*main_rank) {

@@ -4,11 +4,23 @@
 #include <cmath>
 #include <numbers>
 #include <stdexcept>
+#include <vector>
 
 namespace gpufeed::harness {
 namespace {
 
 // OneCycleLR._annealing_cos / _annealing_linear, same arithmetic order.
+// numpy.interp for increasing xs, same arithmetic: slope * (x - xs[j]) + ys[j] on the segment
+// with xs[j] <= x < xs[j + 1]; ys[0] left of xs[0], ys.back() from xs.back() on.
+double np_interp(double x, const std::vector<double>& xs, const std::vector<double>& ys) {
+  if (x < xs.front()) return ys.front();
+  if (x >= xs.back()) return ys.back();
+  size_t j = 0;
+  while (j + 2 < xs.size() && x >= xs[j + 1]) ++j;
+  const double slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j]);
+  return slope * (x - xs[j]) + ys[j];
+}
+
 double anneal(AnnealStrategy s, double start, double end, double pct) {
   if (s == AnnealStrategy::kCos) {
     const double cos_out = std::cos(std::numbers::pi * pct) + 1.0;
@@ -25,8 +37,9 @@ LrScheduleKind parse_lr_schedule_kind(const std::string& name) {
   if (name == "multistep") return LrScheduleKind::kMultiStep;
   if (name == "cosine") return LrScheduleKind::kCosine;
   if (name == "onecycle") return LrScheduleKind::kOneCycle;
+  if (name == "triangular") return LrScheduleKind::kTriangular;
   throw std::invalid_argument("unknown LR schedule '" + name +
-                              "' (known: constant, step, multistep, cosine, onecycle)");
+                              "' (known: constant, step, multistep, cosine, onecycle, triangular)");
 }
 
 std::string lr_schedule_kind_name(LrScheduleKind kind) {
@@ -41,6 +54,8 @@ std::string lr_schedule_kind_name(LrScheduleKind kind) {
       return "cosine";
     case LrScheduleKind::kOneCycle:
       return "onecycle";
+    case LrScheduleKind::kTriangular:
+      return "triangular";
   }
   return "?";
 }
@@ -74,6 +89,18 @@ LrSchedule::LrSchedule(LrScheduleOptions options) : options_(std::move(options))
     case LrScheduleKind::kCosine:
       if (!std::isfinite(o.min_lr) || o.min_lr < 0) bad("min_lr must be finite and >= 0, got " + num(o.min_lr));
       break;
+    case LrScheduleKind::kTriangular: {
+      if (o.warmup_steps > 0) bad("no warmup: the triangular schedule ramps up to its peak by itself (peak_epoch)");
+      if (o.steps_per_epoch < 1 || o.total_steps % o.steps_per_epoch != 0) {
+        bad("steps_per_epoch must be >= 1 and divide total_steps, got " + std::to_string(o.steps_per_epoch) + " and " +
+            std::to_string(o.total_steps));
+      }
+      const double epochs = static_cast<double>(o.total_steps / o.steps_per_epoch);
+      if (!(o.peak_epoch > 0 && o.peak_epoch <= epochs)) {
+        bad("peak_epoch must be in (0, epochs = " + num(epochs) + "], got " + num(o.peak_epoch));
+      }
+      break;
+    }
     case LrScheduleKind::kOneCycle: {
       // OneCycleLR's own ValueError, then what makes its arithmetic divide by zero or overflow.
       if (!(o.pct_start >= 0 && o.pct_start <= 1)) bad("pct_start must be in [0, 1], got " + num(o.pct_start));
@@ -170,6 +197,15 @@ double LrSchedule::main_lr(int64_t k) const {
     }
     case LrScheduleKind::kOneCycle:
       return onecycle(k, /*momentum=*/false);
+    case LrScheduleKind::kTriangular: {
+      // FFCV: lr_start, lr_end = get_lr(epoch), get_lr(epoch + 1);
+      // lrs = np.interp(np.arange(iters), [0, iters], [lr_start, lr_end]).
+      const double epochs = static_cast<double>(o.total_steps / o.steps_per_epoch);
+      const std::vector<double> xs{0.0, o.peak_epoch, epochs}, ys{1e-4 * o.base_lr, o.base_lr, 0.0};
+      const int64_t e = k / o.steps_per_epoch, i = k % o.steps_per_epoch;
+      const double start = np_interp(static_cast<double>(e), xs, ys), end = np_interp(static_cast<double>(e + 1), xs, ys);
+      return np_interp(static_cast<double>(i), {0.0, static_cast<double>(o.steps_per_epoch)}, {start, end});
+    }
   }
   return o.base_lr;
 }

@@ -86,6 +86,7 @@ void save_train_checkpoint(const TrainCheckpoint& ckpt, const fs::path& path) {
   sa.insert("ra_reps", ckpt.run.ra_reps);
   d.insert("sampler", sa);
   d.insert("rng", ckpt.rng);
+  if (!ckpt.model_ema.isNone()) d.insert("model_ema", ckpt.model_ema);
   d.insert("epoch", ckpt.progress.epoch);
   d.insert("step", ckpt.progress.step);
   d.insert("arch", ckpt.run.arch);
@@ -120,6 +121,7 @@ TrainCheckpoint load_train_checkpoint(const fs::path& path) {
   if (auto it = d.find("scheduler"); it != d.end()) c.scheduler = it->value().toGenericDict();
   c.scaler = at_key(d, "scaler", file).toGenericDict();
   c.rng = at_key(d, "rng", file).toGenericDict();
+  if (auto it = d.find("model_ema"); it != d.end()) c.model_ema = it->value();
   return c;
 }
 

@@ -1,12 +1,12 @@
 // One training step and one training epoch (see trainer_impl.h for where the rest lives).
 //
 // A step is accum_steps micro-batches (fewer at the end of an epoch), each one:
-//   data wait -> [batch transform hook] -> forward + loss + backward (DDP's buckets all-reduce
+//   data wait -> [MixUp/CutMix] -> [batch transform hook] -> forward + loss + backward (DDP's buckets all-reduce
 //   during the last micro-batch's backward; no_sync before) -> all-reduce wait (last) ->
 //   optimizer (last): loss check or GradScaler, [clip_grad_norm], [gradient transform hook],
 //   optimizer.step(),
 //   zero_grad, [post-step hook]
-// with the profiler's phases around each part, then the stop vote and checkpoints between steps.
+// then [the EMA update], with the profiler's phases around each part, then the stop vote and checkpoints between steps.
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/optim/sgd.h>
@@ -132,6 +132,15 @@ void Trainer::Impl::finish_epoch(EpochState& ep) {
   st.data_wait_fraction = st.seconds > 0 ? ep.wait_s / st.seconds : 0;
 }
 
+// The references' train_one_epoch: `if model_ema and i % args.model_ema_steps == 0:
+// update_parameters(model); if epoch < args.lr_warmup_epochs: n_averaged.fill_(0)`, with i the
+// step of the epoch (here optimizer steps; the references have no accumulation).
+void Trainer::Impl::update_ema(int64_t epoch_index, int64_t step_in_epoch) {
+  if (step_in_epoch % options.model_ema_steps != 0) return;
+  ema->update(*model);
+  if (static_cast<double>(epoch_index) < options.warmup_epochs) ema->reset();
+}
+
 // ---- one step ----------------------------------------------------------------------------------
 
 // One optimizer step: accum_steps micro-batches (fewer at the end of an epoch), each loss
@@ -150,6 +159,7 @@ void Trainer::Impl::train_step(EpochState& ep, Profiler& profiler) {
   step.loss_scale = scaler ? scaler->get_scale() : 1.0;
   step.loss = at::zeros({1}, at::TensorOptions().device(device).dtype(at::kDouble));
   for (int64_t j = 0; j < step.micro; ++j) train_micro_batch(ep, step, /*last=*/j + 1 == step.micro, profiler);
+  if (ema) update_ema(ep.epoch, ep.step_in_epoch);
   ++ep.stats.steps;
   ++ep.step_in_epoch;
   if (on_step) {
@@ -174,7 +184,8 @@ void Trainer::Impl::train_micro_batch(EpochState& ep, StepState& step, bool last
   profiler.batch_ready(*batch);
   ep.wait_s += batch->wait_ms / 1000.0;
   const int64_t n = batch->labels.size(0);
-  // Hook point: batch transform (MixUp/CutMix).
+  // MixUp/CutMix (keyed by seed, epoch, micro-batch, rank), then the batch transform hook.
+  if (mixer) (*mixer)(batch->images, batch->labels, mix_key(options.seed, ep.epoch, ep.batch_index, rank));
   if (hooks.batch_transform) hooks.batch_transform(batch->images, batch->labels);
   // Phase 2: forward + backward.
   auto [logits, loss] = forward_backward(*batch, step, last);

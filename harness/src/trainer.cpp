@@ -25,6 +25,22 @@ namespace gpufeed::harness {
 namespace fs = std::filesystem;
 namespace {
 
+// A ResNet of these options that leaves the global RNG where it was (structure only: its
+// weights are overwritten by whatever it replicates or averages).
+ResNet make_resnet_keeping_rng(const ResNetOptions& options, bool channels_last) {
+  auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCPU));
+  at::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state = gen.get_state();
+  }
+  ResNet r = make_resnet(options);
+  if (channels_last) to_channels_last(*r);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+  return r;
+}
+
 std::string replace_rank(const fs::path& p, int rank) {
   std::string s = p.string();
   const auto pos = s.find("{rank}");
@@ -103,10 +119,14 @@ loader::LoaderOptions Trainer::Impl::loader_options(bool train) const {
   lo.drop_last = train && options.drop_last;
   lo.error_policy = options.error_policy;
   lo.max_skips = options.max_skips;
-  lo.transform = loader::TransformOptions::imagenet(
-      train ? loader::TransformOptions::Kind::kTrain : loader::TransformOptions::Kind::kEval,
-      options.image_size);
-  if (train) lo.transform.augment = options.augment;
+  if (train) {
+    lo.transform = loader::TransformOptions::imagenet(loader::TransformOptions::Kind::kTrain, options.image_size);
+    lo.transform.augment = options.augment;
+  } else {
+    const int crop = options.val_crop_size > 0 ? options.val_crop_size : options.image_size;
+    lo.transform = loader::TransformOptions::imagenet(loader::TransformOptions::Kind::kEval, crop);
+    if (options.val_resize_size > 0) lo.transform.eval.resize = options.val_resize_size;
+  }
   return lo;
 }
 
@@ -149,6 +169,18 @@ void Trainer::Impl::check_options() const {
   }
   if (!std::isfinite(o.clip_grad_norm) || o.clip_grad_norm < 0) {
     throw std::invalid_argument("Trainer: clip_grad_norm must be finite and >= 0 (0 = off), got " + c10::str(o.clip_grad_norm));
+  }
+  if (!std::isfinite(o.mixup_alpha) || !std::isfinite(o.cutmix_alpha) || o.mixup_alpha < 0 || o.cutmix_alpha < 0) {
+    throw std::invalid_argument("Trainer: mixup_alpha and cutmix_alpha must be finite and >= 0 (0 = off)");
+  }
+  if (o.model_ema && (o.model_ema_steps < 1 || !(o.model_ema_decay >= 0 && o.model_ema_decay <= 1))) {
+    throw std::invalid_argument("Trainer: model_ema_steps must be >= 1 and model_ema_decay in [0, 1], got " +
+                                std::to_string(o.model_ema_steps) + " and " + c10::str(o.model_ema_decay));
+  }
+  if (o.val_resize_size < 0 || o.val_crop_size < 0 ||
+      (o.val_resize_size > 0 && o.val_resize_size < (o.val_crop_size > 0 ? o.val_crop_size : o.image_size))) {
+    throw std::invalid_argument("Trainer: val_resize_size must be >= val_crop_size (0 = derived), got " +
+                                std::to_string(o.val_resize_size) + " and " + std::to_string(o.val_crop_size));
   }
   if (o.ra_sampler && o.ra_reps < 1) throw std::invalid_argument("Trainer: ra_reps must be >= 1, got " + std::to_string(o.ra_reps));
   if (o.max_steps_per_epoch < 0) throw std::invalid_argument("Trainer: max_steps_per_epoch must be >= 0 (0 = whole epoch)");
@@ -267,6 +299,16 @@ void Trainer::Impl::build_model() {
   }
   model->to(device);
   if (o.channels_last) to_channels_last(*model);
+  if (o.model_ema) {
+    ema_model = make_resnet_keeping_rng(resnet_options, o.channels_last);
+    ema_model->to(device);
+    ema_model->eval();
+    ema = std::make_unique<ModelEma>(
+        ema_model.ptr(), adjusted_ema_decay(o.model_ema_decay, world, o.batch_size * o.accum_steps, o.model_ema_steps, o.epochs));
+    ema->update(*model);  // AveragedModel starts as a copy of the model, n_averaged 0
+    ema->reset();
+  }
+  if (o.mixup_alpha > 0 || o.cutmix_alpha > 0) mixer.emplace(MixUpCutMixOptions{o.mixup_alpha, o.cutmix_alpha, resnet_options.num_classes});
 }
 
 // SGD over the references' parameter groups (recipe.h, weight_decay_groups: other, norm, bias).
@@ -309,6 +351,8 @@ LrScheduleOptions Trainer::Impl::schedule_options(double base_lr) const {
   so.div_factor = o.onecycle_div_factor;
   so.final_div_factor = o.onecycle_final_div_factor;
   so.cycle_momentum = o.momentum > 0;
+  so.steps_per_epoch = spe;
+  so.peak_epoch = o.lr_peak_epoch;
   return so;
 }
 
@@ -339,21 +383,7 @@ void Trainer::Impl::wrap_parallel() {
   ResNetOptions ro = resnet_options;
   const bool cl = o.channels_last;
   dp = std::make_unique<DataParallel>(
-      model.ptr(),
-      [ro, cl]() -> std::shared_ptr<torch::nn::Module> {
-        // Structure only: keep the global RNG where it was.
-        auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCPU));
-        at::Tensor state;
-        {
-          std::lock_guard<std::mutex> lock(gen.mutex());
-          state = gen.get_state();
-        }
-        auto r = make_resnet(ro);
-        if (cl) to_channels_last(*r);
-        std::lock_guard<std::mutex> lock(gen.mutex());
-        gen.set_state(state);
-        return r.ptr();
-      },
+      model.ptr(), [ro, cl]() -> std::shared_ptr<torch::nn::Module> { return make_resnet_keeping_rng(ro, cl).ptr(); },
       devices,
       [](torch::nn::Module& mod, const at::Tensor& x) { return static_cast<ResNetImpl&>(mod).forward(x); });
 }
@@ -370,8 +400,10 @@ void Trainer::Impl::log_setup(double lr) const {
                global_batch(), " (", o.batch_size, " x ", o.accum_steps, " accum x ", world,
                " ranks) = ", lr, "; schedule ", lr_schedule_kind_name(o.lr_schedule), ", warmup ",
                o.warmup_epochs, " epochs; precision ", precision_name(o.precision),
-               o.channels_last ? ", channels_last" : "",
+               o.channels_last ? ", channels_last" : "", o.val_flip_average ? ", validation flip-averaged" : "",
                o.ra_sampler ? c10::str(", RASampler x", o.ra_reps, " (", train_sampler->size(), " samples per rank)") : "",
+               mixer ? c10::str(", mixup_alpha ", o.mixup_alpha, " cutmix_alpha ", o.cutmix_alpha) : "",
+               ema ? c10::str(", EMA every ", o.model_ema_steps, " steps, decay ", ema->decay()) : "",
                device.is_cuda() && o.cudnn_benchmark ? ", cudnn.benchmark" : ""));
   if (o.augment.enabled()) gpufeed::log_text(LogLevel::kInfo, "train: augment " + loader::to_string(o.augment));
 }
@@ -409,6 +441,7 @@ void Trainer::Impl::write_checkpoint(int64_t at_epoch, int64_t batches, bool on_
   c.scheduler = schedule_state_dict(*schedule, global_step, options.epochs, steps_per_epoch());
   c.scaler = grad_scaler_state_dict(scaler.get());
   c.rng = rng_state_dict(device);
+  if (ema) c.model_ema = state_dict_to_ivalue(ema->state_dict());
   save_train_checkpoint(c, *options.save_checkpoint);
   last_checkpoint = *options.save_checkpoint;
   gpufeed::log_text(LogLevel::kInfo, "train: wrote training checkpoint " + last_checkpoint.string() +
@@ -424,6 +457,13 @@ void Trainer::Impl::resume_from(const fs::path& path) {
   load_sgd_state_dict(*optimizer, c.optimizer, file);
   load_grad_scaler_state_dict(scaler.get(), c.scaler, file);
   load_rng_state_dict(c.rng, device);
+  if (ema && !c.model_ema.isNone()) {
+    ema->load_state_dict(find_state_dict(c.model_ema, file + " (model_ema)"), file + " (model_ema)");
+  } else if (ema) {
+    ema->update(*model);
+    ema->reset();
+    gpufeed::log_text(LogLevel::kWarn, "train: " + file + " has no model_ema: the moving average restarts from the resumed model");
+  }
   epoch = c.progress.epoch;
   batches_done = c.progress.batches_consumed;
   global_step = c.progress.step;
@@ -451,6 +491,7 @@ double Trainer::Impl::scaled_lr() const { return options.lr * static_cast<double
 int64_t Trainer::Impl::global_batch() const { return options.batch_size * options.accum_steps * world; }
 
 ResNet& Trainer::model() { return impl_->model; }
+const ModelEma* Trainer::model_ema() const { return impl_->ema.get(); }
 double Trainer::scaled_lr() const { return impl_->scaled_lr(); }
 int64_t Trainer::global_batch() const { return impl_->global_batch(); }
 int64_t Trainer::num_classes() const {
@@ -500,6 +541,12 @@ std::vector<EpochStats> Trainer::fit(const std::function<void(const EpochStats&)
         st.val_loss = ev.loss;
         st.val_top1 = ev.top1;
         st.val_top5 = ev.top5;
+        if (m.ema) {
+          const EvalStats ee = m.evaluate(*o.val_data, /*use_ema=*/true);
+          st.ema_val_loss = ee.loss;
+          st.ema_val_top1 = ee.top1;
+          st.ema_val_top5 = ee.top5;
+        }
       }
       m.epoch = epoch + 1;
       m.batches_done = 0;

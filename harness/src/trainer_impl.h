@@ -27,6 +27,7 @@
 #include "gpufeed/harness/distributed.h"
 #include "gpufeed/harness/lr_schedule.h"
 #include "gpufeed/harness/profiler.h"
+#include "gpufeed/harness/recipe.h"
 #include "gpufeed/harness/resnet.h"
 #include "gpufeed/harness/train_checkpoint.h"
 #include "gpufeed/harness/trainer.h"
@@ -101,6 +102,9 @@ struct Trainer::Impl {
   std::unique_ptr<torch::optim::SGD> optimizer;
   std::vector<at::Tensor> params;  // optimizer order: group 0's, then group 1's
   std::unique_ptr<GradScaler> scaler;
+  std::optional<MixUpCutMix> mixer;  // mixup_alpha / cutmix_alpha
+  ResNet ema_model{nullptr};         // model_ema: the average's module (eval mode)
+  std::unique_ptr<ModelEma> ema;
   std::optional<LrSchedule> schedule;  // planned at construction
   // Where training resumes: epoch, micro-batches of it already trained on, optimizer steps.
   int64_t epoch = 0, batches_done = 0, global_step = 0;
@@ -130,7 +134,7 @@ struct Trainer::Impl {
   void check_options() const;
   void setup_devices();  // device, process group, rank, world
   void build_data();     // datasets, sampler, loader, prefetcher
-  void build_model();    // ResNet, init_weights, device, layout
+  void build_model();    // ResNet, init_weights, device, layout; its EMA; the batch mixer
   void build_optimizer();
   void plan_schedule(double base_lr);
   LrScheduleOptions schedule_options(double base_lr) const;
@@ -155,6 +159,12 @@ struct Trainer::Impl {
   // optimizer.step(), zero_grad, [post-step].
   void optimizer_step(EpochState& ep, StepState& step, const at::Tensor& last_loss);
   void finish_epoch(EpochState& ep);  // totals over all ranks
+  // The references' EMA update after optimizer step `step_in_epoch` of `epoch` (every
+  // model_ema_steps-th; copying during the warmup epochs).
+  void update_ema(int64_t epoch, int64_t step_in_epoch);
+
+  // --- validation (validation.cpp) ---
+  EvalStats evaluate(const std::filesystem::path& root, bool use_ema);
 };
 
 }  // namespace gpufeed::harness

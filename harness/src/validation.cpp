@@ -42,8 +42,13 @@ void check_same_classes(const loader::Dataset& val, const fs::path& val_root, co
                               list(a) + "]: " + first);
 }
 
-EvalStats Trainer::evaluate(const fs::path& root) {
-  Impl& m = *impl_;
+EvalStats Trainer::evaluate(const fs::path& root, bool ema) {
+  if (ema && !impl_->ema) throw std::invalid_argument("Trainer::evaluate: no moving average (TrainOptions::model_ema is off)");
+  return impl_->evaluate(root, ema);
+}
+
+EvalStats Trainer::Impl::evaluate(const fs::path& root, bool use_ema) {
+  Impl& m = *this;
   std::shared_ptr<loader::Dataset> dataset = m.val_set;
   if (!dataset || root != *m.options.val_data) {
     dataset = loader::open_dataset(root);
@@ -58,7 +63,7 @@ EvalStats Trainer::evaluate(const fs::path& root) {
   auto loader = std::make_shared<loader::Loader>(dataset, sampler, m.loader_options(false),
                                                  prefetch::host_allocator_for(m.device));
   auto prefetcher = prefetch::make_prefetcher(loader, m.prefetch_options);
-  m.model->eval();
+  (use_ema ? m.ema_model : m.model)->eval();
   torch::NoGradGuard no_grad;
   const auto opts = at::TensorOptions().device(m.device).dtype(at::kDouble);
   at::Tensor sums = at::zeros({4}, opts);  // loss, top1, top5, samples
@@ -69,7 +74,12 @@ EvalStats Trainer::evaluate(const fs::path& root) {
     {
       std::optional<AutocastGuard> autocast;
       if (m.amp()) autocast.emplace(m.device.type(), m.amp_dtype());
-      logits = m.forward(batch->images).to(at::kFloat);
+      const auto forward = [&](const at::Tensor& x) {
+        return (use_ema ? m.ema_model->forward(x) : m.forward(x)).to(at::kFloat);
+      };
+      logits = forward(batch->images);
+      // FFCV's lr_tta: the horizontal flip's logits too (averaged here, summed there).
+      if (m.options.val_flip_average) logits = (logits + forward(batch->images.flip({3}))) / 2;
     }
     const int64_t n = batch->labels.size(0);
     // Sample i of this rank is position rank + i * world of the padded list: count real ones.

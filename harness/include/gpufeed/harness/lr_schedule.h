@@ -26,6 +26,11 @@ enum class LrScheduleKind {
   kMultiStep,  ///< torch.optim.lr_scheduler.MultiStepLR(milestones, gamma)
   kCosine,    ///< torch.optim.lr_scheduler.CosineAnnealingLR(T_max = main length, eta_min = min_lr)
   kOneCycle,  ///< torch.optim.lr_scheduler.OneCycleLR(max_lr = base_lr, total_steps = main length)
+  /// FFCV's ImageNet "cyclic" (triangular) schedule (ffcv-imagenet train_imagenet.py,
+  /// get_cyclic_lr): per epoch e, L(e) = np.interp(e, [0, peak_epoch, epochs],
+  /// [1e-4 base_lr, base_lr, 0]); step i of epoch e (of steps_per_epoch) gets
+  /// np.interp(i, [0, steps_per_epoch], [L(e), L(e + 1)]). No warmup (it ramps up by itself).
+  kTriangular,
 };
 
 /// How OneCycle moves between its phase endpoints (torch's `anneal_strategy`).
@@ -73,9 +78,14 @@ struct LrScheduleOptions {
   bool cycle_momentum = true;
   double base_momentum = 0.85;  ///< kOneCycle: momentum at the peak learning rate
   double max_momentum = 0.95;   ///< kOneCycle: momentum at the start and end of the cycle
+
+  /// kTriangular: optimizer steps per epoch (total_steps must be a multiple of it), >= 1.
+  int64_t steps_per_epoch = 1;
+  /// kTriangular: the epoch at which the rate peaks (FFCV's lr_peak_epoch), in (0, epochs].
+  double peak_epoch = 2;
 };
 
-/// Parses "constant", "step", "multistep", "cosine" or "onecycle". Throws std::invalid_argument
+/// Parses "constant", "step", "multistep", "cosine", "onecycle" or "triangular". Throws std::invalid_argument
 /// naming the value and listing the known ones.
 LrScheduleKind parse_lr_schedule_kind(const std::string& name);
 /// The name parse_lr_schedule_kind accepts for `kind`.
@@ -91,7 +101,9 @@ class LrSchedule {
   /// unsorted milestones, gamma not finite or < 0; kCosine: min_lr not finite or < 0;
   /// kOneCycle: pct_start outside [0, 1], div factors not finite or <= 0, and a phase of zero
   /// width that holds a step (pct_start x steps == 1, pct_start == 1, three_phase with
-  /// 2 pct_start x steps - 2 == steps - 1), where torch's OneCycleLR raises ZeroDivisionError.
+  /// 2 pct_start x steps - 2 == steps - 1), where torch's OneCycleLR raises ZeroDivisionError;
+  /// kTriangular: a warmup, steps_per_epoch < 1 or not dividing total_steps, peak_epoch outside
+  /// (0, epochs].
   explicit LrSchedule(LrScheduleOptions options);
 
   /// Learning rate for optimizer step `step` (0-based: the rate used by the step-th call of

@@ -17,6 +17,8 @@
 //    "sampler": {"epoch", "batches_consumed" (micro-batches of that epoch already trained on),
 //                "seed", "num_replicas", "batch_size", "accum_steps", "ra_reps" (0: no RASampler)},
 //    "rng": {"cpu": uint8 tensor, "cuda": uint8 tensor (when training on CUDA)},
+//    "model_ema": with --model-ema only: AveragedModel.state_dict()'s layout, {"n_averaged":
+//                 int64, "module.<name>": tensor} (the references save model_ema.state_dict()),
 //    "epoch": epoch in progress, "step": optimizer steps taken,
 //    "arch": ..., "num_classes": ...}
 // Resuming restores all of it: the next batches, learning rates and losses are those of an
@@ -68,6 +70,7 @@ struct TrainCheckpoint {
   c10::impl::GenericDict scheduler{c10::StringType::get(), c10::AnyType::get()};  ///< schedule_state_dict
   c10::impl::GenericDict scaler{c10::StringType::get(), c10::AnyType::get()};     ///< {} when not fp16
   c10::impl::GenericDict rng{c10::StringType::get(), c10::AnyType::get()};        ///< rng_state_dict
+  c10::IValue model_ema;  ///< "model_ema" (ModelEma::state_dict) with TrainOptions::model_ema; else None, not written
 };
 
 /// Writes `ckpt` to `path` atomically (save_torch_file). Throws std::runtime_error naming the

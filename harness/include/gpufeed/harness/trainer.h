@@ -23,6 +23,7 @@
 #include "gpufeed/harness/amp.h"
 #include "gpufeed/harness/lr_schedule.h"
 #include "gpufeed/harness/profiler.h"
+#include "gpufeed/harness/recipe.h"
 #include "gpufeed/harness/resnet.h"
 #include "gpufeed/loader/loader.h"
 
@@ -66,7 +67,15 @@ struct TrainOptions {
   std::filesystem::path data;                     ///< training set: ImageFolder, flat folder or file list
   std::optional<std::filesystem::path> val_data;  ///< evaluated after each epoch (same classes)
   int num_workers = 0;              ///< loader threads per process; 0 = all hardware threads
-  int image_size = 224;             ///< train crop; eval resizes to size * 256/224, crops size
+  int image_size = 224;             ///< train crop (the references' --train-crop-size), pixels
+  /// Validation Resize (shorter side) and CenterCrop, pixels (the references' --val-resize-size,
+  /// --val-crop-size). 0: val_crop_size = image_size, val_resize_size = round(crop x 256 / 224).
+  int val_resize_size = 0;
+  int val_crop_size = 0;
+  /// Test-time flip averaging (FFCV's validation.lr_tta): validation logits are the mean of the
+  /// model's logits on the image and on its horizontal flip (FFCV sums them: the same top-1 and
+  /// top-5; the loss is that of the mean).
+  bool val_flip_average = false;
   int prefetch_depth = 3;           ///< loader batch slots
   /// Drop each rank's last, shorter training batch (DataLoader's drop_last). Also turned on, with
   /// a warning, when that batch would hold a single sample while BatchNorm trains: PyTorch cannot
@@ -132,6 +141,26 @@ struct TrainOptions {
   /// --clip-grad-norm) on the complete, all-reduced and, under fp16, unscaled gradients of each
   /// optimizer step; 0 = off.
   double clip_grad_norm = 0.0;
+  /// MixUp on the training device after the prefetcher (torchvision.transforms.v2.MixUp, the
+  /// references' --mixup-alpha): images and labels mixed with the batch rolled by one, lam ~
+  /// Beta(alpha, alpha); labels become soft targets [N, classes] (float32) and go through the
+  /// label-smoothing cross-entropy, as in the references. 0 = off.
+  double mixup_alpha = 0.0;
+  /// CutMix likewise (v2.CutMix, --cutmix-alpha): the rolled batch's box pasted, lam = 1 - box
+  /// area / image area. With both on, one of the two per micro-batch with equal probability
+  /// (v2.RandomChoice). Drawn from a generator keyed by recipe.h's mix_key(seed, epoch,
+  /// micro-batch of the epoch, rank). Training top-1 counts against the soft target's argmax.
+  double cutmix_alpha = 0.0;
+  /// Keep an exponential moving average of the parameters and buffers (the references'
+  /// --model-ema; recipe.h, ModelEma): updated after every model_ema_steps-th optimizer step of an
+  /// epoch (steps 0, N, 2N, ...), copying the model instead during the first warmup_epochs epochs;
+  /// validated after each epoch beside the model (EpochStats::ema_val_*) and saved in the
+  /// training checkpoint ("model_ema", AveragedModel.state_dict()'s layout).
+  bool model_ema = false;
+  int64_t model_ema_steps = 32;     ///< --model-ema-steps: optimizer steps between updates
+  /// --model-ema-decay, per update before the references' adjustment: the decay used is
+  /// adjusted_ema_decay(this, world size, batch_size x accum_steps, model_ema_steps, epochs).
+  double model_ema_decay = 0.99998;
   /// Stop an epoch after this many optimizer steps (0 = the whole epoch).
   int64_t max_steps_per_epoch = 0;
 
@@ -146,6 +175,7 @@ struct TrainOptions {
   double onecycle_pct_start = 0.3;  ///< kOneCycle: fraction of the cycle spent warming
   double onecycle_div_factor = 25.0;         ///< kOneCycle: initial lr = scaled lr / this
   double onecycle_final_div_factor = 1e4;    ///< kOneCycle: final lr = initial lr / this
+  double lr_peak_epoch = 2;         ///< kTriangular: epoch of the peak (FFCV's lr.lr_peak_epoch)
 
   // --- precision ---
   Precision precision = Precision::kFloat32;
@@ -204,6 +234,7 @@ struct EpochStats {
   int64_t skipped_steps = 0;    ///< fp16: steps skipped for inf/NaN gradients
   int64_t skipped_samples = 0;  ///< --on-error skip: training samples replaced (loader's epoch_summary), all ranks
   std::optional<double> val_loss, val_top1, val_top5;  ///< when val_data is set
+  std::optional<double> ema_val_loss, ema_val_top1, ema_val_top5;  ///< val_data and model_ema
 };
 
 /// One optimizer step, for on_step callbacks (tests, logging). Costs a device sync per step.
@@ -221,9 +252,11 @@ struct StepStats {
 /// Named places in the training step where a feature plugs in (each may be empty). They run on
 /// every rank, in the training thread.
 struct StepHooks {
-  /// Batch transform (MixUp/CutMix go here): per micro-batch, after the batch arrives and before
-  /// the forward pass; may change images [N, 3, H, W] (normalised, on the device) and labels [N]
-  /// (int64) in place or replace them.
+  /// Batch transform: per micro-batch, after the batch arrives (and after the built-in
+  /// MixUp/CutMix of TrainOptions::mixup_alpha/cutmix_alpha) and before the forward pass; may
+  /// change images [N, 3, H, W] (normalised, on the device) and labels -- [N] int64 class
+  /// indices, or [N, classes] float soft targets after mixing -- in place or replace them (soft
+  /// targets are accepted by the loss and the top-1 count).
   std::function<void(at::Tensor& images, at::Tensor& labels)> batch_transform;
   /// Gradient transform: per optimizer step, when the gradients are complete -- accumulated over
   /// the micro-batches, all-reduced, unscaled and checked finite under fp16, clipped when
@@ -278,15 +311,17 @@ class Trainer {
   /// Where the training checkpoint was last written (empty if never).
   std::filesystem::path last_checkpoint() const;
 
-  /// Loss, top-1 and top-5 of the current model on `root` (same classes as the training set). In
+  /// Loss, top-1 and top-5 of the current model (or, with `ema`, of its moving average) on `root` (same classes as the training set). In
   /// a distributed run every rank evaluates its shard (DistributedSampler order, without
   /// padding duplicates counted) and the totals are summed across ranks. The validation set of
   /// TrainOptions is listed once, at construction; another root is listed here. Throws
   /// std::invalid_argument naming both class lists when the classes differ.
-  EvalStats evaluate(const std::filesystem::path& root);
+  EvalStats evaluate(const std::filesystem::path& root, bool ema = false);
 
   /// The model being trained.
   ResNet& model();
+  /// The moving average of the model (TrainOptions::model_ema), or null when off.
+  const ModelEma* model_ema() const;
   /// Learning rate after batch scaling: lr * global_batch() / 256.
   double scaled_lr() const;
   /// batch_size * accum_steps * world_size(): samples per optimizer step, all ranks.
