@@ -11,6 +11,7 @@
 //   ResNet        gpufeed/harness/resnet.h        torchvision-identical ResNets
 //   checkpoints   gpufeed/harness/checkpoint.h, torch_file.h, train_checkpoint.h: files Python reads and writes
 //   schedules     gpufeed/harness/lr_schedule.h, amp.h (GradScaler), profiler.h, progress.h
+//   recipes       gpufeed/harness/recipe.h        MixUp/CutMix, EMA, weight-decay groups, clipping
 
 #include "gpufeed/harness/amp.h"
 #include "gpufeed/harness/checkpoint.h"
@@ -19,6 +20,7 @@
 #include "gpufeed/harness/lr_schedule.h"
 #include "gpufeed/harness/profiler.h"
 #include "gpufeed/harness/progress.h"
+#include "gpufeed/harness/recipe.h"
 #include "gpufeed/harness/resnet.h"
 #include "gpufeed/harness/torch_file.h"
 #include "gpufeed/harness/train_checkpoint.h"

@@ -3,7 +3,7 @@
 // gpufeed). docs/API.md is the tour; every type is documented in the header it comes from.
 //
 //   Dataset       gpufeed/loader/dataset.h    (file, label) lists: ImageFolder, FileList, FlatFolder
-//   Sampler       gpufeed/sampler/sampler.h   index order per epoch; DistributedSampler = PyTorch's
+//   Sampler       gpufeed/sampler/sampler.h   index order per epoch; DistributedSampler = PyTorch's; RASampler (ra_sampler.h)
 //   Loader        gpufeed/loader/loader.h     LoaderOptions -> Batch of [N, H, W, 3] uint8 + [N] int64
 //   Batch         gpufeed/loader/batch.h      a leased slot: the memory is the loader's until released
 //   HostAllocator gpufeed/loader/host_allocator.h   where batch slots live (pinned, NUMA, your pool)
@@ -29,6 +29,7 @@
 #include "gpufeed/loader/resize.h"
 #include "gpufeed/loader/synthetic.h"
 #include "gpufeed/loader/transform.h"
+#include "gpufeed/sampler/ra_sampler.h"
 #include "gpufeed/sampler/randperm.h"
 #include "gpufeed/sampler/sampler.h"
 #include "gpufeed/version.h"
