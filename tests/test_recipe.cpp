@@ -509,6 +509,8 @@ TEST(Trainer, TriangularScheduleUsesTheRunsStepsPerEpochAndPeak) {
   o.max_steps_per_epoch = 2;
   o.lr_schedule = harness::LrScheduleKind::kTriangular;
   o.lr_peak_epoch = 1;
+  o.save_checkpoint = dir.path / "train.pt";
+  o.save_checkpoint_only_on_stop = false;
   harness::Trainer t(o);
   std::vector<double> lrs;
   t.set_step_callback([&](const harness::StepStats& s) { lrs.push_back(s.lr); });
@@ -518,6 +520,16 @@ TEST(Trainer, TriangularScheduleUsesTheRunsStepsPerEpochAndPeak) {
   const std::vector<double> want = {1e-4 * peak, (1e-4 * peak + peak) / 2, peak, 0.75 * peak, peak / 2, peak / 4};
   ASSERT_EQ(lrs.size(), want.size());
   for (size_t k = 0; k < want.size(); ++k) EXPECT_NEAR(lrs[k], want[k], 1e-12) << "step " << k;
+  // The peak is part of the saved plan: resuming with another one is refused, naming it.
+  harness::TrainOptions resumed = o;
+  resumed.resume = t.last_checkpoint();
+  resumed.lr_peak_epoch = 2;
+  try {
+    harness::Trainer{resumed};
+    ADD_FAILURE() << "a resume with another --lr-peak-epoch must be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("peak_epoch 1 -> 2"), std::string::npos) << e.what();
+  }
 }
 
 // --val-flip-average: validation on the mean logits of each image and its mirror. A folder and

@@ -63,6 +63,8 @@ LrScheduleOptions saved_plan(const c10::impl::GenericDict& saved, LrScheduleOpti
   so.div_factor = saved.at("div_factor").toDouble();
   so.final_div_factor = saved.at("final_div_factor").toDouble();
   so.cycle_momentum = saved.at("cycle_momentum").toBool();
+  if (auto it = saved.find("steps_per_epoch"); it != saved.end()) so.steps_per_epoch = it->value().toInt();
+  if (auto it = saved.find("peak_epoch"); it != saved.end()) so.peak_epoch = it->value().toDouble();
   return so;
 }
 
@@ -284,6 +286,7 @@ c10::impl::GenericDict schedule_state_dict(const LrSchedule& schedule, int64_t s
   d.insert("div_factor", so.div_factor);
   d.insert("final_div_factor", so.final_div_factor);
   d.insert("cycle_momentum", so.cycle_momentum);
+  d.insert("peak_epoch", so.peak_epoch);
   return d;
 }
 

@@ -11,7 +11,7 @@
 //    "scheduler": {"kind": "cosine", "last_step": optimizer steps taken, "total_steps": ...,
 //                  the plan (LrScheduleOptions): "base_lr", "warmup_steps", "warmup_start_factor",
 //                  "step_size", "milestones", "gamma", "min_lr", "pct_start", "div_factor",
-//                  "final_div_factor", "cycle_momentum"; and "epochs", "steps_per_epoch"},
+//                  "final_div_factor", "cycle_momentum", "peak_epoch"; and "epochs", "steps_per_epoch"},
 //    "scaler": torch.amp.GradScaler.state_dict()'s keys ("scale", "growth_factor",
 //              "backoff_factor", "growth_interval", "_growth_tracker"), or {} when not fp16,
 //    "sampler": {"epoch", "batches_consumed" (micro-batches of that epoch already trained on),
