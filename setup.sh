@@ -35,6 +35,13 @@ if ! .venv/bin/python -c "import nanobind, scikit_build_core, pytest, onnx, onnx
   echo "setup: installing $PY_PKG_SPEC into .venv"
   .venv/bin/pip install -q $PY_PKG_SPEC
 fi
+# webdataset: the tests check that gpufeed reads tar shards in the order, and with the labels,
+# that the webdataset package reads them (tests/goldens/gen_shards.py writes them with its TarWriter).
+WDS_SPEC="webdataset==1.0.2"
+if ! .venv/bin/python -c "import webdataset" 2>/dev/null; then
+  echo "setup: installing $WDS_SPEC into .venv"
+  .venv/bin/pip install -q $WDS_SPEC
+fi
 # NVIDIA DALI's CPU pipeline (device_id=None runs without a GPU): a baseline of
 # tools/bench_compare.py. Best effort: without it the comparison leaves DALI out and says why.
 DALI_SPEC="nvidia-dali-cuda130==2.4.0"

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <numeric>
 #include <set>
+#include <thread>
+#include <chrono>
 
 #include "golden.h"
 #include "recorded_draws.h"
@@ -127,7 +129,7 @@ TEST(ImageFolder, ClassesAndSampleOrderMatchTorchvision) {
     EXPECT_EQ(folder.classes(), c["classes"].get<std::vector<std::string>>());
     ASSERT_EQ(folder.size(), static_cast<int64_t>(c["samples"].size())) << c["root"];
     for (int64_t i = 0; i < folder.size(); ++i) {
-      EXPECT_EQ(folder.at(i).path.string(), c["samples"][i][0].get<std::string>());
+      EXPECT_EQ(folder.at(i).path, c["samples"][i][0].get<std::string>());
       EXPECT_EQ(folder.at(i).label, c["samples"][i][1].get<int64_t>());
     }
   }
@@ -148,9 +150,9 @@ TEST(FileList, ParsesPathsWithSpacesRelativeToRoot) {
   std::ofstream(dir / "list.txt") << "# comment\na/b c.jpg 3\n\n/abs/x.png 0\r\n";
   FileList list(dir / "list.txt", "/data");
   ASSERT_EQ(list.size(), 2);
-  EXPECT_EQ(list.at(0).path, fs::path("/data/a/b c.jpg"));
+  EXPECT_EQ(list.at(0).path, "/data/a/b c.jpg");
   EXPECT_EQ(list.at(0).label, 3);
-  EXPECT_EQ(list.at(1).path, fs::path("/abs/x.png"));
+  EXPECT_EQ(list.at(1).path, "/abs/x.png");
   EXPECT_EQ(list.classes().size(), 4u);
   std::ofstream(dir / "bad.txt") << "a.jpg x\n";
   EXPECT_THROW(FileList(dir / "bad.txt", "/data"), std::runtime_error);
@@ -222,6 +224,139 @@ TEST(ListFiles, AnUnreadableFolderIsAnErrorNamingIt) {
     EXPECT_EQ(WEXITSTATUS(status), 0) << "as nobody, listing must fail naming the locked folder";
   }
   fs::permissions(tmp.path / "c" / "locked", fs::perms::owner_all);
+}
+
+// ---- the sample table and the index cache
+
+std::vector<std::pair<std::string, int64_t>> samples_of(const Dataset& ds) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (int64_t i = 0; i < ds.size(); ++i) out.emplace_back(std::string(ds.at(i).path), ds.at(i).label);
+  return out;
+}
+
+// Folders and files created by a test are stamped "now": the cache is written only for those
+// changed over a second before the listing (IndexCacheOptions), so the tests wait that second.
+void wait_out_the_racy_window() { std::this_thread::sleep_for(std::chrono::milliseconds(1100)); }
+
+TEST(SampleTable, HoldsPathsInOneArenaAt13BytesPerSampleBeyondThem) {
+  SampleTable t;
+  t.add("/a/b.jpg", 3);
+  t.add_joined("/dir", "x y.png", 0);
+  t.add_joined("", "rel.jpg", 7);
+  ASSERT_EQ(t.size(), 3);
+  EXPECT_EQ(t.path(0), "/a/b.jpg");
+  EXPECT_EQ(t.path(1), "/dir/x y.png");
+  EXPECT_EQ(t.path(2), "rel.jpg");
+  EXPECT_EQ(t.path(1).data()[t.path(1).size()], '\0');  // open() takes it as it is
+  EXPECT_EQ(t.label(2), 7);
+  t.shrink_to_fit();
+  EXPECT_EQ(t.path_bytes(), 8 + 12 + 7);
+  EXPECT_EQ(t.memory_bytes(), t.path_bytes() + 13 * 3);
+  EXPECT_THROW(t.add("x.jpg", -1), std::invalid_argument);
+  EXPECT_THROW(t.add("x.jpg", int64_t{1} << 31), std::invalid_argument);
+  EXPECT_THROW(t.add(std::string_view("a\0b", 3), 0), std::invalid_argument);
+  // Arrays read back from a cache are checked before they are trusted.
+  EXPECT_THROW(t.assign({'a', 'b'}, {0}, {1}), std::runtime_error);            // no NUL
+  EXPECT_THROW(t.assign({'a', '\0'}, {0, 1}, {1, 2}), std::runtime_error);     // empty second path
+  EXPECT_THROW(t.assign({'a', '\0'}, {0}, {-1}), std::runtime_error);          // negative label
+  EXPECT_EQ(t.size(), 3);
+}
+
+TEST(IndexCache, ImageFolderReadsItsCacheUntilAFolderChangesAndRebuildsACorruptOne) {
+  gpufeed::test::TempDir tmp("index_cache");
+  const fs::path root = tmp.path / "train";
+  for (const char* f : {"b/2.jpg", "b/1.JPG", "b/sub/z.png", "a/x.png", "a/notes.txt", "c/k.webp"}) {
+    fs::create_directories((root / f).parent_path());
+    std::ofstream(root / f) << "x";
+  }
+  const fs::path cache_dir = tmp.path / "cache";
+  ImageFolderOptions o;
+  o.index_cache = cache_dir.string();
+  wait_out_the_racy_window();
+
+  ImageFolder first(root, o);
+  EXPECT_FALSE(first.from_cache());
+  const std::vector<std::pair<std::string, int64_t>> want = {
+      {(root / "a/x.png").string(), 0}, {(root / "b/1.JPG").string(), 1}, {(root / "b/2.jpg").string(), 1},
+      {(root / "b/sub/z.png").string(), 1}, {(root / "c/k.webp").string(), 2}};
+  EXPECT_EQ(samples_of(first), want);
+  ASSERT_EQ(std::distance(fs::directory_iterator(cache_dir), fs::directory_iterator()), 1);
+  const fs::path file = fs::directory_iterator(cache_dir)->path();
+  EXPECT_EQ(file.extension(), ".gpufeed-index");
+
+  ImageFolder second(root, o);
+  EXPECT_TRUE(second.from_cache());
+  EXPECT_EQ(samples_of(second), want);
+  EXPECT_EQ(second.classes(), (std::vector<std::string>{"a", "b", "c"}));
+
+  // Other listing options: another key, so a listing.
+  ImageFolderOptions png_only = o;
+  png_only.extensions = {".png", ".webp"};
+  ImageFolder pngs(root, png_only);
+  EXPECT_FALSE(pngs.from_cache());
+  EXPECT_EQ(pngs.size(), 3);
+
+  // Every byte of the file matters: a flipped byte or a cut file is rebuilt, never trusted.
+  ImageFolder(root, o);  // rewrites the cache for `o` (the png-only listing replaced it)
+  const auto bytes = fs::file_size(file);
+  for (const uintmax_t at : {bytes / 2, bytes - 3, uintmax_t{20}}) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at));
+    const char c = static_cast<char>(f.get());
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(static_cast<char>(c ^ 0x20));
+    f.close();
+    ImageFolder rebuilt(root, o);
+    EXPECT_FALSE(rebuilt.from_cache()) << "byte " << at;
+    EXPECT_EQ(samples_of(rebuilt), want);
+    EXPECT_TRUE(ImageFolder(root, o).from_cache()) << "rewritten after byte " << at;
+  }
+  fs::resize_file(file, bytes - 100);
+  EXPECT_FALSE(ImageFolder(root, o).from_cache());
+  EXPECT_TRUE(ImageFolder(root, o).from_cache());
+
+  // A new file in a nested folder changes that folder: listed again, and the new file is there.
+  std::ofstream(root / "b/sub/y.jpg") << "x";
+  ImageFolder changed(root, o);
+  EXPECT_FALSE(changed.from_cache());
+  ASSERT_EQ(changed.size(), 6);
+  EXPECT_EQ(changed.at(3).path, (root / "b/sub/y.jpg").string());
+  // A removed class folder changes the root.
+  fs::remove_all(root / "c");
+  ImageFolder fewer(root, o);
+  EXPECT_FALSE(fewer.from_cache());
+  EXPECT_EQ(fewer.classes(), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(IndexCache, BesideTheDatasetByDefaultAndNeverWhenOff) {
+  gpufeed::test::TempDir tmp("index_beside");
+  fs::create_directories(tmp.path / "data" / "k");
+  std::ofstream(tmp.path / "data" / "k" / "a.jpg") << "x";
+  std::ofstream(tmp.path / "list.txt") << "data/k/a.jpg 4\n";
+  wait_out_the_racy_window();
+  ImageFolderOptions off;
+  off.index_cache = "off";
+  EXPECT_FALSE(ImageFolder(tmp.path / "data", off).from_cache());
+  EXPECT_FALSE(FileList(tmp.path / "list.txt", tmp.path, {.index_cache = "off"}).from_cache());
+  EXPECT_FALSE(fs::exists(tmp.path / "data.gpufeed-index"));
+  EXPECT_FALSE(fs::exists(tmp.path / "list.txt.gpufeed-index"));
+
+  EXPECT_FALSE(ImageFolder(tmp.path / "data/").from_cache());  // a trailing '/' names the same folder
+  EXPECT_TRUE(fs::exists(tmp.path / "data.gpufeed-index"));
+  EXPECT_TRUE(ImageFolder(tmp.path / "data").from_cache());
+  const auto list = open_dataset(tmp.path / "list.txt");
+  EXPECT_FALSE(dynamic_cast<const FileList&>(*list).from_cache());
+  EXPECT_TRUE(fs::exists(tmp.path / "list.txt.gpufeed-index"));
+  const auto again = open_dataset(tmp.path / "list.txt");
+  EXPECT_TRUE(dynamic_cast<const FileList&>(*again).from_cache());
+  EXPECT_EQ(samples_of(*again), (std::vector<std::pair<std::string, int64_t>>{{(tmp.path / "data/k/a.jpg").string(), 4}}));
+  EXPECT_EQ(again->classes().size(), 5u);
+  // The list rewritten (another size and time): parsed again.
+  std::ofstream(tmp.path / "list.txt") << "data/k/a.jpg 1\ndata/k/a.jpg 0\n";
+  const auto rewritten = open_dataset(tmp.path / "list.txt");
+  EXPECT_FALSE(dynamic_cast<const FileList&>(*rewritten).from_cache());
+  EXPECT_EQ(rewritten->size(), 2);
+  EXPECT_EQ(rewritten->at(0).label, 1);
 }
 
 TEST(SampleRng, IsAPureFunctionOfSeedEpochAndIndex) {
@@ -423,16 +558,16 @@ TEST(OpenDataset, FlatFolderTakesTheClassFromTheFileNamePrefix) {
   auto ds = open_dataset(root);
   ASSERT_EQ(ds->size(), 4);
   EXPECT_EQ(ds->classes(), (std::vector<std::string>{"n01", "n02", "plain"}));
-  EXPECT_EQ(ds->at(0).path.filename(), "n01_tench.JPEG");
+  EXPECT_EQ(fs::path(ds->at(0).path).filename(), "n01_tench.JPEG");
   EXPECT_EQ(ds->at(0).label, 0);
-  EXPECT_EQ(ds->at(1).path.filename(), "n02_a.jpg");
+  EXPECT_EQ(fs::path(ds->at(1).path).filename(), "n02_a.jpg");
   EXPECT_EQ(ds->at(2).label, 1);
   EXPECT_EQ(ds->at(3).label, 2);
   // A folder with class subfolders is an ImageFolder; a file is a FileList.
   EXPECT_NE(dynamic_cast<ImageFolder*>(open_dataset(synthetic_root()).get()), nullptr);
   std::ofstream(root / "list.txt") << "n01_tench.JPEG 5\n";
   auto list = open_dataset(root / "list.txt");
-  EXPECT_EQ(list->at(0).path, root / "n01_tench.JPEG");
+  EXPECT_EQ(list->at(0).path, (root / "n01_tench.JPEG").string());
   EXPECT_EQ(list->at(0).label, 5);
   fs::remove_all(root);
 }

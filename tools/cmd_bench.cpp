@@ -32,6 +32,7 @@
 #include <fmt/format.h>
 
 #include "commands.h"
+#include "proc_stats.h"
 #include "gpufeed/loader/loader.h"
 
 namespace gpufeed::tools {
@@ -41,16 +42,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-/// A field of /proc/self/status in bytes ("VmRSS", "VmHWM"); 0 where unavailable.
-int64_t proc_status_bytes(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
-  }
-  return 0;
 }
 
 /// CPU time this process has used (user + system, all threads), seconds.
@@ -67,6 +58,7 @@ int resolve_threads(int workers) {
 
 struct Args {
   std::string data;
+  std::string index_cache;
   std::vector<int> workers{0};
   int64_t batch_size = 256;
   int image_size = 224;
@@ -127,13 +119,13 @@ class Dumper {
     std::vector<uint8_t> bytes;
     for (int64_t k = 0; k < b.size; ++k) {
       const int64_t index = b.indices[static_cast<size_t>(k)];
-      const auto& ref = ds_.at(index);
-      decode::read_file(ref.path, bytes);
-      const loader::PlannedSample p =
-          loader::plan_for(decode::probe(bytes, ref.path.string()), o_, epoch_, index);
+      const loader::SampleRef ref = ds_.at(index);
+      const std::string path = ref.source();
+      loader::read_sample(ref, bytes);
+      const loader::PlannedSample p = loader::plan_for(decode::probe(bytes, path), o_, epoch_, index);
       const auto& r = p.plan.region;
       const auto& c = p.decode.crop;
-      samples_.push_back({{"index", index}, {"path", ref.path.string()}, {"label", b.labels[k]},
+      samples_.push_back({{"index", index}, {"path", path}, {"label", b.labels[k]},
                           {"box", {p.plan.box.x, p.plan.box.y, p.plan.box.width, p.plan.box.height}},
                           {"region", {r.x0, r.y0, r.x1, r.y1}}, {"flip", p.plan.flip},
                           {"scale", p.decode.scale.num},
@@ -373,7 +365,13 @@ std::string describe(const nlohmann::json& r) {
 
 Run add_bench(CLI::App& app) {
   auto a = std::make_shared<Args>();
-  app.add_option("--data", a->data, "ImageFolder root, flat image folder or file list")->required();
+  app.add_option("--data", a->data,
+                 "ImageFolder root, flat image folder, file list, or WebDataset tar shards "
+                 "('dir/train-{000000..000146}.tar', a folder of .tar files, a list of .tar paths)")
+      ->required();
+  app.add_option("--index-cache", a->index_cache,
+                 "where the dataset's listing is cached: a folder, 'off', or unset for beside the "
+                 "dataset when writable");
   app.add_option("--num-workers", a->workers,
                  "loader threads (0 = all); a list such as 1,2,4 runs once per count: a thread-scaling "
                  "curve (--json, then tools/plot.py --bench)")
@@ -410,15 +408,15 @@ Run add_bench(CLI::App& app) {
   auto finish_augment = add_augment_options(app, a->augment);
   return [a, finish_augment] {
     finish_augment();
-    std::shared_ptr<const loader::Dataset> ds = loader::open_dataset(a->data);
+    std::shared_ptr<const loader::Dataset> ds = loader::open_dataset(a->data, {.index_cache = a->index_cache});
     // The floors decode from memory: read every file once, before any timing.
     std::vector<std::vector<uint8_t>> files;
     std::vector<std::string> names;
     if (a->mode != "loader") {
       files.resize(static_cast<size_t>(ds->size()));
       for (int64_t i = 0; i < ds->size(); ++i) {
-        names.push_back(ds->at(i).path.string());
-        decode::read_file(ds->at(i).path, files[static_cast<size_t>(i)]);
+        names.push_back(ds->at(i).source());
+        loader::read_sample(ds->at(i), files[static_cast<size_t>(i)]);
       }
     }
     // Let the floors' arenas have as many threads as asked for (oneTBB defaults to the cores).

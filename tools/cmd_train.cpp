@@ -227,8 +227,11 @@ Run add_train(CLI::App& app) {
     (*s)[name] = def;
     return app.add_option(name, (*s)[name], help);
   };
-  str("--data", "training set: ImageFolder root, flat folder of <class>_*.jpg, or file list")->required();
+  str("--data", "training set: ImageFolder root, flat folder of <class>_*.jpg, file list, or WebDataset "
+      "tar shards ('dir/train-{000000..000146}.tar', a folder of .tar files, a list of .tar paths)")->required();
   str("--val-data", "validation set, same classes (evaluated after every epoch)");
+  str("--index-cache", "where the datasets' listings are cached: a folder, 'off', or unset for beside "
+      "each dataset when writable");
   app.add_option("--arch", o->arch, "resnet18, resnet34, resnet50, resnet101, resnet152")->capture_default_str();
   app.add_option("--epochs", o->epochs)->capture_default_str()->check(kAtLeastOne);
   app.add_option("--batch-size", o->batch_size, "per process and micro-batch")->capture_default_str()->check(kAtLeastOne);
@@ -359,6 +362,7 @@ Run add_train(CLI::App& app) {
     };
     o->data = get("--data");
     o->val_data = path("--val-data");
+    o->index_cache = get("--index-cache");
     o->checkpoint = path("--checkpoint");
     o->save_checkpoint = path("--save-checkpoint");
     o->resume = path("--resume");

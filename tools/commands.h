@@ -28,5 +28,6 @@ Run add_make_dataset(CLI::App& app);
 Run add_launch(CLI::App& app);
 Run add_ckpt(CLI::App& app);
 Run add_inspect(CLI::App& app);
+Run add_index(CLI::App& app);
 
 }  // namespace gpufeed::tools

@@ -21,7 +21,7 @@ if [ ! -f "$BUILD/build.ninja" ]; then
   cmake -S tests/fuzz -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
 fi
-cmake --build "$BUILD" -j "$(nproc)" --target fuzz_decode fuzz_seeds
+cmake --build "$BUILD" -j "$(nproc)" --target fuzz_decode fuzz_seeds fuzz_tar
 
 SEEDS="$BUILD/seeds"
 CORPUS="$BUILD/corpus"  # grows across runs on the same machine
@@ -41,3 +41,21 @@ echo "fuzz: running fuzz_decode for ${SECONDS_TO_RUN} s (${JOBS} job(s))"
 "$BUILD/fuzz_decode" -max_total_time="$SECONDS_TO_RUN" -max_len=65536 -timeout=10 \
   -rss_limit_mb=3072 -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/" \
   "${PARALLEL[@]}" "${DIRS[@]}"
+
+# The tar shard indexer (loader/shards.h), seeded with a small WebDataset-style shard (ustar, a
+# pax long name, a label) written by GNU tar.
+TAR_SEEDS="$BUILD/seeds_tar"
+TAR_CORPUS="$BUILD/corpus_tar"
+rm -rf "$TAR_SEEDS"
+mkdir -p "$TAR_SEEDS/files/sub" "$TAR_CORPUS"
+printf 'JPEG' > "$TAR_SEEDS/files/sub/a.jpg"
+printf '3\n' > "$TAR_SEEDS/files/sub/a.cls"
+printf 'x' > "$TAR_SEEDS/files/$(printf 'n%.0s' $(seq 120)).png"
+printf '1' > "$TAR_SEEDS/files/$(printf 'n%.0s' $(seq 120)).cls"
+tar --format=pax -cf "$TAR_SEEDS/seed.tar" -C "$TAR_SEEDS/files" .
+tar --format=gnu -cf "$TAR_SEEDS/seed_gnu.tar" -C "$TAR_SEEDS/files" .
+rm -rf "$TAR_SEEDS/files"
+echo "fuzz: running fuzz_tar for ${SECONDS_TO_RUN} s (${JOBS} job(s))"
+"$BUILD/fuzz_tar" -max_total_time="$SECONDS_TO_RUN" -max_len=16384 -timeout=10 \
+  -rss_limit_mb=3072 -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/" \
+  "${PARALLEL[@]}" "$TAR_CORPUS" "$TAR_SEEDS"

@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
       gpufeed::tools::add_ckpt);
   add("make-dataset", "write a synthetic ImageFolder of learnable JPEGs",
       gpufeed::tools::add_make_dataset);
+  add("index", "list a dataset, write or read its index cache; time and memory of the sample table",
+      gpufeed::tools::add_index);
   add("inspect", "what the decoder makes of image files: format, header, result, per-kind counts",
       gpufeed::tools::add_inspect);
   CLI11_PARSE(app, argc, argv);

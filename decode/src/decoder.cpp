@@ -212,15 +212,19 @@ ScaleFactor choose_scale(const ImageInfo& info, const CropRect& crop, int out_wi
 }
 
 void read_file(const std::filesystem::path& path, std::vector<uint8_t>& out) {
+  read_file(path.c_str(), out);
+}
+
+void read_file(const char* path, std::vector<uint8_t>& out) {
   const auto os_error = [&](std::string_view what) {
     const int err = errno;
     detail::fail(
-        ErrorKind::kIo, path.string(),
+        ErrorKind::kIo, path,
         fmt::format("{}: {}", what, std::error_code(err, std::generic_category()).message()));
   };
   // O_NONBLOCK: opening a FIFO that has no writer would otherwise block forever (it has no
   // effect on regular files, the only kind read below).
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) os_error("cannot open");
   struct Closer {
     int fd;
@@ -234,7 +238,7 @@ void read_file(const std::filesystem::path& path, std::vector<uint8_t>& out) {
   }
   // A FIFO can hang and a device (/dev/zero) never ends: a dataset's samples are regular files.
   if (!S_ISREG(st.st_mode))
-    detail::fail(ErrorKind::kIo, path.string(),
+    detail::fail(ErrorKind::kIo, path,
                  S_ISFIFO(st.st_mode)  ? "not a regular file (a FIFO)"
                  : S_ISCHR(st.st_mode) ? "not a regular file (a character device)"
                  : S_ISBLK(st.st_mode) ? "not a regular file (a block device)"

@@ -237,7 +237,7 @@ void Trainer::Impl::setup_devices() {
 
 void Trainer::Impl::build_data() {
   const TrainOptions& o = options;
-  train_set = loader::open_dataset(o.data);
+  train_set = loader::open_dataset(o.data, {.index_cache = o.index_cache});
   if (o.ra_sampler) {
     sampler::RASamplerOptions ra;  // the references' RASampler: shuffled, seed + epoch
     ra.num_replicas = world;
@@ -259,7 +259,7 @@ void Trainer::Impl::build_data() {
     train_sampler = std::make_shared<sampler::DistributedSampler>(train_set->size(), so);
   }
   if (o.val_data) {  // before any training, not after the first epoch
-    val_set = loader::open_dataset(*o.val_data);
+    val_set = loader::open_dataset(*o.val_data, {.index_cache = o.index_cache});
     check_same_classes(*val_set, *o.val_data, *train_set, o.data);
   }
   const bool forced_drop = !o.drop_last && !o.freeze_bn && train_sampler->size() % o.batch_size == 1;

@@ -1,72 +1,309 @@
 #include "gpufeed/loader/dataset.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <thread>
 #include <cctype>
-#include <fstream>
+#include <cerrno>
+#include <charconv>
+#include <climits>
+#include <cstring>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <system_error>
 #include <utility>
 
-#include <sys/stat.h>
-
+#include "gpufeed/decode/decoder.h"
+#include "gpufeed/decode/error.h"
+#include "gpufeed/loader/shards.h"
 #include "gpufeed/log.h"
+#include "index_cache.h"
 
 namespace gpufeed::loader {
 namespace fs = std::filesystem;
 namespace {
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
+std::runtime_error cannot_list(const std::string& dir, int err) {
+  return std::runtime_error("cannot list " + dir + ": " + std::error_code(err, std::generic_category()).message());
 }
 
-bool has_extension(const fs::path& p, const std::vector<std::string>& exts) {
-  // torchvision: filename.lower().endswith(extensions)
-  const std::string name = lower(p.filename().string());
+// torchvision: filename.lower().endswith(extensions); `exts` are lower case.
+bool has_extension(std::string_view name, const std::vector<std::string>& exts) {
   return std::any_of(exts.begin(), exts.end(), [&](const std::string& e) {
-    return name.size() >= e.size() && name.compare(name.size() - e.size(), e.size(), e) == 0;
+    if (name.size() < e.size()) return false;
+    const char* tail = name.data() + name.size() - e.size();
+    for (size_t i = 0; i < e.size(); ++i) {
+      if (std::tolower(static_cast<unsigned char>(tail[i])) != static_cast<unsigned char>(e[i])) return false;
+    }
+    return true;
   });
 }
 
-void walk(const fs::path& dir, const std::vector<std::string>& extensions, bool follow_symlinks,
-          std::set<std::pair<dev_t, ino_t>>& seen,
-          std::vector<std::pair<std::string, std::string>>& found) {
-  const auto cannot = [](const fs::path& d, const std::error_code& ec) {
-    return std::runtime_error("cannot list " + d.string() + ": " + ec.message());
-  };
-  std::error_code ec;
-  fs::directory_iterator it(dir, ec);
-  if (ec) throw cannot(dir, ec);
-  std::vector<fs::path> subdirs;
-  for (const fs::directory_iterator end; it != end; it.increment(ec)) {
-    std::error_code sec;
-    if (it->is_directory(sec)) {  // follows a symlink
-      if (follow_symlinks || !it->is_symlink(sec)) subdirs.push_back(it->path());
-      continue;
-    }
-    if (extensions.empty() || has_extension(it->path(), extensions))
-      found.emplace_back(dir.string(), it->path().filename().string());
+std::string join(std::string_view dir, std::string_view name) {
+  std::string s;
+  s.reserve(dir.size() + 1 + name.size());
+  s.append(dir);
+  if (!dir.empty() && dir.back() != '/') s.push_back('/');
+  s.append(name);
+  return s;
+}
+
+// One folder's accepted file names, NUL-separated in one string (no string per file).
+struct Group {
+  std::string dir;
+  std::string names;
+  std::vector<uint32_t> starts;
+  size_t count() const { return starts.size(); }
+  std::string_view name(size_t i) const {
+    return {names.data() + starts[i], (i + 1 < starts.size() ? starts[i + 1] : names.size()) - starts[i] - 1};
   }
-  if (ec) throw cannot(dir, ec);
-  for (const fs::path& sub : subdirs) {
-    struct stat st {};
-    if (::stat(sub.c_str(), &st) != 0) throw cannot(sub, std::error_code(errno, std::generic_category()));
-    const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
-    if (seen.count(id)) {
-      gpufeed::log()->warn("{}: links back to a folder above it (a symlink loop): not descended into",
-                           sub.string());
-      continue;
+  void sort() {
+    std::vector<uint32_t> order(starts.size());
+    for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return name(a) < name(b); });
+    std::string sorted;
+    sorted.reserve(names.size());
+    std::vector<uint32_t> s2;
+    s2.reserve(starts.size());
+    for (uint32_t i : order) {
+      s2.push_back(static_cast<uint32_t>(sorted.size()));
+      sorted.append(name(i));
+      sorted.push_back('\0');
     }
-    seen.insert(id);  // `seen` holds the folders from the root down to this one
-    walk(sub, extensions, follow_symlinks, seen, found);
-    seen.erase(id);
+    names = std::move(sorted);
+    starts = std::move(s2);
+  }
+};
+
+// A folder entry's kind: readdir's d_type, or stat() when the file system does not say or the
+// entry is a symlink (which is followed, as os.walk(followlinks=True) and is_directory() do).
+enum class Kind { kFolder, kLinkedFolder, kOther };
+Kind kind_of(const std::string& dir, const dirent* e) {
+  if (e->d_type == DT_DIR) return Kind::kFolder;
+  if (e->d_type != DT_LNK && e->d_type != DT_UNKNOWN) return Kind::kOther;
+  const std::string full = join(dir, e->d_name);
+  struct stat st {};
+  if (::stat(full.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return Kind::kOther;
+  if (e->d_type == DT_LNK) return Kind::kLinkedFolder;
+  struct stat lst {};
+  return ::lstat(full.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode) ? Kind::kLinkedFolder : Kind::kFolder;
+}
+
+// Calls `entry(name, kind)` for each entry of `dir` but "." and "..". Throws naming the folder
+// when it cannot be opened or read.
+template <class F>
+void for_each_entry(const std::string& dir, F&& entry) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) throw cannot_list(dir, errno);
+  struct Closer {
+    DIR* d;
+    ~Closer() { ::closedir(d); }
+  } closer{d};
+  for (;;) {
+    errno = 0;
+    const dirent* e = ::readdir(d);
+    if (e == nullptr) {
+      if (errno != 0) throw cannot_list(dir, errno);
+      break;
+    }
+    if (e->d_name[0] == '.' && (e->d_name[1] == '\0' || (e->d_name[1] == '.' && e->d_name[2] == '\0'))) continue;
+    entry(std::string_view(e->d_name), e);
   }
 }
 
+// The recursive walk of one folder (torchvision's os.walk(followlinks=True) of a class folder).
+struct Walk {
+  const std::vector<std::string>& extensions;
+  bool follow_symlinks;
+  std::vector<detail::Dependency>* deps;  // every folder read, for the index cache; may be null
+  std::set<std::pair<dev_t, ino_t>> seen;  // the folders from the walk's root down to the current one
+  std::vector<Group> groups;
+
+  void folder(const std::string& dir) {
+    Group g;
+    g.dir = dir;
+    std::vector<std::string> subdirs;
+    for_each_entry(dir, [&](std::string_view name, const dirent* e) {
+      const Kind k = kind_of(dir, e);
+      if (k != Kind::kOther) {
+        if (follow_symlinks || k == Kind::kFolder) subdirs.push_back(join(dir, name));
+        return;
+      }
+      if (!extensions.empty() && !has_extension(name, extensions)) return;
+      g.starts.push_back(static_cast<uint32_t>(g.names.size()));
+      g.names.append(name);
+      g.names.push_back('\0');
+    });
+    if (g.count() > 0) groups.push_back(std::move(g));
+    for (const std::string& sub : subdirs) {
+      struct stat st {};
+      if (::stat(sub.c_str(), &st) != 0) throw cannot_list(sub, errno);
+      const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
+      if (seen.count(id)) {
+        gpufeed::log()->warn("{}: links back to a folder above it (a symlink loop): not descended into", sub);
+        continue;
+      }
+      if (deps) deps->push_back(detail::dependency_of(sub, st));
+      seen.insert(id);
+      folder(sub);
+      seen.erase(id);
+    }
+  }
+
+  // Starts at `dir` (stat'ed by the caller) and leaves the groups in torchvision's order: folders
+  // sorted by path, file names sorted within each (byte order).
+  void run(const std::string& dir, const struct stat& st) {
+    seen.emplace(st.st_dev, st.st_ino);
+    folder(dir);
+    std::sort(groups.begin(), groups.end(), [](const Group& a, const Group& b) { return a.dir < b.dir; });
+    for (Group& g : groups) g.sort();
+  }
+};
+
+std::string options_key(const ImageFolderOptions& o) {
+  std::string k = o.follow_symlinks ? "follow;" : "nofollow;";
+  for (const auto& e : o.extensions) k += e + ";";
+  return k;
+}
+
+// Reads the classes and the table from `cache` when it matches `key`; else leaves them empty.
+bool read_cached_list(const std::optional<fs::path>& cache, const detail::CacheKey& key,
+                      std::vector<std::string>& classes, SampleTable& table) {
+  if (cache && detail::read_cache(*cache, key, [&](detail::CacheReader& in) {
+        classes = in.strings();
+        detail::read_table(in, table);
+      }))
+    return true;
+  classes.clear();
+  table = SampleTable();
+  return false;
+}
+
+void write_cached_list(const std::optional<fs::path>& cache, const detail::CacheKey& key,
+                       const std::vector<detail::Dependency>& deps, int64_t started,
+                       const std::vector<std::string>& classes, const SampleTable& table) {
+  if (!cache) return;
+  detail::write_cache(*cache, key, deps, started, [&](detail::CacheWriter& out) {
+    out.strings(classes);
+    detail::write_table(out, table);
+  });
+}
+
+std::vector<std::string> lowered(std::vector<std::string> exts) {
+  for (std::string& e : exts)
+    std::transform(e.begin(), e.end(), e.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return exts;
+}
+
 }  // namespace
+
+// ---- SampleRef
+
+void SampleRef::source(std::string& out) const {
+  out.assign(path);
+  if (!member.empty()) {
+    out.push_back(':');
+    out.append(member);
+  }
+}
+
+std::string SampleRef::source() const {
+  std::string s;
+  source(s);
+  return s;
+}
+
+void read_sample(const SampleRef& s, std::vector<uint8_t>& out) {
+  if (s.size < 0) {
+    decode::read_file(s.path.data(), out);  // NUL-terminated in the dataset's table
+    return;
+  }
+  const auto fail = [&](const std::string& reason) {
+    throw decode::DecodeError(decode::ErrorKind::kIo, s.source(), reason);
+  };
+  const auto os_reason = [] { return std::error_code(errno, std::generic_category()).message(); };
+  const int fd = ::open(s.path.data(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) fail("cannot open " + std::string(s.path) + ": " + os_reason());
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  out.resize(static_cast<size_t>(s.size));
+  size_t got = 0;
+  while (got < out.size()) {
+    const ssize_t n = ::pread(fd, out.data() + got, out.size() - got, static_cast<off_t>(s.offset) + static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("read failed: " + os_reason());
+    if (n == 0)
+      fail("the archive ends " + std::to_string(s.size - static_cast<int64_t>(got)) +
+           " bytes before the member does (cut short since it was indexed)");
+    got += static_cast<size_t>(n);
+  }
+}
+
+// ---- SampleTable
+
+void SampleTable::add(std::string_view path, int64_t label) { add_joined({}, path, label); }
+
+void SampleTable::add_joined(std::string_view dir, std::string_view name, int64_t label) {
+  if (label < 0 || label > INT32_MAX)
+    throw std::invalid_argument("sample label " + std::to_string(label) + " is outside 0.." + std::to_string(INT32_MAX));
+  if (dir.find('\0') != std::string_view::npos || name.find('\0') != std::string_view::npos)
+    throw std::invalid_argument("a sample path holds a NUL byte");
+  offsets_.push_back(arena_.size());
+  arena_.insert(arena_.end(), dir.begin(), dir.end());
+  if (!dir.empty() && dir.back() != '/') arena_.push_back('/');
+  arena_.insert(arena_.end(), name.begin(), name.end());
+  arena_.push_back('\0');
+  labels_.push_back(static_cast<int32_t>(label));
+}
+
+void SampleTable::reserve(int64_t samples, int64_t path_bytes) {
+  arena_.reserve(static_cast<size_t>(path_bytes + samples));
+  offsets_.reserve(static_cast<size_t>(samples));
+  labels_.reserve(static_cast<size_t>(samples));
+}
+
+void SampleTable::shrink_to_fit() {
+  arena_.shrink_to_fit();
+  offsets_.shrink_to_fit();
+  labels_.shrink_to_fit();
+}
+
+void SampleTable::assign(std::vector<char> arena, std::vector<uint64_t> offsets, std::vector<int32_t> labels) {
+  if (offsets.size() != labels.size()) throw std::runtime_error("sample table: offsets and labels differ in count");
+  uint64_t expect = 0;
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    const uint64_t end = i + 1 < offsets.size() ? offsets[i + 1] : arena.size();
+    if (offsets[i] != expect || end <= offsets[i] || end > arena.size() || arena[end - 1] != '\0' ||
+        std::memchr(arena.data() + offsets[i], '\0', end - offsets[i] - 1) != nullptr || labels[i] < 0)
+      throw std::runtime_error("sample table: entry " + std::to_string(i) + " is inconsistent");
+    expect = end;
+  }
+  if (expect != arena.size()) throw std::runtime_error("sample table: path bytes after the last entry");
+  arena_ = std::move(arena);
+  offsets_ = std::move(offsets);
+  labels_ = std::move(labels);
+}
+
+SampleRef SampleList::at(int64_t i) const {
+  if (i < 0 || i >= size()) {
+    throw std::out_of_range("dataset index " + std::to_string(i) + " out of range [0, " +
+                            std::to_string(size()) + ")");
+  }
+  SampleRef r;
+  r.path = table_.path(i);
+  r.label = table_.label(i);
+  return r;
+}
+
+// ---- listing
 
 const std::vector<std::string>& default_image_extensions() {
   static const std::vector<std::string> exts = {".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm",
@@ -76,99 +313,211 @@ const std::vector<std::string>& default_image_extensions() {
 
 std::vector<fs::path> list_files(const fs::path& dir, const std::vector<std::string>& extensions,
                                 bool follow_symlinks) {
-  std::set<std::pair<dev_t, ino_t>> seen;
+  const std::vector<std::string> exts = lowered(extensions);
+  Walk w{exts, follow_symlinks, nullptr, {}, {}};
   struct stat st {};
-  if (::stat(dir.c_str(), &st) == 0) seen.emplace(st.st_dev, st.st_ino);
-  std::vector<std::pair<std::string, std::string>> found;  // (folder, file name)
-  walk(dir, extensions, follow_symlinks, seen, found);
-  std::sort(found.begin(), found.end());
+  if (::stat(dir.c_str(), &st) != 0) throw cannot_list(dir.string(), errno);
+  w.run(dir.string(), st);
   std::vector<fs::path> out;
-  out.reserve(found.size());
-  for (auto& [folder, name] : found) out.push_back(fs::path(folder) / name);
+  for (const Group& g : w.groups)
+    for (size_t i = 0; i < g.count(); ++i) out.push_back(fs::path(g.dir) / g.name(i));
   return out;
 }
 
 ImageFolder::ImageFolder(const fs::path& root, ImageFolderOptions options) : root_(root) {
-  std::error_code ec;
-  if (!fs::is_directory(root, ec)) {
+  struct stat root_st {};
+  if (::stat(root.c_str(), &root_st) != 0 || !S_ISDIR(root_st.st_mode)) {
     throw std::runtime_error("ImageFolder: " + root.string() + " is not a folder");
   }
-  for (const auto& entry : fs::directory_iterator(root)) {
-    if (entry.is_directory()) classes_.push_back(entry.path().filename().string());
+  const int64_t started = detail::wall_clock_ns();
+  const std::vector<std::string> exts = lowered(options.extensions);
+  // The key holds the root as given too: the sample paths are built from that text.
+  const detail::CacheKey key{"ImageFolder", detail::absolute_source(root),
+                             detail::without_trailing_separator(root) + ";" + options_key(options)};
+  const auto cache = detail::cache_file(options.index_cache, root);
+  if ((from_cache_ = read_cached_list(cache, key, classes_, table_))) return;
+
+  std::vector<detail::Dependency> deps{detail::dependency_of(root.string(), root_st)};
+  const std::string root_text = root.string();
+  try {
+    for_each_entry(root_text, [&](std::string_view name, const dirent* e) {
+      if (kind_of(root_text, e) != Kind::kOther) classes_.emplace_back(name);
+    });
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("ImageFolder: ") + e.what());
   }
   std::sort(classes_.begin(), classes_.end());
   if (classes_.empty()) {
     throw std::runtime_error("ImageFolder: couldn't find any class folder in " + root.string());
   }
+  // Every class is listed first (on up to 8 threads: folders are independent, and most of the
+  // time is the kernel's getdents), then the table is filled at its exact size: no growth copies.
+  const size_t n = classes_.size();
+  std::vector<std::vector<Group>> per_class(n);
+  std::vector<std::vector<detail::Dependency>> class_deps(n);
+  std::vector<std::exception_ptr> errors(n);
+  std::atomic<size_t> next{0};
+  const auto work = [&] {
+    for (size_t label; (label = next.fetch_add(1)) < n;) {
+      try {
+        const std::string dir = (root / classes_[label]).string();
+        struct stat st {};
+        if (::stat(dir.c_str(), &st) != 0) throw cannot_list(dir, errno);
+        class_deps[label].push_back(detail::dependency_of(dir, st));
+        Walk w{exts, options.follow_symlinks, &class_deps[label], {}, {}};
+        w.run(dir, st);
+        if (w.groups.empty()) {
+          throw std::runtime_error("found no valid file for the class " + classes_[label] + " in " + dir);
+        }
+        per_class[label] = std::move(w.groups);
+      } catch (...) {
+        errors[label] = std::current_exception();
+      }
+    }
+  };
+  {
+    const size_t threads = std::min<size_t>({8, std::max(1u, std::thread::hardware_concurrency()), n});
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
+  }
+  int64_t samples = 0, path_bytes = 0;
+  for (size_t label = 0; label < n; ++label) {
+    if (errors[label]) {  // the first failing class in label order, whatever the threads did
+      try {
+        std::rethrow_exception(errors[label]);
+      } catch (const std::runtime_error& e) {
+        throw std::runtime_error(std::string("ImageFolder: ") + e.what());
+      }
+    }
+    deps.insert(deps.end(), class_deps[label].begin(), class_deps[label].end());
+    for (const Group& g : per_class[label]) {
+      samples += static_cast<int64_t>(g.count());
+      path_bytes += static_cast<int64_t>(g.names.size() - g.count()) + static_cast<int64_t>((g.dir.size() + 1) * g.count());
+    }
+  }
+  table_.reserve(samples, path_bytes);
   for (size_t label = 0; label < classes_.size(); ++label) {
-    std::vector<fs::path> files;
-    try {
-      files = list_files(root / classes_[label], options.extensions, options.follow_symlinks);
-    } catch (const std::runtime_error& e) {
-      throw std::runtime_error(std::string("ImageFolder: ") + e.what());
-    }
-    if (files.empty()) {
-      throw std::runtime_error("ImageFolder: found no valid file for the class " + classes_[label] +
-                               " in " + (root / classes_[label]).string());
-    }
-    for (const auto& f : files) samples_.push_back({f, static_cast<int64_t>(label)});
+    for (const Group& g : per_class[label])
+      for (size_t i = 0; i < g.count(); ++i) table_.add_joined(g.dir, g.name(i), static_cast<int64_t>(label));
+    std::vector<Group>().swap(per_class[label]);
   }
+  write_cached_list(cache, key, deps, started, classes_, table_);
 }
 
-const SampleRef& SampleList::at(int64_t i) const {
-  if (i < 0 || i >= size()) {
-    throw std::out_of_range("dataset index " + std::to_string(i) + " out of range [0, " +
-                            std::to_string(size()) + ")");
+// ---- file lists
+
+namespace {
+
+// Calls `line(text, lineno)` for each line of the file (without its '\n'), reading it in blocks
+// so that a large list is never held whole in memory.
+template <class F>
+void for_each_line(int fd, const fs::path& file, F&& line) {
+  if (::lseek(fd, 0, SEEK_SET) != 0) throw std::runtime_error("FileList: cannot read " + file.string());
+  std::string buf, carry;
+  buf.resize(1 << 20);
+  int64_t lineno = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      throw std::runtime_error("FileList: cannot read " + file.string() + ": " +
+                               std::error_code(errno, std::generic_category()).message());
+    if (n == 0) break;
+    std::string_view block(buf.data(), static_cast<size_t>(n));
+    for (;;) {
+      const size_t nl = block.find('\n');
+      if (nl == std::string_view::npos) {
+        carry.append(block);
+        break;
+      }
+      if (!carry.empty()) {
+        carry.append(block.substr(0, nl));
+        line(std::string_view(carry), ++lineno);
+        carry.clear();
+      } else {
+        line(block.substr(0, nl), ++lineno);
+      }
+      block.remove_prefix(nl + 1);
+    }
   }
-  return samples_[static_cast<size_t>(i)];
+  if (!carry.empty()) line(std::string_view(carry), ++lineno);
 }
 
-FileList::FileList(const fs::path& list_file, const fs::path& root) {
-  std::ifstream in(list_file);
-  if (!in) throw std::runtime_error("FileList: cannot open " + list_file.string());
-  std::string line;
-  int64_t max_label = -1;
-  for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
-    while (!line.empty() && (line.back() == '\r' || std::isspace(static_cast<unsigned char>(line.back())))) {
-      line.pop_back();
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f'; }
+
+}  // namespace
+
+FileList::FileList(const fs::path& list_file, const fs::path& root, const IndexCacheOptions& cache_options) {
+  const int fd = ::open(list_file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("FileList: cannot open " + list_file.string());
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  const int64_t started = detail::wall_clock_ns();
+  if (::fstat(fd, &st) != 0) throw std::runtime_error("FileList: cannot stat " + list_file.string());
+  const detail::CacheKey key{"FileList", detail::absolute_source(list_file), root.string()};
+  const auto cache = detail::cache_file(cache_options.index_cache, list_file);
+  if ((from_cache_ = read_cached_list(cache, key, classes_, table_))) return;
+
+  const std::string root_text = root.string();
+  int64_t samples = 0, path_bytes = 0, max_label = -1;
+  // Two passes: count (and check every line), then fill the table at its exact size.
+  for (int pass = 0; pass < 2; ++pass) {
+    for_each_line(fd, list_file, [&](std::string_view line, int64_t lineno) {
+      while (!line.empty() && is_space(line.back())) line.remove_suffix(1);
+      while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+      if (line.empty() || line.front() == '#') return;
+      const size_t split = line.find_last_of(" \t");
+      const auto where = [&] { return list_file.string() + ":" + std::to_string(lineno); };
+      if (split == std::string_view::npos) {
+        throw std::runtime_error("FileList: " + where() + ": expected '<path> <label>', got '" + std::string(line) + "'");
+      }
+      std::string_view path_part = line.substr(0, split);
+      while (!path_part.empty() && is_space(path_part.back())) path_part.remove_suffix(1);
+      const std::string_view label_part = line.substr(split + 1);
+      int64_t label = 0;
+      const auto [end, ec] = std::from_chars(label_part.data(), label_part.data() + label_part.size(), label);
+      if (ec != std::errc() || end != label_part.data() + label_part.size()) {
+        throw std::runtime_error("FileList: " + where() + ": label '" + std::string(label_part) + "' is not an integer");
+      }
+      if (label < 0) throw std::runtime_error("FileList: " + where() + ": negative label " + std::string(label_part));
+      if (label > INT32_MAX) throw std::runtime_error("FileList: " + where() + ": label " + std::string(label_part) + " is over 2^31-1");
+      const bool absolute = path_part.front() == '/';
+      if (pass == 0) {
+        ++samples;
+        path_bytes += static_cast<int64_t>(path_part.size() + (absolute ? 0 : root_text.size() + 1));
+        max_label = std::max(max_label, label);
+      } else {
+        table_.add_joined(absolute ? std::string_view() : std::string_view(root_text), path_part, label);
+      }
+    });
+    if (pass == 0) {
+      if (samples == 0) throw std::runtime_error("FileList: " + list_file.string() + " lists no samples");
+      table_.reserve(samples, path_bytes);
     }
-    size_t start = line.find_first_not_of(" \t");
-    if (start == std::string::npos || line[start] == '#') continue;
-    const size_t split = line.find_last_of(" \t");
-    const auto where = [&] { return list_file.string() + ":" + std::to_string(lineno); };
-    if (split == std::string::npos || split <= start) {
-      throw std::runtime_error("FileList: " + where() + ": expected '<path> <label>', got '" + line + "'");
-    }
-    std::string path_part = line.substr(start, split - start);
-    while (!path_part.empty() && std::isspace(static_cast<unsigned char>(path_part.back()))) path_part.pop_back();
-    const std::string label_part = line.substr(split + 1);
-    int64_t label = 0;
-    try {
-      size_t used = 0;
-      label = std::stoll(label_part, &used);
-      if (used != label_part.size()) throw std::invalid_argument(label_part);
-    } catch (const std::exception&) {
-      throw std::runtime_error("FileList: " + where() + ": label '" + label_part + "' is not an integer");
-    }
-    if (label < 0) throw std::runtime_error("FileList: " + where() + ": negative label " + label_part);
-    fs::path p(path_part);
-    samples_.push_back({p.is_absolute() ? p : root / p, label});
-    max_label = std::max(max_label, label);
   }
-  if (samples_.empty()) throw std::runtime_error("FileList: " + list_file.string() + " lists no samples");
   for (int64_t c = 0; c <= max_label; ++c) classes_.push_back(std::to_string(c));
+  write_cached_list(cache, key, {detail::dependency_of(list_file.string(), st)}, started, classes_, table_);
 }
 
 FlatFolder::FlatFolder(const fs::path& root, ImageFolderOptions options) {
+  const std::vector<std::string> exts = lowered(options.extensions);
+  const std::string dir = root.string();
   std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    std::error_code sec;
-    if (entry.is_regular_file(sec) && has_extension(entry.path(), options.extensions)) {
-      names.push_back(entry.path().filename().string());
-    }
+  try {
+    for_each_entry(dir, [&](std::string_view name, const dirent* e) {
+      if (e->d_type == DT_DIR) return;
+      struct stat st {};
+      const bool regular = e->d_type == DT_REG || (::stat(join(dir, name).c_str(), &st) == 0 && S_ISREG(st.st_mode));
+      if (regular && has_extension(name, exts)) names.emplace_back(name);
+    });
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("FlatFolder: ") + e.what());
   }
-  if (ec) throw std::runtime_error("FlatFolder: cannot list " + root.string() + ": " + ec.message());
   if (names.empty()) throw std::runtime_error("FlatFolder: no image file in " + root.string());
   std::sort(names.begin(), names.end());
   auto class_of = [](const std::string& name) {
@@ -180,21 +529,27 @@ FlatFolder::FlatFolder(const fs::path& root, ImageFolderOptions options) {
   classes_.erase(std::unique(classes_.begin(), classes_.end()), classes_.end());
   for (const auto& n : names) {
     const auto it = std::lower_bound(classes_.begin(), classes_.end(), class_of(n));
-    samples_.push_back({root / n, static_cast<int64_t>(it - classes_.begin())});
+    table_.add_joined(dir, n, static_cast<int64_t>(it - classes_.begin()));
   }
+  table_.shrink_to_fit();
 }
 
-std::shared_ptr<Dataset> open_dataset(const fs::path& path) {
+std::shared_ptr<Dataset> open_dataset(const fs::path& path, const IndexCacheOptions& cache) {
+  if (auto shards = shard_paths(path)) return std::make_shared<TarShards>(std::move(*shards), path, cache);
   std::error_code ec;
   if (fs::is_regular_file(path, ec)) {
-    return std::make_shared<FileList>(path, path.parent_path());
+    return std::make_shared<FileList>(path, path.parent_path(), cache);
   }
   if (!fs::is_directory(path, ec)) {
     throw std::runtime_error("open_dataset: " + path.string() + " is neither a file list nor a folder");
   }
   for (const auto& entry : fs::directory_iterator(path)) {
     std::error_code sec;
-    if (entry.is_directory(sec)) return std::make_shared<ImageFolder>(path);
+    if (entry.is_directory(sec)) {
+      ImageFolderOptions o;
+      o.index_cache = cache.index_cache;
+      return std::make_shared<ImageFolder>(path, o);
+    }
   }
   return std::make_shared<FlatFolder>(path);
 }

@@ -95,11 +95,11 @@ SampleCost transform_into(const SampleRef& ref, int64_t index, int64_t epoch,
   cost.index = index;
   cost.epoch = epoch;
   cost.start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count();
-  decode::read_file(ref.path, w.bytes);
+  read_sample(ref, w.bytes);
   cost.read_ns = lap_ns(t0);  // stages back to back, so a trace's spans nest exactly
   cost.bytes = static_cast<int64_t>(w.bytes.size());
 
-  w.source.assign(ref.path.native());
+  ref.source(w.source);
   const PlannedSample p = plan_for(decode::probe(w.bytes, w.source), o, epoch, index);
   const decode::DecodeResult decoded = w.decoder.decode(w.bytes, w.source, p.decode, w.image);
   cost.decode_ns = lap_ns(t0);
@@ -483,7 +483,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
 
   // Loads dataset sample `index` into position k of the batch's slot; throws what loading throws.
   void load_into(InFlight& f, size_t k, int64_t index, int64_t ep) {
-    const SampleRef& ref = dataset->at(index);
+    const SampleRef ref = dataset->at(index);
     counters.account(transform_into(ref, index, ep, options,
                                     f.slot->images + static_cast<size_t>(sample_bytes) * k));
     f.slot->labels[k] = ref.label;
@@ -512,7 +512,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     SkippedSample skip;
     skip.index = f.indices[k];
     skip.position = pos;
-    if (skip.index >= 0 && skip.index < dataset->size()) skip.path = dataset->at(skip.index).path.string();
+    if (skip.index >= 0 && skip.index < dataset->size()) skip.path = dataset->at(skip.index).source();
     describe_failure(failure, skip);
     gpufeed::log()->warn("skipping sample {} ({}): {}: {}", skip.index, skip.path, skip.kind,
                          skip.reason);

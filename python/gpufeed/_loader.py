@@ -111,6 +111,10 @@ class DataLoader:
         rank, world_size: shard as DistributedSampler(num_replicas=world_size, rank=rank,
             shuffle=shuffle, seed=seed) does (padding by repeating the start). Default: the
             initialised torch.distributed process group, else torchrun's RANK/WORLD_SIZE, else 0/1.
+        index_cache: where the dataset's listing is cached so that the next start does not walk the
+            tree: None keeps it beside the dataset (``<parent>/<name>.gpufeed-index``) when that
+            folder is writable, ``"off"`` never caches, anything else is a folder to keep it in
+            (``gpufeed train --index-cache``). A stale or corrupt cache is rebuilt, never trusted.
 
     Iterating yields ``(images, labels)``: labels are ``[N]`` int64 on ``device``. CPU uint8
     batches are views of the loader's slot, not copies: the slot returns to the loader only when
@@ -140,7 +144,8 @@ class DataLoader:
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  auto_augment: Optional[str] = None, ra_magnitude: int = 9, ra_num_ops: int = 2,
                  color_jitter: "float | Sequence[float] | None" = None, random_erase: float = 0.0,
-                 random_erase_value: "float | str" = 0.0):
+                 random_erase_value: "float | str" = 0.0,
+                 index_cache: Optional[str] = None):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {list(_DTYPES)}, not {dtype}")
         if memory_format not in (torch.contiguous_format, torch.channels_last):
@@ -185,7 +190,8 @@ class DataLoader:
             resize_size or 0, str(self.device), _DTYPES[dtype], memory_format == torch.channels_last,
             [float(m) for m in mean], [float(s) for s in std], on_error, max_skips, prefetch_depth,
             rank, world_size, auto_augment or "none", ra_num_ops, ra_magnitude, jitter,
-            float(random_erase), str(random_erase_value))
+            float(random_erase), str(random_erase_value),
+            "" if index_cache is None else os.fspath(index_cache))
         self._next_epoch = 0
         self._epoch = 0
         self._yielded = 0

@@ -178,7 +178,7 @@ class PyLoader {
            std::array<float, 3> std, const std::string& on_error, int64_t max_skips,
            int prefetch_depth, int64_t rank, int64_t world_size, const std::string& auto_augment,
            int ra_num_ops, int ra_magnitude, std::array<float, 4> color_jitter, float random_erase,
-           const std::string& random_erase_value) {
+           const std::string& random_erase_value, const std::string& index_cache) {
     device_ = c10::Device(device);
     if (!device_.is_cpu() && !device_.is_cuda())
       throw nb::value_error(("device must be 'cpu' or 'cuda[:N]', not '" + device + "'").c_str());
@@ -202,7 +202,7 @@ class PyLoader {
     if (train) o.transform.augment = augment_options(auto_augment, ra_num_ops, ra_magnitude, color_jitter,
                                                      random_erase, random_erase_value, mean, std);
     nb::gil_scoped_release nogil;  // listing a large tree and allocating slots take a while
-    dataset_ = loader::open_dataset(path);
+    dataset_ = loader::open_dataset(path, {.index_cache = index_cache});
     sampler::DistributedSamplerOptions so;
     so.num_replicas = world_size;
     so.rank = rank;
@@ -315,8 +315,8 @@ class PyLoader {
   nb::list samples() const {
     nb::list out;
     for (int64_t i = 0; i < dataset_->size(); ++i) {
-      const loader::SampleRef& s = dataset_->at(i);
-      out.append(nb::make_tuple(s.path.string(), s.label));
+      const loader::SampleRef s = dataset_->at(i);
+      out.append(nb::make_tuple(s.source(), s.label));
     }
     return out;
   }
@@ -419,12 +419,12 @@ NB_MODULE(_C, m) {
       .def(nb::init<const std::string&, int64_t, bool, bool, int, uint64_t, bool, int, std::pair<float, float>,
                     std::pair<float, float>, float, int, const std::string&, const std::string&, bool,
                     std::array<float, 3>, std::array<float, 3>, const std::string&, int64_t, int, int64_t,
-                    int64_t, const std::string&, int, int, std::array<float, 4>, float, const std::string&>(),
+                    int64_t, const std::string&, int, int, std::array<float, 4>, float, const std::string&, const std::string&>(),
            "path"_a, "batch_size"_a, "shuffle"_a, "drop_last"_a, "num_workers"_a, "seed"_a, "train"_a,
            "image_size"_a, "scale"_a, "ratio"_a, "flip_p"_a, "resize_size"_a, "device"_a, "dtype"_a,
            "channels_last"_a, "mean"_a, "std"_a, "on_error"_a, "max_skips"_a, "prefetch_depth"_a, "rank"_a,
            "world_size"_a, "auto_augment"_a, "ra_num_ops"_a, "ra_magnitude"_a, "color_jitter"_a, "random_erase"_a,
-           "random_erase_value"_a)
+           "random_erase_value"_a, "index_cache"_a)
       .def("close", &PyLoader::close)
       .def("start_epoch", &PyLoader::start_epoch, "epoch"_a, "start_batch"_a)
       .def("next", &PyLoader::next, "slice_s"_a)

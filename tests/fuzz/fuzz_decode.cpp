@@ -35,13 +35,17 @@ using namespace gpufeed;
 /// A dataset of one file, rewritten for every input.
 class OneFile : public loader::Dataset {
  public:
-  explicit OneFile(fs::path path) : classes_{"x"} { ref_.path = std::move(path); }
+  explicit OneFile(fs::path path) : path_(std::move(path).string()), classes_{"x"} {}
   int64_t size() const override { return 1000; }  // any index: the index keys the crop's RNG
-  const loader::SampleRef& at(int64_t) const override { return ref_; }
+  loader::SampleRef at(int64_t) const override {
+    loader::SampleRef r;
+    r.path = path_;
+    return r;
+  }
   const std::vector<std::string>& classes() const override { return classes_; }
 
  private:
-  loader::SampleRef ref_;
+  std::string path_;
   std::vector<std::string> classes_;
 };
 

@@ -50,7 +50,10 @@ int main(int argc, char** argv) try {
         gl::load_sample(*dataset, order[k], epoch, options, pixels.data());
         hash(pixels.data(), pixels.size());
       }
-      for (size_t k = begin; k < end; ++k) hash(&dataset->at(order[k]).label, sizeof(int64_t));
+      for (size_t k = begin; k < end; ++k) {
+        const int64_t label = dataset->at(order[k]).label;
+        hash(&label, sizeof label);
+      }
     }
     const auto batches = (static_cast<int64_t>(order.size()) + batch_size - 1) / batch_size;
     std::printf("epoch %lld batches %lld samples %zu checksum %016llx\n", static_cast<long long>(epoch),

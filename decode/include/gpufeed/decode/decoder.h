@@ -187,6 +187,9 @@ class Decoder {
 /// and the OS reason when the file is missing or unreadable, and for anything but a regular file
 /// (a folder, a FIFO that could block forever, a device that never ends).
 void read_file(const std::filesystem::path& path, std::vector<uint8_t>& out);
+/// The same for a NUL-terminated path (the loader's sample table holds its paths so, and this
+/// overload makes no per-sample path object).
+void read_file(const char* path, std::vector<uint8_t>& out);
 
 /// Encodes [height, width, 3] RGB uint8 rows (stride width*3) as a baseline JPEG through
 /// TurboJPEG. quality 1..100; subsampling k444, k422 or k420 (also k440, k411 and kGray, which

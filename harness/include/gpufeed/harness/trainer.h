@@ -66,6 +66,7 @@ struct TrainOptions {
   // --- data ---
   std::filesystem::path data;                     ///< training set: ImageFolder, flat folder or file list
   std::optional<std::filesystem::path> val_data;  ///< evaluated after each epoch (same classes)
+  std::string index_cache;          ///< the datasets' index cache: "" beside them, "off", or a folder
   int num_workers = 0;              ///< loader threads per process; 0 = all hardware threads
   int image_size = 224;             ///< train crop (the references' --train-crop-size), pixels
   /// Validation Resize (shorter side) and CenterCrop, pixels (the references' --val-resize-size,

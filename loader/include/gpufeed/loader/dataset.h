@@ -6,15 +6,37 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gpufeed::loader {
 
-/// One sample: where its bytes are and its class index.
+/// One sample, as a view into its dataset's table: valid while the dataset lives (datasets are
+/// immutable, so any number of threads may hold views).
 struct SampleRef {
-  std::filesystem::path path;
+  /// The file's path. NUL-terminated in the table (path.data()[path.size()] == '\0'), so it can
+  /// be passed to open() without a copy.
+  std::string_view path;
+  /// Class index, 0 <= label < classes().size() for folders (file lists may leave gaps).
   int64_t label = 0;
+  /// Where the sample's bytes are in that file: [offset, offset + size); size -1 is the whole
+  /// file. A tar shard's sample is its image member's data (read with one pread).
+  int64_t offset = 0;
+  int64_t size = -1;
+  /// The member's name inside an archive, for messages; empty for a plain file.
+  std::string_view member;
+
+  /// What errors name: the path, or "<archive>:<member>" for an archive's member.
+  std::string source() const;
+  /// The same into `out`, reusing its capacity.
+  void source(std::string& out) const;
 };
+
+/// Reads sample `s`'s bytes into `out` (reusing its capacity): the whole file, or the member's
+/// byte range with one positioned read. Throws decode::DecodeError kIo naming s.source() when
+/// the file cannot be opened or read, or ends before the range does (an archive cut short since
+/// it was indexed).
+void read_sample(const SampleRef& s, std::vector<uint8_t>& out);
 
 /// A fixed, ordered list of samples. Implementations are immutable after construction, so any
 /// thread may read them.
@@ -24,22 +46,81 @@ class Dataset {
   /// Number of samples (torch's len(dataset)).
   virtual int64_t size() const = 0;
   /// Sample i, 0 <= i < size(). Throws std::out_of_range otherwise.
-  virtual const SampleRef& at(int64_t i) const = 0;
+  virtual SampleRef at(int64_t i) const = 0;
   /// Class names, index = label.
   virtual const std::vector<std::string>& classes() const = 0;
 };
 
-/// A Dataset held as an in-memory list, filled by its subclass's constructor.
+/// The compact sample table behind the in-memory datasets: every path in one arena of bytes
+/// (each NUL-terminated), a 64-bit start offset and an int32 label per sample: 13 bytes per
+/// sample beyond the path bytes, where a std::filesystem::path per sample costs 32 bytes plus a
+/// heap block for any path over 15 characters.
+class SampleTable {
+ public:
+  int64_t size() const { return static_cast<int64_t>(labels_.size()); }
+  /// Appends a sample. Throws std::invalid_argument for a label outside 0..INT32_MAX or a path
+  /// holding a NUL byte.
+  void add(std::string_view path, int64_t label);
+  /// Appends `dir` + '/' + `name` (no separator when `dir` is empty), without a temporary.
+  void add_joined(std::string_view dir, std::string_view name, int64_t label);
+  std::string_view path(int64_t i) const {
+    const auto b = offsets_[static_cast<size_t>(i)];
+    const auto e = static_cast<size_t>(i) + 1 < offsets_.size() ? offsets_[static_cast<size_t>(i) + 1]
+                                                                 : arena_.size();
+    return {arena_.data() + b, e - b - 1};
+  }
+  int64_t label(int64_t i) const { return labels_[static_cast<size_t>(i)]; }
+  void reserve(int64_t samples, int64_t path_bytes);
+  /// Releases spare capacity (after the last add).
+  void shrink_to_fit();
+  /// Bytes of path text (without the NULs).
+  int64_t path_bytes() const { return static_cast<int64_t>(arena_.size()) - size(); }
+  /// Bytes the table holds in memory (capacities of its three arrays).
+  int64_t memory_bytes() const {
+    return static_cast<int64_t>(arena_.capacity() + offsets_.capacity() * sizeof(uint64_t) +
+                                labels_.capacity() * sizeof(int32_t));
+  }
+
+  // The raw arrays, for the index cache.
+  const std::vector<char>& arena() const { return arena_; }
+  const std::vector<uint64_t>& offsets() const { return offsets_; }
+  const std::vector<int32_t>& labels() const { return labels_; }
+  /// Adopts arrays read back from a cache. Throws std::runtime_error when they are inconsistent
+  /// (offsets not increasing, a path not NUL-terminated, a negative label).
+  void assign(std::vector<char> arena, std::vector<uint64_t> offsets, std::vector<int32_t> labels);
+
+ private:
+  std::vector<char> arena_;
+  std::vector<uint64_t> offsets_;
+  std::vector<int32_t> labels_;
+};
+
+/// A Dataset held as a SampleTable, filled by its subclass's constructor or by add().
 class SampleList : public Dataset {
  public:
-  int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
+  int64_t size() const override { return table_.size(); }
   /// Throws std::out_of_range naming the index and the size.
-  const SampleRef& at(int64_t i) const override;
+  SampleRef at(int64_t i) const override;
   const std::vector<std::string>& classes() const override { return classes_; }
+  const SampleTable& table() const { return table_; }
 
  protected:
   std::vector<std::string> classes_;
-  std::vector<SampleRef> samples_;
+  SampleTable table_;
+};
+
+/// Where the index cache lives (`--index-cache`): "" keeps it beside the dataset when that folder
+/// is writable (`<parent>/<name>.gpufeed-index`), "off" never reads or writes one, anything else
+/// is a folder to keep it in (created when missing; files named by the dataset's name and a hash
+/// of its absolute path). A cache is used only when its key still matches: the dataset's absolute
+/// path, the listing options, and the identity (inode, mtime, ctime, size) of every folder the
+/// listing read (every list file, for a file list); a stale, corrupt or unreadable cache is
+/// rebuilt by listing again, never trusted. Written atomically (a temporary file, then rename),
+/// and not written when something it depends on changed less than a second before the listing
+/// (file times are stamped in ticks: a change in the same tick would go unseen; such a dataset
+/// is cached on a later start).
+struct IndexCacheOptions {
+  std::string index_cache;
 };
 
 /// torchvision.datasets.folder.IMG_EXTENSIONS plus ".gif" (gpufeed decodes GIF through giflib;
@@ -64,6 +145,8 @@ struct ImageFolderOptions {
   std::vector<std::string> extensions = default_image_extensions();
   /// Follow symlinked folders, as torchvision's os.walk(followlinks=True) does.
   bool follow_symlinks = true;
+  /// The index cache (see IndexCacheOptions).
+  std::string index_cache;
 };
 
 /// torchvision.datasets.ImageFolder's layout: root/<class>/**/<file>. Classes are the sorted
@@ -76,10 +159,13 @@ struct ImageFolderOptions {
 class ImageFolder : public SampleList {
  public:
   explicit ImageFolder(const std::filesystem::path& root, ImageFolderOptions options = {});
+  /// Whether this instance was read from the index cache rather than by walking the tree.
+  bool from_cache() const { return from_cache_; }
   const std::filesystem::path& root() const { return root_; }
 
  private:
   std::filesystem::path root_;
+  bool from_cache_ = false;
 };
 
 /// A text file of "<path> <label>" lines; the path is relative to `root` (or absolute) and may
@@ -89,7 +175,12 @@ class ImageFolder : public SampleList {
 /// or lists no sample.
 class FileList : public SampleList {
  public:
-  FileList(const std::filesystem::path& list_file, const std::filesystem::path& root);
+  FileList(const std::filesystem::path& list_file, const std::filesystem::path& root,
+           const IndexCacheOptions& cache = {});
+  bool from_cache() const { return from_cache_; }
+
+ private:
+  bool from_cache_ = false;
 };
 
 /// A flat folder of images whose class is named by the file name's prefix up to the first '_'
@@ -101,9 +192,13 @@ class FlatFolder : public SampleList {
   explicit FlatFolder(const std::filesystem::path& root, ImageFolderOptions options = {});
 };
 
-/// Opens `path` as the dataset it looks like: a regular file is a FileList (paths relative to
+/// Opens `path` as the dataset it looks like: WebDataset tar shards (a brace pattern such as
+/// "shards/train-{000000..000146}.tar", a .tar file, a folder of .tar files only, or a list of
+/// .tar paths: TarShards in shards.h); otherwise a regular file is a FileList (paths relative to
 /// the file's folder); a folder with class subfolders is an ImageFolder; a folder of images
-/// only is a FlatFolder. Throws std::runtime_error naming the path when it is none of these.
-std::shared_ptr<Dataset> open_dataset(const std::filesystem::path& path);
+/// only is a FlatFolder. ImageFolders and file lists use the index cache as `cache` says
+/// (default: beside the dataset when writable). Throws std::runtime_error naming the path when
+/// it is none of these.
+std::shared_ptr<Dataset> open_dataset(const std::filesystem::path& path, const IndexCacheOptions& cache = {});
 
 }  // namespace gpufeed::loader

@@ -1,0 +1,108 @@
+#pragma once
+// WebDataset tar shards read with random access: a per-shard member index built from the tar
+// headers alone (cached like the file index), so that every sample is one positioned read of its
+// image member and the samplers, augmentation, skip policy and resume work as on folders.
+//
+// Layout (WebDataset's): samples are groups of adjacent members sharing a key, the member name up
+// to the first '.' of its last path component ("train/n014_10026.JPEG" -> key "train/n014_10026",
+// extension "jpeg", lower-cased as webdataset does). A sample needs exactly one image member,
+// `key.jpg|jpeg|png|webp|ppm|pgm|bmp|tif|tiff|gif` (decoded by the bytes, not the name), and
+// `key.cls`, the class index as ASCII digits (optionally surrounded by white space), as
+// webdataset's "cls" decoder reads it. Other members of a sample (json, txt, ...) are accepted
+// and ignored; so are members without a '.' in their last component, "__name__" metadata
+// members, folders, links and devices (their names are never used as paths). A group with
+// neither an image nor a label is ignored. Classes are named "0".."max label".
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpufeed/loader/dataset.h"
+
+namespace gpufeed::loader {
+
+/// A shard that cannot be used: what() names the shard, the member where there is one, and why
+/// (truncated archive, a size past the end, a non-numeric field, a '..' or absolute member name,
+/// a duplicate key, a sample without a label, ...).
+class ShardError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Reads up to `n` bytes at `offset` into `buf`; returns the count read (fewer only at the end).
+using ReadAt = std::function<size_t(int64_t offset, void* buf, size_t n)>;
+
+/// A regular-file member of a tar archive: its name and where its data is.
+struct TarMember {
+  std::string name;
+  int64_t offset = 0;
+  int64_t size = 0;
+};
+
+/// The regular-file members of a tar archive of `file_size` bytes, in archive order, reading
+/// only the 512-byte headers (and the data of pax 'x' and GNU 'L' long-name records, which
+/// rename or resize the next member). POSIX ustar/pax and GNU formats, as Python's tarfile and
+/// GNU tar write them. Every header's checksum is verified. Throws ShardError naming `shard`
+/// (and the member) for: an archive that ends inside a header or without its end-of-archive
+/// block, a member whose data runs past the end, a numeric field that is not octal (or
+/// base-256), a checksum mismatch, an empty, absolute ('/...') or '..'-containing member name,
+/// a sparse member, and pax/long-name records over 1 MiB.
+std::vector<TarMember> index_tar(const ReadAt& read, int64_t file_size, const std::string& shard);
+
+/// One sample of a shard: its image member's data and its label.
+struct ShardSample {
+  std::string member;  ///< the image member's name
+  int64_t offset = 0, size = 0;
+  int32_t label = 0;
+};
+
+/// The samples of one shard in archive order (index_tar, then WebDataset's grouping by key; the
+/// labels are read from the `.cls` members). Throws ShardError naming the shard and member for
+/// what index_tar rejects, a key that appears again after other keys (duplicate key), two
+/// members with the same extension in a sample, two images in a sample, an image without a
+/// `.cls` label or a label without an image, and a `.cls` that is not a class index in
+/// 0..2^31-1.
+std::vector<ShardSample> index_shard(const ReadAt& read, int64_t file_size, const std::string& shard);
+
+/// Expands WebDataset's (braceexpand's) notation: "train-{000..002}.tar" -> train-000.tar,
+/// train-001.tar, train-002.tar (numbers keep the first bound's width when it is zero-padded),
+/// "{a,b}" lists; several braces multiply, left to right. Throws std::invalid_argument for an
+/// unbalanced brace, a reversed range or more than 10 million names.
+std::vector<std::string> expand_braces(const std::string& pattern);
+
+/// The shards `data` names, or nullopt when it is not a shard set: a brace pattern, a `.tar`
+/// file, a folder holding `.tar` files and no subfolder (sorted by name), or a list file whose
+/// first entry (blank lines and '#' comments skipped) ends in ".tar" (one shard per line,
+/// relative to the list's folder). Throws std::runtime_error naming a listed shard that does
+/// not exist.
+std::optional<std::vector<std::string>> shard_paths(const std::filesystem::path& data);
+
+/// A dataset over WebDataset tar shards: samples in shard order, then archive order (the order
+/// webdataset.WebDataset(urls, shardshuffle=False) yields them). The member index is read once
+/// from the headers and cached as IndexCacheOptions says (keyed by each shard's identity);
+/// every sample is then one pread of its image member (read_sample).
+class TarShards : public Dataset {
+ public:
+  /// `source`: what the user gave (pattern, folder, list file), for the cache's name and key.
+  /// Throws ShardError (see index_shard) or std::runtime_error when a shard cannot be opened or
+  /// the set holds no sample.
+  TarShards(std::vector<std::string> shards, const std::filesystem::path& source, const IndexCacheOptions& cache = {});
+  int64_t size() const override { return members_.size(); }
+  /// Throws std::out_of_range naming the index and the size.
+  SampleRef at(int64_t i) const override;
+  const std::vector<std::string>& classes() const override { return classes_; }
+  const std::vector<std::string>& shards() const { return shards_; }
+  bool from_cache() const { return from_cache_; }
+
+ private:
+  std::vector<std::string> shards_, classes_;
+  std::vector<uint32_t> shard_;  // per sample
+  std::vector<int64_t> offsets_, sizes_;
+  SampleTable members_;  // the image members' names and the labels
+  bool from_cache_ = false;
+};
+
+}  // namespace gpufeed::loader
