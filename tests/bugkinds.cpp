@@ -11,6 +11,7 @@
 // clang-format on
 #include <png.h>
 #include <webp/encode.h>
+#include <webp/mux.h>
 
 #include <algorithm>
 #include <bit>
@@ -671,6 +672,37 @@ Bytes make_webp(int width, int height, const Bytes& rgba, int quality) {
   return out;
 }
 
+Bytes make_animated_webp(int width, int height, const std::vector<WebpFrame>& frames) {
+  struct MuxDeleter {
+    void operator()(WebPMux* m) const { WebPMuxDelete(m); }
+  };
+  std::unique_ptr<WebPMux, MuxDeleter> mux(WebPMuxNew());
+  if (!mux) throw std::runtime_error("make_animated_webp: WebPMuxNew failed");
+  for (const WebpFrame& f : frames) {
+    const Bytes still = make_webp(f.width, f.height, f.rgba, f.quality);
+    WebPMuxFrameInfo info{};
+    info.bitstream = {still.data(), still.size()};
+    info.x_offset = f.x;
+    info.y_offset = f.y;
+    info.duration = 100;
+    info.id = WEBP_CHUNK_ANMF;
+    info.dispose_method = WEBP_MUX_DISPOSE_NONE;
+    info.blend_method = f.blend ? WEBP_MUX_BLEND : WEBP_MUX_NO_BLEND;
+    if (WebPMuxPushFrame(mux.get(), &info, /*copy_data=*/1) != WEBP_MUX_OK)
+      throw std::runtime_error("make_animated_webp: WebPMuxPushFrame failed");
+  }
+  const WebPMuxAnimParams params{0xFFFFFFFFu, 0};  // white background (ignored by decoders), loop
+  if (WebPMuxSetAnimationParams(mux.get(), &params) != WEBP_MUX_OK ||
+      WebPMuxSetCanvasSize(mux.get(), width, height) != WEBP_MUX_OK)
+    throw std::runtime_error("make_animated_webp: bad animation parameters");
+  WebPData out{};
+  if (WebPMuxAssemble(mux.get(), &out) != WEBP_MUX_OK)
+    throw std::runtime_error("make_animated_webp: WebPMuxAssemble failed");
+  Bytes bytes(out.bytes, out.bytes + out.size);
+  WebPDataClear(&out);
+  return bytes;
+}
+
 size_t find_jpeg_marker(const Bytes& j, uint8_t code) {
   size_t pos = 2;
   while (pos + 4 <= j.size() && j[pos] == 0xFF) {
@@ -691,6 +723,55 @@ std::pair<size_t, size_t> jpeg_scan_data(const Bytes& j) {
          !(j[end] == 0xFF && j[end + 1] != 0x00 && (j[end + 1] < 0xD0 || j[end + 1] > 0xD7)))
     ++end;
   return {begin, end};
+}
+
+Bytes make_mjpeg_frame(int width, int height, const Bytes& rgb, int restart_interval, int quality) {
+  JpegSpec s;
+  s.width = width;
+  s.height = height;
+  s.subsampling = Subsampling::k422;
+  s.quality = quality;
+  s.restart_interval = restart_interval;
+  const Bytes jpeg = make_jpeg(s, rgb);  // standard Huffman tables (no optimize_coding)
+  // AVI1 APP0: "AVI1", polarity 0 (progressive frame), reserved, two field sizes of 0.
+  const Bytes avi1 = {0xFF, 0xE0, 0x00, 0x0E, 'A', 'V', 'I', '1', 0, 0, 0, 0, 0, 0, 0, 0};
+  // Kept bytes: SOI, AVI1, every segment but DHT and the JFIF APP0, then SOS onwards.
+  std::vector<bool> keep(jpeg.size(), true);
+  size_t pos = 2;
+  while (pos + 4 <= jpeg.size() && jpeg[pos] == 0xFF && jpeg[pos + 1] != 0xDA) {
+    const size_t len = 2 + (static_cast<size_t>(jpeg[pos + 2]) << 8 | jpeg[pos + 3]);
+    if (jpeg[pos + 1] == 0xC4 || jpeg[pos + 1] == 0xE0)
+      for (size_t i = pos; i < pos + len && i < jpeg.size(); ++i) keep[i] = false;
+    pos += len;
+  }
+  Bytes out;
+  out.reserve(jpeg.size() + avi1.size());
+  for (size_t i = 0; i < jpeg.size(); ++i) {
+    if (i == 2)
+      for (const uint8_t b : avi1) out.push_back(b);
+    if (keep[i]) out.push_back(jpeg[i]);
+  }
+  return out;
+}
+
+std::vector<size_t> restart_markers(const Bytes& jpeg) {
+  const size_t sos = find_jpeg_marker(jpeg, 0xDA);
+  if (sos == std::string::npos) throw std::runtime_error("no SOS");
+  std::vector<size_t> out;
+  for (size_t i = sos + 2 + (static_cast<size_t>(jpeg[sos + 2]) << 8 | jpeg[sos + 3]); i + 1 < jpeg.size(); ++i) {
+    if (jpeg[i] != 0xFF || jpeg[i + 1] == 0x00) continue;
+    if (jpeg[i + 1] < 0xD0 || jpeg[i + 1] > 0xD7) break;  // EOI or another segment
+    out.push_back(i);
+  }
+  return out;
+}
+
+Bytes insert_before_restart(const Bytes& jpeg, size_t k, const Bytes& garbage) {
+  const auto rst = restart_markers(jpeg);
+  if (k >= rst.size()) throw std::invalid_argument("insert_before_restart: no such restart marker");
+  Bytes out = jpeg;
+  out.insert(out.begin() + static_cast<ptrdiff_t>(rst[k]), garbage.begin(), garbage.end());
+  return out;
 }
 
 // --- the kinds ----------------------------------------------------------------------------------
@@ -883,17 +964,23 @@ std::vector<Variant> build_kind_variants() {
     Bytes short_scan(base.begin(), base.begin() + static_cast<ptrdiff_t>(begin + (end - begin) / 2));
     short_scan.insert(short_scan.end(), {0xFF, 0xD9});
     add("jpeg_corrupt_entropy_data.jpg", "scan_ends_early_with_eoi.jpg", short_scan);
-    JpegSpec r = spec(W, H);
-    r.restart_interval = 1;
-    Bytes rst = make_jpeg(r, rgb);
-    const auto [rb, re] = jpeg_scan_data(rst);
-    int seen = 0;
-    for (size_t i = rb; i + 1 < re; ++i)
-      if (rst[i] == 0xFF && rst[i + 1] >= 0xD0 && rst[i + 1] <= 0xD7 && ++seen == 2) {
-        rst[i + 1] = static_cast<uint8_t>(0xD0 + (rst[i + 1] - 0xD0 + 3) % 8);  // out of sequence
-        break;
-      }
-    add("jpeg_corrupt_entropy_data.jpg", "restart_out_of_sequence.jpg", rst);
+    // Restart markers that stop: the last intervals' data never resynchronises, so the rest of
+    // the image is lost (decoded grey), though junk earlier on is confined to its interval.
+    const Bytes mjpeg = make_mjpeg_frame(W * 2, H * 2, pattern(W * 2, H * 2, 3, 5), 2);
+    const auto markers = restart_markers(mjpeg);
+    Bytes lost = insert_before_restart(mjpeg, 1, {0x12, 0x34, 0x56});
+    for (size_t k = markers.size(); k-- > markers.size() - 2;) {  // the last two are removed
+      const size_t at = markers[k] + 3;  // shifted by the inserted bytes
+      lost.erase(lost.begin() + static_cast<ptrdiff_t>(at), lost.begin() + static_cast<ptrdiff_t>(at + 2));
+    }
+    add("jpeg_corrupt_entropy_data.jpg", "mjpeg_restart_markers_stop.jpg", lost).expect.reason =
+        "does not resynchronise";
+    // Junk before most restart markers: confined, but most of the image is damaged.
+    Bytes most = mjpeg;
+    for (size_t k = markers.size(); k-- > 0;)
+      if (k % 4 != 0) most.insert(most.begin() + static_cast<ptrdiff_t>(markers[k]), {0x12, 0x34});
+    add("jpeg_corrupt_entropy_data.jpg", "mjpeg_junk_in_most_intervals.jpg", most).expect.reason =
+        "restart intervals are damaged";
   }
 
   // EXIF orientation 6: stored orientation by default
@@ -992,6 +1079,31 @@ std::vector<Variant> build_kind_variants() {
     good("jpeg_restart_markers.jpg", "restart_every_" + std::to_string(interval) + ".jpg",
          make_jpeg(s, rgb), W, H)
         .twin = base;
+  }
+  // Motion-JPEG webcam frames (AVI1 APP0, no DHT: the standard tables) decode as the same frame
+  // with its tables; a marker out of sequence, or a few bytes of junk before a restart marker,
+  // is damage libjpeg resynchronises at that marker: decoded, the warnings counted.
+  {
+    const int mw = W * 2, mh = H * 2;
+    const Bytes mrgb = pattern(mw, mh, 3, 5);
+    JpegSpec with_tables = spec(mw, mh, Subsampling::k422, 80);
+    with_tables.restart_interval = 2;
+    const Bytes tables = make_jpeg(with_tables, mrgb);
+    const Bytes mjpeg = make_mjpeg_frame(mw, mh, mrgb, 2);
+    good("jpeg_restart_markers.jpg", "mjpeg_avi1_no_dht.jpg", mjpeg, mw, mh).twin = tables;
+    Variant& junk = good("jpeg_restart_markers.jpg", "mjpeg_junk_before_rst.jpg",
+                         insert_before_restart(mjpeg, 3, {0x12, 0x34, 0x56, 0x78}), mw, mh);
+    junk.min_warnings = 1;
+    JpegSpec r = spec(W, H);
+    r.restart_interval = 1;
+    const Bytes in_order = make_jpeg(r, rgb);
+    Bytes shuffled = in_order;
+    const size_t second = restart_markers(shuffled).at(1);
+    shuffled[second + 1] = static_cast<uint8_t>(0xD0 + (shuffled[second + 1] - 0xD0 + 3) % 8);
+    Variant& out_of_sequence =
+        good("jpeg_restart_markers.jpg", "restart_out_of_sequence.jpg", shuffled, W, H);
+    out_of_sequence.twin = in_order;  // libjpeg takes it for the expected one: nothing is lost
+    out_of_sequence.min_warnings = 1;
   }
 
   // RGB colour space: with an Adobe marker (transform 0), and told only by component IDs R, G, B
@@ -1236,6 +1348,36 @@ std::vector<Variant> build_kind_variants() {
     Variant& x = good("webp_alpha.webp", "lossy_alpha.webp", make_webp(W, H, rgba, 95), W, H);
     x.reference = drop_to_rgb(rgba, 4);
     x.tolerance = 8;  // lossy VP8, 4:2:0
+
+    // Animated: the first frame, alpha dropped as for a still WebP. Three lossless full-canvas
+    // frames (later ones differ, blended or not: never shown); then a canvas whose first frame is
+    // a lossy sub-rectangle (the rest of the canvas is transparent black: black once alpha is
+    // dropped, as Pillow shows it) followed by a lossless frame.
+    std::vector<WebpFrame> frames;
+    for (int f = 0; f < 3; ++f) {
+      WebpFrame fr;
+      fr.width = W;
+      fr.height = H;
+      fr.rgba = f == 0 ? rgba : pattern(W, H, 4, static_cast<uint32_t>(20 + f));
+      fr.blend = f == 2;
+      frames.push_back(std::move(fr));
+    }
+    good("webp_alpha.webp", "animated_lossless_alpha.webp", make_animated_webp(W, H, frames), W, H)
+        .reference = drop_to_rgb(rgba, 4);
+    const int fx = 6, fy = 8, fw = 20, fh = 12;
+    Bytes first = pattern(fw, fh, 4, 8);
+    for (size_t i = 3; i < first.size(); i += 4) first[i] = 255;
+    std::vector<WebpFrame> sub(2);
+    sub[0] = {fx, fy, fw, fh, first, 95, false};
+    sub[1] = {0, 0, W, H, pattern(W, H, 4, 9), 101, true};
+    Bytes expected(static_cast<size_t>(W) * H * 3, 0);
+    const Bytes first_rgb = drop_to_rgb(first, 4);
+    for (int y = 0; y < fh; ++y)
+      std::memcpy(&expected[(static_cast<size_t>(fy + y) * W + fx) * 3], &first_rgb[static_cast<size_t>(y) * fw * 3],
+                  static_cast<size_t>(fw) * 3);
+    Variant& a = good("webp_alpha.webp", "animated_lossy_subrect_first.webp", make_animated_webp(W, H, sub), W, H);
+    a.reference = expected;
+    a.tolerance = 3;  // lossy VP8 inside the rectangle; the black rest is exact
   }
   return v;
 }

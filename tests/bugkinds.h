@@ -120,6 +120,34 @@ Bytes make_gif(int width, int height, const std::vector<uint8_t>& palette,
 /// [h, w, 4].
 Bytes make_webp(int width, int height, const Bytes& rgba, int quality);
 
+/// A Motion-JPEG webcam frame as UVC cameras send it: baseline 4:2:2 from libjpeg's compressor
+/// with its standard Huffman tables and a restart marker every `restart_interval` MCUs, then the
+/// DHT segments removed (MJPEG leaves them out; decoders use the standard tables) and the JFIF
+/// APP0 replaced by an AVI1 APP0. `rgb` is [h, w, 3].
+Bytes make_mjpeg_frame(int width, int height, const Bytes& rgb, int restart_interval, int quality = 80);
+
+/// Offsets of the restart markers (0xFF 0xD0..0xD7) in a JPEG's first scan, in order.
+std::vector<size_t> restart_markers(const Bytes& jpeg);
+
+/// `jpeg` with `garbage` inserted just before its restart marker number `k` (0-based, in scan
+/// order): the USB packet junk webcams leave inside a frame. libjpeg reports "Corrupt JPEG data:
+/// N extraneous bytes before marker 0xdN" and resynchronises there.
+Bytes insert_before_restart(const Bytes& jpeg, size_t k, const Bytes& garbage);
+
+/// One frame of an animated WebP for make_animated_webp.
+struct WebpFrame {
+  int x = 0, y = 0;          ///< offset on the canvas (even: the format stores offset / 2)
+  int width = 0, height = 0;
+  Bytes rgba;                ///< [height, width, 4]
+  int quality = 101;         ///< lossless when > 100, else lossy at this quality
+  bool blend = false;        ///< alpha-blend onto the previous canvas (else replace)
+};
+
+/// An animated WebP (VP8X + ANIM + one ANMF per frame) of a `width` x `height` canvas, assembled
+/// with libwebpmux from frames libwebp encodes one by one, so a frame can be a sub-rectangle and
+/// lossy or lossless independently of the others. Infinite loop, 100 ms per frame.
+Bytes make_animated_webp(int width, int height, const std::vector<WebpFrame>& frames);
+
 /// Offset of marker 0xFF `code` among a JPEG's segments before the first SOS, or npos.
 size_t find_jpeg_marker(const Bytes& jpeg, uint8_t code);
 

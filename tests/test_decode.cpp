@@ -39,6 +39,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace gpufeed::decode;
 using Bytes = std::vector<uint8_t>;
+namespace kinds = gpufeed::test;
 
 // --- image generation ----------------------------------------------------------------------------
 
@@ -1030,20 +1031,23 @@ TEST(DecodeErrors, CorruptEntropyDataIsCorrupt) {
     short_scan.insert(short_scan.end(), {0xFF, 0xD9});
     EXPECT_EQ(kind_of_decode(short_scan), ErrorKind::kCorrupt) << source_name(s);
   }
-  // Restart markers let libjpeg check each interval: a marker out of sequence, or an interval
-  // whose data decodes to fewer bits than it holds, is corruption.
+  // Restart markers confine damage to its interval (MotionJpeg tests below); `strict` still
+  // rejects it, and damage that never resynchronises is corruption.
   const Bytes j = make_jpeg(Source::kRestart);
-  const auto [begin, end] = jpeg_scan_data(j);
-  std::vector<size_t> rst;
-  for (size_t i = begin; i + 1 < end; ++i)
-    if (j[i] == 0xFF && j[i + 1] >= 0xD0 && j[i + 1] <= 0xD7) rst.push_back(i);
+  const std::vector<size_t> rst = kinds::restart_markers(j);
   ASSERT_GE(rst.size(), 4u);
   Bytes wrong_rst = j;
   wrong_rst[rst[2] + 1] = static_cast<uint8_t>(0xD0 + ((j[rst[2] + 1] - 0xD0 + 3) % 8));
-  EXPECT_EQ(kind_of_decode(wrong_rst), ErrorKind::kCorrupt);
-  Bytes padded = j;  // junk inside an interval, before its RST marker
-  padded.insert(padded.begin() + static_cast<ptrdiff_t>(rst[1]), {0x12, 0x34, 0x56});
-  EXPECT_EQ(kind_of_decode(padded), ErrorKind::kCorrupt);
+  DecodeOptions strict;
+  strict.strict = true;
+  EXPECT_EQ(kind_of_decode(wrong_rst, strict), ErrorKind::kCorrupt);
+  const Bytes padded = kinds::insert_before_restart(j, 1, {0x12, 0x34, 0x56});
+  EXPECT_EQ(kind_of_decode(padded, strict), ErrorKind::kCorrupt);
+  Bytes cut_markers = padded;  // the rest of the scan without its restart markers
+  for (size_t k = rst.size(); k-- > 2;)
+    cut_markers.erase(cut_markers.begin() + static_cast<ptrdiff_t>(rst[k] + 3),
+                      cut_markers.begin() + static_cast<ptrdiff_t>(rst[k] + 5));
+  EXPECT_EQ(kind_of_decode(cut_markers), ErrorKind::kCorrupt);
 
   // With allow_truncated the damaged image is returned, warnings counted.
   Bytes marker = make_jpeg(Source::k420);
@@ -1055,6 +1059,114 @@ TEST(DecodeErrors, CorruptEntropyDataIsCorrupt) {
   ImageBuffer out;
   EXPECT_GE(decode(marker, out, lenient).warnings, 1);
   EXPECT_EQ(out.width, kW);
+}
+
+// --- Motion-JPEG frames: damage confined to a restart interval ------------------------------
+
+
+/// Largest per-sample difference outside rows [y0, y1).
+int max_diff_outside_rows(const ImageBuffer& a, const ImageBuffer& b, int y0, int y1) {
+  int worst = 0;
+  for (int y = 0; y < a.height; ++y) {
+    if (y >= y0 && y < y1) continue;
+    for (int x = 0; x < a.width * 3; ++x)
+      worst = std::max(worst, std::abs(int(a.row(y)[x]) - int(b.row(y)[x])));
+  }
+  return worst;
+}
+
+TEST(MotionJpeg, JunkBeforeARestartMarkerDecodesLikePillowWithTheDamageInItsInterval) {
+  // A webcam frame (AVI1, no DHT, 4:2:2, a restart marker after every MCU row of 16x8 pixels)
+  // with a few bytes of USB junk: before restart marker k (the end of MCU row k), and in the
+  // middle of MCU row k's data. libjpeg warns and resynchronises at the marker; the other rows
+  // are exactly the clean frame's, and Pillow (what torchvision's ImageFolder sees) returns the
+  // same pixels.
+  const int w = 160, h = 96, per_row = w / 16;
+  const Bytes clean = kinds::make_mjpeg_frame(w, h, kinds::pattern(w, h, 3, 9), per_row);
+  ImageBuffer reference;
+  const DecodeResult clean_result = decode(clean, reference);
+  EXPECT_EQ(clean_result.warnings, 0);
+  EXPECT_EQ(clean_result.damaged_intervals, 0);
+  const std::vector<size_t> rst = kinds::restart_markers(clean);
+  ASSERT_EQ(rst.size(), static_cast<size_t>(h / 8 - 1));
+  const size_t k = 4;
+  std::vector<std::pair<std::string, Bytes>> damaged;
+  damaged.emplace_back("before_rst", kinds::insert_before_restart(clean, k, {0x12, 0x34, 0x56, 0x78, 0x9A}));
+  Bytes mid = clean;  // junk in the middle of the interval's entropy data
+  mid.insert(mid.begin() + static_cast<ptrdiff_t>((rst[k - 1] + 2 + rst[k]) / 2), {0xA5, 0x5A, 0xC3});
+  damaged.emplace_back("mid_interval", mid);
+
+  const fs::path dir = fs::temp_directory_path() / ("gpufeed_mjpeg_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::vector<fs::path> files;
+  for (const auto& [name, bytes] : damaged) {
+    files.push_back(dir / (name + ".jpg"));
+    std::ofstream(files.back(), std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  std::string why;
+  const auto pil = pil_rgb(files, why);
+  fs::remove_all(dir);
+  const int band0 = static_cast<int>(k) * 8, band1 = band0 + 8;  // MCU row k
+  for (size_t i = 0; i < damaged.size(); ++i) {
+    SCOPED_TRACE(damaged[i].first);
+    ImageBuffer out;
+    const DecodeResult r = decode(damaged[i].second, out);
+    EXPECT_GE(r.warnings, 1);
+    EXPECT_EQ(r.damaged_intervals, 1);
+    EXPECT_EQ(max_diff_outside_rows(out, reference, band0, band1), 0) << "damage outside its interval";
+    // Junk inside the data garbles the rest of the interval; junk right before the marker is
+    // skipped whole and the pixels are the clean frame's.
+    if (damaged[i].first == "mid_interval")
+      EXPECT_GT(mean_abs_diff(cut(out, {0, band0, w, 8}), cut(reference, {0, band0, w, 8})), 5.0);
+    else
+      EXPECT_EQ(max_abs_diff(out, reference), 0);
+    // Crops ending inside, and just below, the damaged band: the same pixels as the full decode.
+    for (const int bottom : {band0 + 3, band1 + 1}) {
+      DecodeOptions crop;
+      crop.crop = {0, 8, w, bottom - 8};  // whole rows: 4:2:2 has no vertical upsampling
+      ImageBuffer cropped;
+      decode(damaged[i].second, cropped, crop);
+      EXPECT_EQ(max_abs_diff(cropped, cut(out, crop.crop)), 0) << "crop to row " << bottom;
+    }
+    DecodeOptions strict;
+    strict.strict = true;
+    EXPECT_EQ(kind_of_decode(damaged[i].second, strict), ErrorKind::kCorrupt);
+    if (!pil) continue;
+    const ImageBuffer& p = pil->at(files[i].string());
+    ASSERT_EQ(p.width, w);
+    EXPECT_EQ(max_diff_outside_rows(out, p, band0, band1), 0) << "differs from Pillow outside the interval";
+    EXPECT_LE(mean_abs_diff(out, p), 1.0);
+  }
+  if (!pil) GTEST_SKIP() << why;
+}
+
+TEST(MotionJpeg, LostRemainderAndWidespreadDamageStayCorrupt) {
+  const int w = 160, h = 96, per_row = w / 16;
+  const Bytes clean = kinds::make_mjpeg_frame(w, h, kinds::pattern(w, h, 3, 9), per_row);
+  const std::vector<size_t> rst = kinds::restart_markers(clean);
+  // The scan ends (EOI) in the middle of an interval: the rest of the image is lost.
+  Bytes short_scan(clean.begin(), clean.begin() + static_cast<ptrdiff_t>((rst[5] + rst[6]) / 2));
+  short_scan.insert(short_scan.end(), {0xFF, 0xD9});
+  EXPECT_EQ(kind_of_decode(short_scan), ErrorKind::kCorrupt);
+  // Junk before every restart marker but the first: more than a quarter of the intervals.
+  Bytes everywhere = clean;
+  for (size_t k = rst.size(); k-- > 1;)
+    everywhere.insert(everywhere.begin() + static_cast<ptrdiff_t>(rst[k]), {0x12, 0x34});
+  try {
+    ImageBuffer out;
+    decode(everywhere, out);
+    ADD_FAILURE() << "decoded";
+  } catch (const DecodeError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+    EXPECT_NE(e.reason().find("restart intervals are damaged"), std::string::npos) << e.what();
+  }
+  // allow_truncated accepts both, the warnings counted.
+  DecodeOptions lenient;
+  lenient.allow_truncated = true;
+  ImageBuffer out;
+  EXPECT_GE(decode(short_scan, out, lenient).warnings, 1);
+  EXPECT_GE(decode(everywhere, out, lenient).warnings, 1);
 }
 
 TEST(DecodeErrors, EndlessProgressiveScansAreCutOff) {
@@ -1520,6 +1632,118 @@ ImageBuffer oriented(const ImageBuffer& stored, int o) {
   return b;
 }
 
+// --- animated WebP: the first frame ---------------------------------------------------------------
+
+/// Writes animated WebPs with Pillow (frames[0].save(..., save_all=True, append_images=...)) into
+/// `dir`, returning their paths, or nothing (with `why`) when the venv's Pillow is not there.
+std::optional<std::vector<fs::path>> pillow_animated_webps(const fs::path& dir, std::string& why) {
+  const fs::path python = GPUFEED_PYTHON;
+  if (!fs::exists(python)) {
+    why = "no Python at " + python.string();
+    return std::nullopt;
+  }
+  const fs::path script = dir / "make_webps.py";
+  std::ofstream(script) << R"(import sys
+from PIL import Image
+out = sys.argv[1]
+w, h = 48, 40
+def frame(seed, alpha):
+    im = Image.new("RGBA", (w, h))
+    px = im.load()
+    for y in range(h):
+        for x in range(w):
+            # alpha: a fully transparent band, then partial alpha
+            a = (0 if x < 8 else 1 + (x * 5 + y * 3) % 255) if alpha else 255
+            px[x, y] = ((x * 5 + seed * 40) % 256, (y * 6 + seed * 20) % 256, ((x + y) * 3 + seed * 60) % 256, a)
+    return im
+frames = [frame(0, True), frame(1, False), frame(2, True)]
+frames[0].save(out + "/pil_lossless_alpha.webp", save_all=True, append_images=frames[1:], duration=100, loop=0, lossless=True)
+frames[0].save(out + "/pil_lossy_alpha.webp", save_all=True, append_images=frames[1:], duration=100, loop=0, quality=90)
+opaque = [frame(3, False), frame(4, True)]
+opaque[0].save(out + "/pil_lossy_opaque.webp", save_all=True, append_images=opaque[1:], duration=100, loop=0, quality=80)
+)";
+  const std::string cmd = "'" + python.string() + "' '" + script.string() + "' '" + dir.string() + "' 2>/dev/null";
+  if (std::system(cmd.c_str()) != 0) {
+    why = "Pillow is not importable by " + python.string() + " (or cannot write animated WebP)";
+    return std::nullopt;
+  }
+  return std::vector<fs::path>{dir / "pil_lossless_alpha.webp", dir / "pil_lossy_alpha.webp",
+                               dir / "pil_lossy_opaque.webp"};
+}
+
+TEST(AnimatedWebp, FirstFrameEqualsPillowsWithAlphaDroppedForPillowAndMuxedFiles) {
+  // Files Pillow writes (frames with transparent and partial alpha, lossless and lossy) and
+  // files muxed here (a lossy sub-rectangle as the first frame, then lossless frames): gpufeed's
+  // decode is Pillow's Image.open(f).convert("RGB"), its first frame, exactly.
+  const fs::path dir = fs::temp_directory_path() / ("gpufeed_anim_webp_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::string why;
+  const auto pillow_files = pillow_animated_webps(dir, why);
+  if (!pillow_files) {
+    fs::remove_all(dir);
+    GTEST_SKIP() << why;
+  }
+  std::vector<fs::path> files = *pillow_files;
+  for (const auto& v : kinds::make_kind_variants()) {
+    if (v.name.rfind("animated_", 0) != 0 || v.kind != "webp_alpha.webp") continue;
+    files.push_back(dir / v.name);
+    std::ofstream(files.back(), std::ios::binary)
+        .write(reinterpret_cast<const char*>(v.bytes.data()), static_cast<std::streamsize>(v.bytes.size()));
+  }
+  ASSERT_EQ(files.size(), 5u);
+  const auto pil = pil_rgb(files, why);
+  ASSERT_TRUE(pil) << why;
+  Decoder decoder;
+  for (const fs::path& f : files) {
+    SCOPED_TRACE(f.filename().string());
+    const Bytes bytes = read_bytes(f);
+    ASSERT_GT(bytes.size(), 30u);
+    ASSERT_EQ(sniff(bytes), ImageFormat::kWebp);
+    ASSERT_TRUE(bytes[20] & 0x02) << "not an animation (VP8X animation flag unset)";
+    ImageBuffer out;
+    const DecodeResult r = decoder.decode(bytes, f.string(), {}, out);
+    const ImageBuffer& ref = pil->at(f.string());
+    EXPECT_EQ(r.info.width, ref.width);
+    ASSERT_EQ(out.width, ref.width);
+    ASSERT_EQ(out.height, ref.height);
+    EXPECT_EQ(max_abs_diff(out, ref), 0);
+    // A crop is the same pixels.
+    DecodeOptions crop;
+    crop.crop = {5, 3, out.width / 2, out.height / 2};
+    ImageBuffer part;
+    decoder.decode(bytes, f.string(), crop, part);
+    EXPECT_EQ(max_abs_diff(part, cut(out, crop.crop)), 0);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(AnimatedWebp, CutOrDamagedAnimationsFailTyped) {
+  const kinds::Variant* anim = nullptr;
+  const auto variants = kinds::make_kind_variants();
+  for (const auto& v : variants)
+    if (v.name == "animated_lossless_alpha.webp") anim = &v;
+  ASSERT_NE(anim, nullptr);
+  Decoder decoder;
+  ImageBuffer out;
+  // Cut inside the first frame: the demuxer sees a header and no whole frame.
+  const Bytes cut_bytes(anim->bytes.begin(), anim->bytes.begin() + static_cast<ptrdiff_t>(anim->bytes.size() / 3));
+  const auto e = error_of([&] { decoder.decode(cut_bytes, "cut.webp", {}, out); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::kTruncated) << e->what();
+  // A frame chunk claiming more bytes than the file has: a malformed container.
+  Bytes bad = anim->bytes;
+  const size_t anmf = std::string(bad.begin(), bad.end()).find("ANMF");
+  ASSERT_NE(anmf, std::string::npos);
+  bad[anmf + 4] = 0x01;  // frame size: only 1 byte, smaller than its own header
+  bad[anmf + 5] = bad[anmf + 6] = bad[anmf + 7] = 0;
+  const auto e2 = error_of([&] { decoder.decode(bad, "bad.webp", {}, out); });
+  ASSERT_TRUE(e2);
+  EXPECT_TRUE(e2->kind() == ErrorKind::kCorrupt || e2->kind() == ErrorKind::kTruncated) << e2->what();
+  EXPECT_NE(std::string(e2->what()).find("bad.webp"), std::string::npos);
+  // The decoder is fine afterwards.
+  EXPECT_EQ(decoder.decode(anim->bytes, "ok.webp", {}, out).info.width, anim->width);
+}
+
 TEST(ExifOrientation, IgnoredByDefaultAndAppliedWithTheOption) {
   const Bytes plain = make_jpeg(Source::k444);
   ImageBuffer stored;
@@ -1922,7 +2146,6 @@ TEST(Bugcases, LoopingEveryFileLeaksNothing) {
 // fresh clone, without the shared files, on more than one variant
 // ==================================================================================================
 
-namespace kinds = gpufeed::test;
 
 TEST(BugKinds, TheKindListIsExpectedMdsTable) {
   const std::set<std::string> listed(kinds::bug_kinds().begin(), kinds::bug_kinds().end());

@@ -74,6 +74,7 @@ struct Args {
   std::string on_error = "raise";
   int64_t max_skips = 100;
   loader::AugmentOptions augment;  // train transform only
+  bool strict_decode = false;
 };
 
 loader::LoaderOptions loader_options(const Args& a, int workers) {
@@ -84,6 +85,7 @@ loader::LoaderOptions loader_options(const Args& a, int workers) {
   o.seed = a.seed;
   o.error_policy = a.on_error == "skip" ? loader::ErrorPolicy::kSkip : loader::ErrorPolicy::kRaise;
   o.max_skips = a.max_skips;
+  o.decode.strict = a.strict_decode;
   o.transform = loader::TransformOptions::imagenet(a.transform == "train"
                                                        ? loader::TransformOptions::Kind::kTrain
                                                        : loader::TransformOptions::Kind::kEval,
@@ -309,6 +311,7 @@ nlohmann::json run_full_decode(const Args& a, const loader::Dataset& ds, int wor
   const int threads = resolve_threads(workers);
   decode::DecodeOptions d;
   d.scale = decode::ScaleFactor{scale};
+  d.strict = a.strict_decode;
   std::vector<std::pair<size_t, decode::DecodeOptions>> warm, timed;
   for (int e = 0; e < a.warmup + a.epochs; ++e)
     for (size_t i = 0; i < files.size(); ++i) (e < a.warmup ? warm : timed).emplace_back(i, d);
@@ -395,6 +398,9 @@ Run add_bench(CLI::App& app) {
   app.add_option("--max-skips", a->max_skips, "--on-error skip: more skips than this in one pass is an error")
       ->capture_default_str()
       ->check(kAtLeastZero);
+  app.add_flag("--strict-decode", a->strict_decode,
+               "treat every decoder warning as an error (by default benign warnings and JPEG "
+               "damage confined to restart intervals are accepted and counted)");
   app.add_option("--mode", a->mode,
                  "loader: the Loader; floor: only the loader's decode work (same plans, scales and "
                  "crops; files preloaded, no resize); full: whole-image decodes at each --scales")

@@ -320,6 +320,9 @@ Run add_train(CLI::App& app) {
   app.add_option("--max-skips", o->max_skips, "--on-error skip: more skips than this in one epoch is an error")
       ->capture_default_str()
       ->check(kAtLeastZero);
+  app.add_flag("--strict-decode", o->strict_decode,
+               "treat every decoder warning as an error (by default benign warnings and JPEG "
+               "damage confined to restart intervals are accepted and counted)");
   str("--init-weights", "load this state_dict first (Python or gpufeed file; wrapper prefixes "
       "module., _orig_mod., model. are stripped): fine-tuning");
   app.add_option("--init-weights-exclude", o->init_weights_exclude,

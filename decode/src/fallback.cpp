@@ -1,5 +1,5 @@
 // Everything that is not JPEG. GIF goes through giflib (OpenCV 4.6 reads no GIF), PNG through
-// libpng (png.cpp), WebP through libwebp, BMP and PNM through our own readers (raster.cpp) and
+// libpng (png.cpp), WebP through libwebp (animated: libwebpdemux's WebPAnimDecoder), BMP and PNM through our own readers (raster.cpp) and
 // TIFF through libtiff (tiff.cpp): OpenCV's imdecode prints every failure of its codecs to stderr
 // ("imdecode_(''): can't read data: ..."), which the library must never do. Each decodes the
 // whole image at full size and copies the requested crop out, so the API's crop contract holds for
@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <gif_lib.h>
 #include <webp/decode.h>
+#include <webp/demux.h>
 
 #include <algorithm>
 #include <climits>
@@ -233,8 +234,7 @@ void FallbackDecoder::decode_webp(std::span<const uint8_t> bytes, std::string_vi
   VP8StatusCode status = WebPGetFeatures(bytes.data(), bytes.size(), &config.input);
   if (status != VP8_STATUS_OK)
     fail(webp_kind(status), source, fmt::format("libwebp: {}", webp_status_text(status)));
-  // Animated files would need the demux API; reading the first frame silently is not on offer.
-  if (config.input.has_animation) fail(ErrorKind::kUnsupported, source, "animated WebP");
+  if (config.input.has_animation) return decode_webp_animation(bytes, source, info, crop, out);
   if (config.input.width != info.width || config.input.height != info.height)
     fail(ErrorKind::kCorrupt, source, "libwebp read a different size than the header's");
 
@@ -262,6 +262,61 @@ void FallbackDecoder::decode_webp(std::span<const uint8_t> bytes, std::string_vi
   if (status != VP8_STATUS_OK)
     fail(webp_kind(status), source, fmt::format("libwebp: {}", webp_status_text(status)));
   if (!whole) copy_region(target, stride, crop, out);
+}
+
+namespace {
+
+struct AnimDecoderCloser {
+  void operator()(WebPAnimDecoder* d) const { WebPAnimDecoderDelete(d); }
+};
+
+}  // namespace
+
+// An animated WebP's first frame, as libwebp's WebPAnimDecoder composes it (Pillow reads every
+// WebP through the same API, so this is Image.open(f).convert("RGB")): the canvas starts
+// transparent black, the first frame (always a key frame, never blended) is decoded into its
+// rectangle, and the rest of the canvas stays black once alpha is dropped -- the still-WebP
+// policy (alpha dropped, colour as stored, not premultiplied). Later frames are never decoded.
+void FallbackDecoder::decode_webp_animation(std::span<const uint8_t> bytes, std::string_view source,
+                                            const ImageInfo& info, const CropRect& crop,
+                                            ImageBuffer& out) {
+  WebPAnimDecoderOptions options;
+  if (!WebPAnimDecoderOptionsInit(&options))
+    fail(ErrorKind::kUnsupported, source, "libwebpdemux version mismatch");
+  options.color_mode = MODE_RGBA;
+  options.use_threads = 0;
+  const WebPData data{bytes.data(), bytes.size()};
+  std::unique_ptr<WebPAnimDecoder, AnimDecoderCloser> decoder(WebPAnimDecoderNew(&data, &options));
+  if (!decoder) {
+    // WebPAnimDecoderNew says only that it failed; the demuxer's state tells a file cut short
+    // from a malformed one.
+    WebPDemuxState state = WEBP_DEMUX_PARSE_ERROR;
+    if (WebPDemuxer* demux = WebPDemuxPartial(&data, &state)) WebPDemuxDelete(demux);
+    if (state == WEBP_DEMUX_PARSING_HEADER || state == WEBP_DEMUX_PARSED_HEADER)
+      fail(ErrorKind::kTruncated, source, "libwebp: animated WebP data ends early");
+    fail(ErrorKind::kCorrupt, source, "libwebp: malformed animated WebP");
+  }
+  WebPAnimInfo anim{};
+  if (!WebPAnimDecoderGetInfo(decoder.get(), &anim))
+    fail(ErrorKind::kCorrupt, source, "libwebp: cannot read the animation's header");
+  if (static_cast<int>(anim.canvas_width) != info.width ||
+      static_cast<int>(anim.canvas_height) != info.height)
+    fail(ErrorKind::kCorrupt, source, "libwebp read a different canvas size than the header's");
+  if (anim.frame_count == 0) fail(ErrorKind::kCorrupt, source, "animated WebP has no frame");
+  uint8_t* canvas = nullptr;
+  int timestamp = 0;
+  if (!WebPAnimDecoderGetNext(decoder.get(), &canvas, &timestamp) || canvas == nullptr)
+    fail(ErrorKind::kCorrupt, source, "libwebp: cannot decode the first frame");
+  out.reshape(crop.width, crop.height);
+  for (int y = 0; y < crop.height; ++y) {
+    const uint8_t* s = canvas + (static_cast<size_t>(crop.y + y) * info.width + crop.x) * 4;
+    uint8_t* d = out.row(y);
+    for (int x = 0; x < crop.width; ++x, s += 4, d += 3) {
+      d[0] = s[0];
+      d[1] = s[1];
+      d[2] = s[2];
+    }
+  }
 }
 
 }  // namespace gpufeed::decode::detail

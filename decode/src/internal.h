@@ -73,7 +73,8 @@ class JpegDecoder {
   std::vector<uint8_t> row_;  // one decoded scanline (RGB or CMYK), reused across images
 };
 
-/// Everything that is not JPEG: GIF (giflib, first frame), PNG (libpng), WebP (libwebp), BMP and
+/// Everything that is not JPEG: GIF (giflib, first frame), PNG (libpng), WebP (libwebp; animated:
+/// the first frame, libwebpdemux), BMP and
 /// PNM (our own readers, raster.cpp), TIFF (libtiff, tiff.cpp). Full-resolution decode, then
 /// `crop` (stored source pixels, clamped) copied out.
 class FallbackDecoder {
@@ -96,6 +97,8 @@ class FallbackDecoder {
                   DecodeResult& result);
   void decode_webp(std::span<const uint8_t> bytes, std::string_view source, const ImageInfo& info,
                    const CropRect& crop, ImageBuffer& out);
+  void decode_webp_animation(std::span<const uint8_t> bytes, std::string_view source,
+                             const ImageInfo& info, const CropRect& crop, ImageBuffer& out);
   void decode_bmp(std::span<const uint8_t> bytes, std::string_view source, const ImageInfo& info,
                   const CropRect& crop, ImageBuffer& out);
   void decode_pnm(std::span<const uint8_t> bytes, std::string_view source, const ImageInfo& info,

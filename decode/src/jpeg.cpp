@@ -13,6 +13,7 @@
 #include <cstdio>  // jpeglib.h needs FILE and size_t declared before it
 #include <jpeglib.h>
 #include <jerror.h>
+#include <jpegint.h>  // struct jpeg_marker_reader: its read_restart_marker is wrapped (see below)
 // clang-format on
 
 #include <fmt/format.h>
@@ -59,6 +60,16 @@ struct ErrorManager {
   // Policy for the current image.
   bool allow_data_loss;
   bool strict;
+  // Damage confined to restart intervals (see classify_warning and on_read_restart_marker). Set
+  // after jpeg_start_decompress for single-scan sequential images with restart markers.
+  bool confine_damage;
+  int total_intervals;     // restart intervals in the scan
+  int interval;            // index of the interval being decoded (restart markers read so far)
+  int last_damaged;        // index of the last interval counted as damaged, -1 for none
+  int damaged_intervals;   // intervals counted as damaged
+  bool damage_pending;     // damage seen and no restart marker read since (not resynchronised)
+  char damage[JMSG_LENGTH_MAX];  // the first damage warning, for the error if it is not tolerated
+  jpeg_marker_parser_method read_restart_marker;  // libjpeg's own
   // Results of the current attempt.
   int warnings;
   bool saw_eof;  // premature end of data was seen, even if tolerated
@@ -79,8 +90,10 @@ ErrorManager* manager(j_common_ptr cinfo) { return reinterpret_cast<ErrorManager
   std::longjmp(err->jump, 1);
 }
 
-/// How a libjpeg warning is treated.
-enum class WarningClass { kBenign, kTruncated, kCorrupt };
+/// How a libjpeg warning is treated. kDamage is lost or garbled entropy data that a restart
+/// marker can confine to one interval (see on_read_restart_marker); without restart markers it is
+/// kCorrupt.
+enum class WarningClass { kBenign, kTruncated, kDamage, kCorrupt };
 
 WarningClass classify_warning(const ErrorManager& err) {
   switch (err.code) {
@@ -93,17 +106,69 @@ WarningClass classify_warning(const ErrorManager& err) {
       const bool restart = marker >= 0xD0 && marker <= 0xD7;
       const bool decoding_rows =
           err.phase == kPhaseStart || err.phase == kPhaseSkip || err.phase == kPhaseRead;
-      return restart && decoding_rows ? WarningClass::kCorrupt : WarningClass::kBenign;
+      return restart && decoding_rows ? WarningClass::kDamage : WarningClass::kBenign;
     }
+    case JWRN_HUFF_BAD_CODE:  // garbled entropy data: libjpeg decodes zeros until it resyncs
+    case JWRN_HIT_MARKER:     // the interval's data ended early: the rest of it is grey
+    case JWRN_MUST_RESYNC:    // a restart marker missing or out of sequence
+      return WarningClass::kDamage;
     case JWRN_JFIF_MAJOR:   // unknown JFIF version
     case JWRN_ADOBE_XFORM:  // unknown Adobe transform code; libjpeg guesses the colour space
     case JWRN_BOGUS_ICC:    // bad ICC chunk; the profile is not used
       return WarningClass::kBenign;
     case JWRN_JPEG_EOF:  // premature end of data: the rest of the image is grey
       return WarningClass::kTruncated;
-    default:  // HIT_MARKER, MUST_RESYNC, HUFF/ARITH_BAD_CODE, NOT_SEQUENTIAL, BOGUS_PROGRESSION...
+    default:  // ARITH_BAD_CODE, NOT_SEQUENTIAL, BOGUS_PROGRESSION...
       return WarningClass::kCorrupt;  // lost or garbled entropy data, or a code we do not know
   }
+}
+
+/// Largest share of a scan's restart intervals that may be damaged for the image to decode
+/// (more is "most of the image is lost", kCorrupt).
+constexpr int kMaxDamagedQuarters = 1;
+
+[[noreturn]] void fail_damaged(ErrorManager* err, const char* why) {
+  err->outcome = kOutcomeWarning;
+  err->kind = ErrorKind::kCorrupt;
+  std::snprintf(err->message, sizeof(err->message), "%.96s; %.96s", err->damage, why);
+  std::longjmp(err->jump, 1);
+}
+
+/// Counts interval `index` as damaged (once), failing when too much of the scan is.
+void mark_damaged(ErrorManager* err, int index) {
+  if (index == err->last_damaged) return;
+  err->last_damaged = index;
+  ++err->damaged_intervals;
+  if (err->damaged_intervals * 4 > err->total_intervals * kMaxDamagedQuarters &&
+      err->damaged_intervals > 1) {
+    char why[96];
+    std::snprintf(why, sizeof(why), "%d of the scan's %d restart intervals are damaged",
+                  err->damaged_intervals, err->total_intervals);
+    fail_damaged(err, why);
+  }
+}
+
+/// Wraps libjpeg's read_restart_marker, which the entropy decoder calls at the end of every
+/// restart interval. Once it returns with the marker consumed (unread_marker == 0) libjpeg has
+/// resynchronised: the next interval decodes from its own first bit, whatever the previous one
+/// held. When it returns against another marker (data that never reaches the next RSTn), the
+/// next interval is decoded as empty (grey): that interval is damaged too.
+boolean on_read_restart_marker(j_decompress_ptr cinfo) {
+  ErrorManager* err = manager(reinterpret_cast<j_common_ptr>(cinfo));
+  const boolean ok = (*err->read_restart_marker)(cinfo);
+  if (!ok || !err->confine_damage) return ok;
+  ++err->interval;
+  if (cinfo->unread_marker == 0) {
+    err->damage_pending = false;
+  } else {
+    err->damage_pending = true;
+    if (err->damage[0] == '\0')
+      std::snprintf(err->damage, sizeof(err->damage),
+                    "restart interval %d has no data (no restart marker where it should start)",
+                    err->interval);
+    mark_damaged(err, err->interval);
+  }
+  return ok;
 }
 
 void on_emit_message(j_common_ptr cinfo, int msg_level) {
@@ -112,8 +177,18 @@ void on_emit_message(j_common_ptr cinfo, int msg_level) {
   ++err->warnings;
   ++err->pub.num_warnings;
   err->code = err->pub.msg_code;
-  const WarningClass cls = classify_warning(*err);
+  WarningClass cls = classify_warning(*err);
   if (cls == WarningClass::kTruncated) err->saw_eof = true;
+  if (cls == WarningClass::kDamage && err->confine_damage) {
+    // Confined to this restart interval if libjpeg resynchronises at a later restart marker
+    // (on_read_restart_marker); decided there and at the end of the image.
+    if (err->damage[0] == '\0')
+      (*err->pub.format_message)(cinfo, err->damage);
+    err->damage_pending = true;
+    mark_damaged(err, err->interval);
+    return;
+  }
+  if (cls == WarningClass::kDamage) cls = WarningClass::kCorrupt;
   bool fatal = err->strict;
   if (cls != WarningClass::kBenign && !err->allow_data_loss) fatal = true;
   if (!fatal) return;
@@ -377,6 +452,16 @@ bool guarded_crop(State* s, JDIMENSION* xoffset, JDIMENSION* width) {
     else
       std::memcpy(dst, plan->scratch + plan->col_offset * 3, plan->width * 3);
   }
+  // A region that ends inside a damaged restart interval: read on to the next restart marker,
+  // so the outcome (resynchronised or not) is the one a whole-image decode sees.
+  while (s->err.damage_pending && cinfo->output_scanline < cinfo->output_height) {
+    JSAMPROW row = plan->scratch;
+    if (jpeg_read_scanlines(cinfo, &row, 1) != 1) {
+      s->err.outcome = kOutcomeNoProgress;
+      std::snprintf(s->err.message, sizeof(s->err.message), "libjpeg returned no scanline");
+      return false;
+    }
+  }
   return true;
 }
 
@@ -460,6 +545,9 @@ JpegDecoder::JpegDecoder() : state_(std::make_unique<JpegState>()) {
   mem->alloc_sarray = arena_alloc_sarray;
   mem->alloc_barray = arena_alloc_barray;
   mem->free_pool = arena_free_pool;
+  // Restart markers are watched to confine damage to its interval (on_read_restart_marker).
+  s.err.read_restart_marker = s.cinfo.marker->read_restart_marker;
+  s.cinfo.marker->read_restart_marker = on_read_restart_marker;
   // jpeg_create_decompress clears everything but err and client_data, so hook progress after.
   s.progress = {};
   s.progress.progress_monitor = on_progress;
@@ -501,13 +589,20 @@ void JpegDecoder::decode(std::span<const uint8_t> bytes, std::string_view source
   // libjpeg error follows their use, decode again without them (whole rows, read-and-discard).
   // Both only save work. Warnings made fatal by the options are never retried.
   bool use_crop = true, use_skip = true;
-  JDIMENSION decoded_columns = 0, image_rows = 0;
+  JDIMENSION decoded_columns = 0, image_rows = 0, read_rows_end = 0;
   for (;;) {
     err.warnings = 0;
     err.saw_eof = false;
     err.outcome = kOutcomeNone;
     err.code = 0;
     err.message[0] = '\0';
+    err.confine_damage = false;
+    err.total_intervals = 0;
+    err.interval = 0;
+    err.last_damaged = -1;
+    err.damaged_intervals = 0;
+    err.damage_pending = false;
+    err.damage[0] = '\0';
     const auto give_up = [&] { throw_failure(err, source); };
 
     if (!guarded_header(&s, bytes.data(), bytes.size())) give_up();
@@ -524,6 +619,15 @@ void JpegDecoder::decode(std::span<const uint8_t> bytes, std::string_view source
     cinfo.scale_num = static_cast<unsigned int>(num);
     cinfo.scale_denom = 8;
     if (!guarded_start(&s)) give_up();
+    // Restart markers confine damaged entropy data to its interval in a single-scan Huffman
+    // image (Motion-JPEG webcams' frames are such): libjpeg resynchronises at the next marker.
+    // (strict rejects every warning and allow_truncated accepts every one: neither needs it.)
+    if (!options.strict && !options.allow_truncated && cinfo.restart_interval > 0 &&
+        !cinfo.progressive_mode && !cinfo.arith_code && cinfo.comps_in_scan == cinfo.num_components) {
+      const int64_t mcus = int64_t{cinfo.MCUs_per_row} * cinfo.MCU_rows_in_scan;
+      err.total_intervals = static_cast<int>((mcus + cinfo.restart_interval - 1) / cinfo.restart_interval);
+      err.confine_damage = true;
+    }
 
     const auto out_width = static_cast<int>(cinfo.output_width);
     if (out_width != scaled_size(info.width, options.scale) ||
@@ -585,10 +689,17 @@ void JpegDecoder::decode(std::span<const uint8_t> bytes, std::string_view source
     }
     decoded_columns = width;
     image_rows = cinfo.output_height;
+    read_rows_end = cinfo.output_scanline;
     if (ys1 == static_cast<int>(cinfo.output_height)) {
       // The region reaches the last row: read on to EOI as well, so a file that ends without
       // one is reported, and warnings about bytes after the scan are counted.
       if (!guarded_finish(&s)) give_up();
+    }
+    if (err.damage_pending) {
+      fail(ErrorKind::kCorrupt, source,
+           std::string("libjpeg: ") + err.damage +
+               "; the entropy data does not resynchronise at a restart marker before the end of "
+               "the image (the rest of its interval is lost)");
     }
     // Otherwise rows below the region are never decoded: abort_on_exit ends the decompression.
     break;
@@ -596,7 +707,8 @@ void JpegDecoder::decode(std::span<const uint8_t> bytes, std::string_view source
 
   result.warnings = err.warnings;
   result.skipped_rows = use_skip ? ys0 : 0;
-  result.unread_rows = info.progressive ? 0 : static_cast<int>(image_rows) - ys1;
+  result.unread_rows = info.progressive ? 0 : static_cast<int>(image_rows - read_rows_end);
+  result.damaged_intervals = err.damaged_intervals;
   result.decoded_columns = static_cast<int>(decoded_columns);
   result.scale = options.scale;
   result.scaled_region = CropRect{xs0, ys0, want_w, want_h};

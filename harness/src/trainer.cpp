@@ -119,6 +119,7 @@ loader::LoaderOptions Trainer::Impl::loader_options(bool train) const {
   lo.drop_last = train && options.drop_last;
   lo.error_policy = options.error_policy;
   lo.max_skips = options.max_skips;
+  lo.decode.strict = options.strict_decode;
   if (train) {
     lo.transform = loader::TransformOptions::imagenet(loader::TransformOptions::Kind::kTrain, options.image_size);
     lo.transform.augment = options.augment;

@@ -13,13 +13,25 @@
 //  - the pixel limit (DecodeOptions::max_pixels, default 178,956,970 = Pillow's error threshold)
 //    is checked from the header before anything is allocated;
 //  - every failure is a DecodeError naming the source and the reason;
-//  - libjpeg warnings are counted per image, never printed; data-loss warnings (premature end of
-//    data, corrupt entropy data) are errors unless allow_truncated is set. "Extraneous bytes
-//    before a marker" is benign (scanners and cameras write such files) except before a restart
-//    marker while image rows are decoded, where it means the interval's data was garbled.
+//  - libjpeg warnings are counted per image, never printed, and judged by how much of the image
+//    they cost (docs/DECODE-POLICY.md):
+//    * benign -- "extraneous bytes before a marker" before EOI, SOS or DHT or after the last row
+//      (scanners and cameras write such files), an unknown JFIF version or Adobe transform, a bad
+//      ICC chunk: decode, warning counted;
+//    * damage confined to restart intervals -- in a single-scan Huffman JPEG with restart markers
+//      (Motion-JPEG webcam frames), garbled or short entropy data ("bad Huffman code", "corrupt
+//      data: N extraneous bytes before marker 0xd1", "hit marker", "must resync") that libjpeg
+//      resynchronises at the next restart marker: decode (the damaged intervals come out garbled
+//      or grey, as Pillow and OpenCV return them), counted in DecodeResult::warnings and
+//      DecodeResult::damaged_intervals, unless more than a quarter of the scan's intervals are
+//      damaged;
+//    * lost remainder -- premature end of data (kTruncated); damage without restart markers, in a
+//      progressive or arithmetic-coded image, or that does not resynchronise before the end of
+//      the image (kCorrupt). allow_truncated accepts these (grey-filled); strict rejects every
+//      warning, benign and confined ones included.
 //    Damage that leaves the Huffman stream decodable is invisible to libjpeg (without restart
 //    markers it shows at most as extraneous bytes before EOI): such files decode, the warning
-//    counted in DecodeResult::warnings; `strict` rejects them;
+//    counted;
 //  - a JPEG decoded down to its last row is read on to EOI, so one that ends without EOI is
 //    kTruncated; a crop that stops higher never reads the rest (its pixels are all there, and
 //    decoding less is the point). A PNG is always read to IEND: a bad CRC or data that ends
@@ -96,11 +108,13 @@ struct DecodeOptions {
   CropRect crop{};
   /// Largest width*height accepted, checked from the header before any allocation.
   int64_t max_pixels = 178'956'970;
-  /// Accept JPEGs whose data ends early or is corrupt (missing rows are filled grey by libjpeg)
-  /// instead of throwing kTruncated/kCorrupt; the warnings are counted. Other formats ignore it.
+  /// Accept JPEGs whose data ends early or is corrupt beyond what restart markers confine
+  /// (missing rows are filled grey by libjpeg) instead of throwing kTruncated/kCorrupt; the
+  /// warnings are counted. Other formats ignore it.
   bool allow_truncated = false;
-  /// Treat every libjpeg warning, even benign ones, as an error (kCorrupt, or kTruncated for
-  /// premature end of data); libpng warnings too. Takes precedence over allow_truncated.
+  /// Treat every libjpeg warning, even benign ones and damage confined to restart intervals, as
+  /// an error (kCorrupt, or kTruncated for premature end of data); libpng warnings too. Takes
+  /// precedence over allow_truncated. CLI: --strict-decode (train, bench), --strict (inspect).
   bool strict = false;
   /// Apply the EXIF orientation (ImageInfo::orientation) so the output is upright, as PIL's
   /// ImageOps.exif_transpose does. Off by default, as in torchvision's ImageFolder. When on,
@@ -135,9 +149,13 @@ struct DecodeResult {
   /// pixel i covers source columns [i / s, (i + 1) / s)); width/height equal the output's.
   /// xs0 = floor(crop.x * s), xs1 = ceil((crop.x + crop.width) * s), same for y.
   CropRect scaled_region{};
-  /// libjpeg/libpng warnings accepted (e.g. extraneous bytes before a marker, or any data-loss
-  /// warning when allow_truncated is set).
+  /// libjpeg/libpng warnings accepted (e.g. extraneous bytes before a marker, damage confined to
+  /// restart intervals, or any data-loss warning when allow_truncated is set).
   int warnings = 0;
+  /// JPEG only: restart intervals whose entropy data was damaged (decoded garbled or grey) and
+  /// after which libjpeg resynchronised at a restart marker (see the policy above). 0 for an
+  /// intact image.
+  int damaged_intervals = 0;
   /// JPEG only: the work a crop saved, in rows/columns of the scaled image (0 for other formats).
   /// Rows above the region passed with jpeg_skip_scanlines: entropy-decoded (Huffman data has to
   /// be read in order) but never inverse-transformed, upsampled or colour-converted. 0 when there

@@ -87,6 +87,9 @@ struct TrainOptions {
   /// the same policy for train and validation (loader::ErrorPolicy).
   loader::ErrorPolicy error_policy = loader::ErrorPolicy::kRaise;
   int64_t max_skips = 100;          ///< skip policy: more skips than this in one epoch is an error
+  /// Every decoder warning is an error (decode::DecodeOptions::strict), even benign ones and JPEG
+  /// damage confined to restart intervals, which are otherwise accepted and counted.
+  bool strict_decode = false;
   uint64_t seed = 0;                ///< model init, sampler order and augmentation
   /// Per-sample augmentations of the training transform after RandomResizedCrop + flip
   /// (TrivialAugmentWide / RandAugment / AutoAugment, ColorJitter, RandomErasing; augment.h).
