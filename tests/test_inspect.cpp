@@ -203,4 +203,78 @@ TEST(BenchCli, OnErrorSkipCountsTheBadFileAndRaiseStopsNamingIt) {
   EXPECT_NE(err.find("--on-error"), std::string::npos) << err;
 }
 
+
+
+/// A small valid JPEG (gradient), through the decoder's encoder.
+std::vector<uint8_t> small_jpeg(int w = 24, int h = 16) {
+  std::vector<uint8_t> rgb(static_cast<size_t>(w) * h * 3);
+  for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = static_cast<uint8_t>(i * 7);
+  return gpufeed::decode::encode_jpeg(rgb.data(), w, h, 90);
+}
+
+
+TEST(JsonOutput, NonUtf8FileNamesBecomeReplacementCharactersInEveryWriter) {
+  // File names are bytes: a Latin-1 "café.jpg" is not UTF-8. Every JSON writer replaces each
+  // invalid byte by U+FFFD (gpufeed/json_text.h) instead of failing with nlohmann's type_error.
+  TempDir tmp;
+  const std::string fffd = "\xEF\xBF\xBD";
+  const fs::path data = tmp.path / "d\xE9j\xE0";  // a Latin-1 folder name too
+  fs::create_directories(data);
+  write_file(data / "caf\xE9.jpg", small_jpeg());
+  write_file(data / "x\xFF\xFEy.jpg", {0xFF, 0xD8, 0xFF});  // two invalid bytes; truncated JPEG
+  std::string out, err;
+  // inspect --json: the example of the field report.
+  EXPECT_EQ(gpufeed("inspect --json '" + data.string() + "'", tmp.path, out, err), 1)
+      << "the truncated file fails; the JSON is still written\n" << err;
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(out)) << out;
+  const std::string dir = (tmp.path / ("d" + fffd + "j" + fffd)).string();
+  ASSERT_EQ(j["files"].size(), 2u);
+  EXPECT_EQ(j["files"][0]["path"], dir + "/caf" + fffd + ".jpg");
+  EXPECT_EQ(j["files"][0]["result"], "ok");
+  EXPECT_EQ(j["files"][1]["path"], dir + "/x" + fffd + fffd + "y.jpg");
+  EXPECT_EQ(j["files"][1]["error"]["kind"], "truncated");
+  EXPECT_EQ(j["summary"]["failed"], 1);
+  // The text output keeps the raw bytes (it is not JSON).
+  EXPECT_EQ(gpufeed("inspect '" + (data / "caf\xE9.jpg").string() + "'", tmp.path, out, err), 0);
+  EXPECT_NE(out.find((data / "caf\xE9.jpg").string() + ": jpeg"), std::string::npos) << out;
+
+  // bench --json (its "data" field) and --dump's FILE.json (every sample's path), over a
+  // flat folder whose only image has a Latin-1 name.
+  fs::remove(data / "x\xFF\xFEy.jpg");
+  const fs::path dump = tmp.path / "dump.bin";
+  ASSERT_EQ(gpufeed("bench --data '" + data.string() + "' --workers 1 --epochs 1 --warmup 0 "
+                    "--batch-size 1 --image-size 16 --json --dump '" + dump.string() + "'",
+                    tmp.path, out, err),
+            0)
+      << err;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(out)) << out;
+  EXPECT_EQ(j["data"], dir);
+  ASSERT_NO_THROW(j = nlohmann::json::parse(slurp(dump.string() + ".json")));
+  ASSERT_EQ(j["samples"].size(), 1u);
+  EXPECT_EQ(j["samples"][0]["path"], dir + "/caf" + fffd + ".jpg");
+}
+
+TEST(FileListCli, ByteOrderMarkIsSkippedAndAMissingFileStopsTheStartWithItsLine) {
+  TempDir tmp;
+  write_file(tmp.path / "a.jpg", small_jpeg());
+  write_file(tmp.path / "b.jpg", small_jpeg(16, 24));
+  // Saved by a Windows editor: UTF-8 byte-order mark and CRLF.
+  std::ofstream(tmp.path / "list.txt", std::ios::binary) << "\xEF\xBB\xBF" "a.jpg 0\r\nb.jpg 1\r\n";
+  std::string out, err;
+  const std::string common = " --workers 1 --epochs 1 --warmup 0 --batch-size 2 --image-size 16 --json";
+  ASSERT_EQ(gpufeed("bench --data '" + (tmp.path / "list.txt").string() + "'" + common, tmp.path, out, err), 0)
+      << err;
+  EXPECT_EQ(nlohmann::json::parse(out)["files"], 2);
+  // A missing file: one line at start-up naming the list's line, not a failure at load time.
+  std::ofstream(tmp.path / "list.txt", std::ios::binary) << "a.jpg 0\nmissing.jpg 1\nb.jpg 1\n";
+  EXPECT_EQ(gpufeed("bench --data '" + (tmp.path / "list.txt").string() + "'" + common, tmp.path, out, err), 1);
+  EXPECT_EQ(err, "gpufeed: error: FileList: " + (tmp.path / "list.txt").string() + ":2: cannot read " +
+                     (tmp.path / "missing.jpg").string() + ": No such file or directory\n");
+  // A UTF-16 list: named as such.
+  std::ofstream(tmp.path / "list.txt", std::ios::binary) << std::string("\xFF\xFE" "a\0", 4);
+  EXPECT_EQ(gpufeed("bench --data '" + (tmp.path / "list.txt").string() + "'" + common, tmp.path, out, err), 1);
+  EXPECT_NE(err.find("is UTF-16 little-endian text"), std::string::npos) << err;
+}
+
 }  // namespace

@@ -148,14 +148,14 @@ TEST(FileList, ParsesPathsWithSpacesRelativeToRoot) {
   const fs::path dir = fs::temp_directory_path() / "gpufeed_filelist_test";
   fs::create_directories(dir);
   std::ofstream(dir / "list.txt") << "# comment\na/b c.jpg 3\n\n/abs/x.png 0\r\n";
-  FileList list(dir / "list.txt", "/data");
+  FileList list(dir / "list.txt", "/data", {}, {.check_files = false});  // parsing only: no /data here
   ASSERT_EQ(list.size(), 2);
   EXPECT_EQ(list.at(0).path, "/data/a/b c.jpg");
   EXPECT_EQ(list.at(0).label, 3);
   EXPECT_EQ(list.at(1).path, "/abs/x.png");
   EXPECT_EQ(list.classes().size(), 4u);
   std::ofstream(dir / "bad.txt") << "a.jpg x\n";
-  EXPECT_THROW(FileList(dir / "bad.txt", "/data"), std::runtime_error);
+  EXPECT_THROW(FileList(dir / "bad.txt", "/data", {}, {.check_files = false}), std::runtime_error);
   std::ofstream(dir / "empty.txt") << "# nothing\n\n";
   try {
     FileList(dir / "empty.txt", "/data");
@@ -164,6 +164,106 @@ TEST(FileList, ParsesPathsWithSpacesRelativeToRoot) {
     EXPECT_NE(std::string(e.what()).find("empty.txt lists no samples"), std::string::npos) << e.what();
   }
   fs::remove_all(dir);
+}
+
+/// The message of the std::runtime_error `f` throws ("" when it throws none).
+template <typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(FileList, SkipsAUtf8ByteOrderMarkWithLfOrCrlf) {
+  // A list saved by a Windows editor starts with EF BB BF; the first path must not carry it.
+  gpufeed::test::TempDir tmp("filelist_bom");
+  std::ofstream(tmp.path / "a b.jpg") << "x";
+  std::ofstream(tmp.path / "c.jpg") << "x";
+  for (const std::string eol : {"\n", "\r\n"}) {
+    std::ofstream(tmp.path / "list.txt", std::ios::binary)
+        << "\xEF\xBB\xBF" << "a b.jpg 1" << eol << "# c" << eol << "c.jpg 0" << eol;
+    const FileList list(tmp.path / "list.txt", tmp.path);
+    ASSERT_EQ(list.size(), 2);
+    EXPECT_EQ(list.at(0).path, tmp.path / "a b.jpg");  // not "\xEF\xBB\xBF" "a b.jpg"
+    EXPECT_EQ(list.at(0).label, 1);
+    EXPECT_EQ(list.at(1).path, tmp.path / "c.jpg");
+    std::vector<uint8_t> bytes;
+    gpufeed::decode::read_file(list.at(0).path, bytes);  // where the mark used to fail
+    EXPECT_EQ(bytes.size(), 1u);
+  }
+  // A mark-only first line, then samples: still one sample, nothing left of the mark.
+  std::ofstream(tmp.path / "list2.txt", std::ios::binary) << "\xEF\xBB\xBF\nc.jpg 0\n";
+  EXPECT_EQ(FileList(tmp.path / "list2.txt", tmp.path).at(0).path, tmp.path / "c.jpg");
+}
+
+TEST(FileList, Utf16AndUtf32ListsAreErrorsNamingTheEncoding) {
+  gpufeed::test::TempDir tmp("filelist_utf16");
+  std::ofstream(tmp.path / "a.jpg") << "x";
+  // "a.jpg 0\n" in each encoding, with its byte-order mark.
+  const auto encode = [](const std::string& ascii, int width, bool big) {
+    std::string out;
+    for (const char c : ascii) {
+      std::string unit(static_cast<size_t>(width), '\0');
+      unit[big ? width - 1 : 0] = c;
+      out += unit;
+    }
+    return out;
+  };
+  const struct {
+    std::string bytes;
+    const char* name;
+  } cases[] = {
+      {std::string("\xFF\xFE", 2) + encode("a.jpg 0\n", 2, false), "UTF-16 little-endian"},
+      {std::string("\xFE\xFF", 2) + encode("a.jpg 0\n", 2, true), "UTF-16 big-endian"},
+      {std::string("\xFF\xFE\0\0", 4) + encode("a.jpg 0\n", 4, false), "UTF-32 little-endian"},
+      {std::string("\0\0\xFE\xFF", 4) + encode("a.jpg 0\n", 4, true), "UTF-32 big-endian"},
+  };
+  for (const auto& c : cases) {
+    std::ofstream(tmp.path / "list.txt", std::ios::binary) << c.bytes;
+    const std::string what = error_of([&] { FileList(tmp.path / "list.txt", tmp.path); });
+    EXPECT_NE(what.find("list.txt is " + std::string(c.name) + " text"), std::string::npos) << what;
+    EXPECT_NE(what.find("save it as UTF-8"), std::string::npos) << what;
+  }
+  // UTF-16 without a mark: NUL bytes in a line, named with the line.
+  std::ofstream(tmp.path / "list.txt", std::ios::binary) << "a.jpg 0\n" << encode("a.jpg 0\n", 2, false);
+  const std::string what = error_of([&] { FileList(tmp.path / "list.txt", tmp.path); });
+  EXPECT_NE(what.find("list.txt:2: the line contains NUL bytes"), std::string::npos) << what;
+}
+
+TEST(FileList, AMissingOrUnreadableListedFileIsAnErrorAtStartupNamingItsLine) {
+  gpufeed::test::TempDir tmp("filelist_missing");
+  std::ofstream(tmp.path / "a.jpg") << "x";
+  std::ofstream(tmp.path / "b.jpg") << "x";
+  fs::create_directories(tmp.path / "folder.jpg");
+  std::ofstream(tmp.path / "list.txt") << "# header\n"
+                                       << "a.jpg 0\n"
+                                       << "gone.jpg 1\n"  // line 3: the first bad one
+                                       << "b.jpg 1\n"
+                                       << "folder.jpg 0\n"
+                                       << (tmp.path / "also_gone.jpg").string() << " 2\n";
+  const std::string what = error_of([&] { FileList(tmp.path / "list.txt", tmp.path); });
+  EXPECT_NE(what.find("list.txt:3: cannot read " + (tmp.path / "gone.jpg").string() +
+                      ": No such file or directory (and 2 more of the 5 listed files)"),
+            std::string::npos)
+      << what;
+  // Unchecked, the list is read as written (the files may appear later).
+  const FileList unchecked(tmp.path / "list.txt", tmp.path, {}, {.check_files = false});
+  EXPECT_EQ(unchecked.size(), 5);
+  // A folder alone is named as such; a list whose files all exist passes.
+  std::ofstream(tmp.path / "list.txt") << "a.jpg 0\nfolder.jpg 0\n";
+  EXPECT_NE(error_of([&] { FileList(tmp.path / "list.txt", tmp.path); })
+                .find("list.txt:2: cannot read " + (tmp.path / "folder.jpg").string() +
+                      ": is a folder, not a file"),
+            std::string::npos);
+  // open_dataset (the CLI's --data) checks too, in the list's own folder.
+  std::ofstream(tmp.path / "list.txt") << "a.jpg 0\nmissing.jpg 0\n";
+  EXPECT_NE(error_of([&] { open_dataset(tmp.path / "list.txt"); }).find("list.txt:2: cannot read"),
+            std::string::npos);
+  std::ofstream(tmp.path / "list.txt") << "a.jpg 0\nb.jpg 1\n";
+  EXPECT_EQ(open_dataset(tmp.path / "list.txt")->size(), 2);
 }
 
 TEST(ListFiles, StopsAtSymlinkLoopsAndKeepsTorchvisionsOrder) {

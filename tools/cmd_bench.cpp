@@ -32,6 +32,7 @@
 #include <fmt/format.h>
 
 #include "commands.h"
+#include "gpufeed/json_text.h"
 #include "proc_stats.h"
 #include "gpufeed/loader/loader.h"
 
@@ -136,12 +137,12 @@ class Dumper {
   }
   ~Dumper() {
     std::ofstream meta(meta_path_);
-    meta << nlohmann::json{{"epoch", epoch_}, {"size", o_.transform.output_size()},
+    meta << json_text(nlohmann::json{{"epoch", epoch_}, {"size", o_.transform.output_size()},
                            {"transform", o_.transform.kind == loader::TransformOptions::Kind::kTrain
                                              ? "train"
                                              : "eval"},
-                           {"samples", samples_}}
-                .dump(1);
+                           {"samples", samples_}},
+                      1);
   }
 
  private:
@@ -355,7 +356,7 @@ std::string describe(const nlohmann::json& r) {
     s += fmt::format(
         "; scales {}; of the scaled images' rows {:.0f}% skipped above crops, {:.0f}% never read "
         "below them; {:.0f}% of columns decoded",
-        r["scale_histogram"].dump(), w["rows_skipped"].get<double>() * 100,
+        json_text(r["scale_histogram"]), w["rows_skipped"].get<double>() * 100,
         w["rows_unread"].get<double>() * 100, w["columns_decoded"].get<double>() * 100);
   } else {
     s += fmt::format(" at {}/8 ({:.1f} source MP/s)", r["scale"].get<int>(),
@@ -447,7 +448,7 @@ Run add_bench(CLI::App& app) {
       }
     }
     if (a->json) {
-      std::cout << (results.size() == 1 ? results[0] : nlohmann::json{{"scaling", results}}).dump(2)
+      std::cout << json_text(results.size() == 1 ? results[0] : nlohmann::json{{"scaling", results}}, 2)
                 << "\n";
     }
     return 0;

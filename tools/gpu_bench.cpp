@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpufeed/loader/batch.h"
+#include "gpufeed/json_text.h"
 #include "gpufeed/prefetch/prefetcher.h"
 
 namespace {
@@ -80,7 +81,7 @@ int main(int argc, char** argv) {
                       {"memcpy_peak_gb_per_s", peak}, {"slot_h2d_gb_per_s", slots},
                       {"slot_over_peak", slots / peak}, {"convert_bf16_cl_ms", convert_ms},
                       {"convert_gb_per_s", gb_per_s(static_cast<double>(bytes) * 3, convert_ms)}};
-  std::printf("%s\n", j.dump(2).c_str());
+  std::printf("%s\n", gpufeed::json_text(j, 2).c_str());
   cudaFree(dev);
   alloc->deallocate(host, bytes);
   return 0;

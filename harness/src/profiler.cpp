@@ -14,6 +14,7 @@
 #include "gpufeed/harness/nvml.h"
 #include "gpufeed/harness/trace.h"
 #include "gpufeed/log_text.h"
+#include "gpufeed/json_text.h"
 #include "gpufeed/prefetch/prefetcher.h"
 
 #ifdef GPUFEED_WITH_CUDA
@@ -262,7 +263,7 @@ struct Profiler::Impl {
 
   void write_record(const nlohmann::json& j) {
     if (!metrics.is_open()) return;
-    metrics << j.dump() << '\n';
+    metrics << json_text(j) << '\n';
     metrics.flush();
   }
 
@@ -755,7 +756,7 @@ RunProfile Profiler::finish() {
                                  {"model", m.run.model},
                                  {"verdict", v.text},
                                  {"nvml", m.nvml_status}};
-    m.trace->write(*m.options.trace_path, info.dump());
+    m.trace->write(*m.options.trace_path, json_text(info));
     p.trace_events = static_cast<int64_t>(m.trace->size());
     p.trace_dropped = m.trace->dropped();
   }

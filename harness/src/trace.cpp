@@ -1,6 +1,7 @@
 #include "gpufeed/harness/trace.h"
 
 #include "gpufeed/harness/torch_file.h"
+#include "gpufeed/json_text.h"
 
 #include <algorithm>
 #include <fstream>
@@ -134,7 +135,7 @@ void TraceRecorder::write(const std::filesystem::path& path, const std::string& 
   other["kept_events"] = events.size();
   const nlohmann::json doc = {
       {"traceEvents", std::move(list)}, {"displayTimeUnit", "ms"}, {"otherData", std::move(other)}};
-  const std::string text = doc.dump();
+  const std::string text = json_text(doc);
   try {
     write_file_atomically(path, std::vector<char>(text.begin(), text.end()));
   } catch (const std::exception& e) {

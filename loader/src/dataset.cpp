@@ -17,7 +17,11 @@
 #include <set>
 #include <stdexcept>
 #include <system_error>
+#include <string_view>
 #include <utility>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/decode/error.h"
@@ -447,9 +451,49 @@ void for_each_line(int fd, const fs::path& file, F&& line) {
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f'; }
 
+/// The encoding a byte-order mark at the start of `head` announces, or nullptr for none / UTF-8.
+/// UTF-32 LE is tested before UTF-16 LE, whose mark is its prefix.
+const char* foreign_encoding(std::string_view head, std::string_view& mark) {
+  static constexpr std::pair<std::string_view, const char*> kMarks[] = {
+      {std::string_view("\xFF\xFE\x00\x00", 4), "UTF-32 little-endian"},
+      {std::string_view("\x00\x00\xFE\xFF", 4), "UTF-32 big-endian"},
+      {"\xFF\xFE", "UTF-16 little-endian"},
+      {"\xFE\xFF", "UTF-16 big-endian"},
+  };
+  for (const auto& [bytes, name] : kMarks) {
+    if (head.substr(0, bytes.size()) == bytes) {
+      mark = bytes;
+      return name;
+    }
+  }
+  return nullptr;
+}
+
+std::string hex_bytes(std::string_view bytes) {
+  std::string out;
+  for (const unsigned char c : bytes) {
+    static constexpr char kHex[] = "0123456789ABCDEF";
+    if (!out.empty()) out += ' ';
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
+
+/// Why `p` cannot be read as a sample ("" when it can): what read_file would say at load time.
+std::string unreadable_reason(const char* p) {
+  struct stat st {};
+  // std::error_code's message is strerror_r's: these run on several threads at once.
+  if (::stat(p, &st) != 0) return std::generic_category().message(errno);
+  if (!S_ISREG(st.st_mode)) return S_ISDIR(st.st_mode) ? "is a folder, not a file" : "not a regular file";
+  if (::access(p, R_OK) != 0) return std::generic_category().message(errno);
+  return {};
+}
+
 }  // namespace
 
-FileList::FileList(const fs::path& list_file, const fs::path& root, const IndexCacheOptions& cache_options) {
+FileList::FileList(const fs::path& list_file, const fs::path& root, const IndexCacheOptions& cache_options,
+                   FileListOptions options) {
   const int fd = ::open(list_file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw std::runtime_error("FileList: cannot open " + list_file.string());
   struct Closer {
@@ -465,9 +509,28 @@ FileList::FileList(const fs::path& list_file, const fs::path& root, const IndexC
 
   const std::string root_text = root.string();
   int64_t samples = 0, path_bytes = 0, max_label = -1;
+  std::vector<int64_t> line_of;  // line number of each sample, for the file check's message
   // Two passes: count (and check every line), then fill the table at its exact size.
   for (int pass = 0; pass < 2; ++pass) {
     for_each_line(fd, list_file, [&](std::string_view line, int64_t lineno) {
+      if (lineno == 1) {
+        // A Windows editor's UTF-8 byte-order mark would otherwise become part of the first path
+        // (invisible in a terminal, "cannot open" only when that sample is loaded).
+        if (line.substr(0, 3) == "\xEF\xBB\xBF") line.remove_prefix(3);
+        std::string_view mark;
+        if (const char* encoding = foreign_encoding(line, mark)) {
+          throw std::runtime_error("FileList: " + list_file.string() + " is " + encoding +
+                                   " text (it starts with the byte-order mark " + hex_bytes(mark) +
+                                   "); file lists are read as UTF-8: save it as UTF-8, e.g. iconv -f " +
+                                   std::string(encoding).substr(0, 6) + " -t UTF-8");
+        }
+      }
+      if (line.find('\0') != std::string_view::npos) {
+        throw std::runtime_error("FileList: " + list_file.string() + ":" + std::to_string(lineno) +
+                                 ": the line contains NUL bytes: is the list UTF-16 or UTF-32 text "
+                                 "without a byte-order mark? File lists are read as UTF-8: save it "
+                                 "as UTF-8");
+      }
       while (!line.empty() && is_space(line.back())) line.remove_suffix(1);
       while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
       if (line.empty() || line.front() == '#') return;
@@ -493,6 +556,7 @@ FileList::FileList(const fs::path& list_file, const fs::path& root, const IndexC
         max_label = std::max(max_label, label);
       } else {
         table_.add_joined(absolute ? std::string_view() : std::string_view(root_text), path_part, label);
+        if (options.check_files) line_of.push_back(lineno);
       }
     });
     if (pass == 0) {
@@ -501,6 +565,28 @@ FileList::FileList(const fs::path& list_file, const fs::path& root, const IndexC
     }
   }
   for (int64_t c = 0; c <= max_label; ++c) classes_.push_back(std::to_string(c));
+  if (options.check_files) {
+    // Every listed file, checked in parallel (a list of a million files on a network file system
+    // is a million round trips); the error names the first bad line and counts the rest. A list
+    // read back from the index cache is not checked again (the cache start stays one read).
+    std::vector<std::string> reasons(static_cast<size_t>(table_.size()));
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, reasons.size(), 64), [&](const tbb::blocked_range<size_t>& r) {
+      for (size_t i = r.begin(); i != r.end(); ++i)
+        reasons[i] = unreadable_reason(table_.path(static_cast<int64_t>(i)).data());
+    });
+    const auto bad = [](const std::string& r) { return !r.empty(); };
+    const auto first = std::find_if(reasons.begin(), reasons.end(), bad);
+    if (first != reasons.end()) {
+      const auto i = static_cast<size_t>(first - reasons.begin());
+      const auto others = std::count_if(first + 1, reasons.end(), bad);
+      std::string message = "FileList: " + list_file.string() + ":" + std::to_string(line_of[i]) + ": cannot read " +
+                            std::string(table_.path(static_cast<int64_t>(i))) + ": " + *first;
+      if (others > 0)
+        message += " (and " + std::to_string(others) + " more of the " + std::to_string(reasons.size()) +
+                   " listed files)";
+      throw std::runtime_error(message);
+    }
+  }
   write_cached_list(cache, key, {detail::dependency_of(list_file.string(), st)}, started, classes_, table_);
 }
 

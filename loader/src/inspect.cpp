@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "gpufeed/decode/error.h"
+#include "gpufeed/json_text.h"
 #include "gpufeed/loader/dataset.h"
 
 namespace gpufeed::loader {
@@ -171,13 +172,13 @@ std::string inspect_json(const std::vector<InspectReport>& reports, int indent) 
   nlohmann::json by_kind = nlohmann::json::object();
   for (const auto& [kind, n] : counts)
     if (n > 0) by_kind[kind] = n;
-  return nlohmann::json{{"files", files},
-                        {"summary",
-                         {{"files", reports.size()},
-                          {"decoded", counts["ok"] + counts["warnings"]},
-                          {"failed", inspect_failures(reports)},
-                          {"by_result", by_kind}}}}
-      .dump(indent);
+  return json_text(nlohmann::json{{"files", files},
+                                  {"summary",
+                                   {{"files", reports.size()},
+                                    {"decoded", counts["ok"] + counts["warnings"]},
+                                    {"failed", inspect_failures(reports)},
+                                    {"by_result", by_kind}}}},
+                   indent);
 }
 
 }  // namespace gpufeed::loader

@@ -168,15 +168,28 @@ class ImageFolder : public SampleList {
   bool from_cache_ = false;
 };
 
+/// Options of FileList.
+struct FileListOptions {
+  /// Check, when the list is read, that every listed path is a readable regular file (stat +
+  /// access, in parallel on oneTBB's pool), so a missing file is an error at start-up naming its
+  /// line rather than a failure when that sample is first loaded. Off only for lists whose files
+  /// appear later. A list read back from its index cache is not checked again.
+  bool check_files = true;
+};
+
 /// A text file of "<path> <label>" lines; the path is relative to `root` (or absolute) and may
 /// contain spaces (the label is the last field). Blank lines and lines starting with '#' are
-/// ignored. Classes are named by their label number, "0".."max". Throws std::runtime_error naming
-/// the list file and line for a malformed line or a negative label, and when the list is missing
-/// or lists no sample.
+/// ignored; CRLF line ends are accepted. The list is UTF-8 (or any byte encoding of the file
+/// system's names): a UTF-8 byte-order mark (EF BB BF, written by Windows editors) is skipped, and
+/// a UTF-16 or UTF-32 list (byte-order mark FF FE / FE FF / FF FE 00 00 / 00 00 FE FF, or NUL
+/// bytes in a line) is an error naming the encoding. Classes are named by their label number,
+/// "0".."max". Throws std::runtime_error naming the list file and line for a malformed line, a
+/// negative label, or (with check_files) the first listed file that is missing or unreadable,
+/// with the OS reason and how many others are; and when the list is missing or lists no sample.
 class FileList : public SampleList {
  public:
   FileList(const std::filesystem::path& list_file, const std::filesystem::path& root,
-           const IndexCacheOptions& cache = {});
+           const IndexCacheOptions& cache = {}, FileListOptions options = {});
   bool from_cache() const { return from_cache_; }
 
  private:
