@@ -10,7 +10,15 @@
 #include <torch/serialize.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -351,4 +359,206 @@ TEST(Launch, FourRanksOnThreeImagesAreRefusedAtStartUpNamingTheSizes) {
       << log;
   EXPECT_NE(log.find("batch size 2 with drop_last (turned on"), std::string::npos) << log;
   EXPECT_EQ(log.find("steps: 0"), std::string::npos) << log;
+}
+
+// --- stop signals before the first step ---------------------------------------------------------
+
+namespace {
+
+/// True when some socket of this machine listens on TCP `port` (/proc/net/tcp and tcp6: local
+/// address "...:PPPP" in hex, state 0A = LISTEN).
+bool listening_on(int port) {
+  char hex[8];
+  std::snprintf(hex, sizeof hex, ":%04X", port);
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      if (state == "0A" && local.size() > 5 && local.compare(local.size() - 5, 5, hex) == 0) return true;
+    }
+  }
+  return false;
+}
+
+/// Starts `gpufeed args...` (fork + exec of the built binary) with `env` added, stdout and stderr
+/// to `log`. Returns its pid.
+pid_t start_gpufeed(const std::vector<std::string>& args, const std::vector<std::string>& env,
+                    const fs::path& log) {
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ::dup2(fd, 1);
+  ::dup2(fd, 2);
+  for (const auto& kv : env) ::putenv(const_cast<char*>(kv.c_str()));
+  std::vector<char*> argv{const_cast<char*>(kGpufeed.c_str())};
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execv(kGpufeed.c_str(), argv.data());
+  ::_exit(127);
+}
+
+/// Waits up to `seconds` for `pid` to end; its code_of() status, or -1 on timeout (then kills it).
+int wait_for(pid_t pid, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) return code_of(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+/// Waits up to `seconds` for `predicate()`; returns its last value.
+template <typename P>
+bool eventually(P predicate, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!predicate()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+/// True while `pid` exists and is not a zombie.
+bool alive(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
+}
+
+/// Pids whose parent is `parent`.
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::istringstream rest(stat.substr(paren + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent) out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
+}
+
+// Rank 0 of a world of 2 whose rank 1 never comes: it hosts the TCPStore on `port` and waits
+// there for --dist-timeout (300 s) unless a signal ends it.
+std::vector<std::string> waiting_rank0_args(const fs::path& data) {
+  return {"train", "--data", data.string(), "--arch", "resnet18", "--image-size", "32", "--workers", "1",
+          "--progress", "off", "--distributed", "on", "--dist-timeout", "300", "--batch-size", "4"};
+}
+
+}  // namespace
+
+TEST(Signals, SigintOrSigtermWhileWaitingInRendezvousEndsTheRankAtOnce) {
+  // No step has started, so nothing is deferred: exit 130/143 within seconds, not at the end of
+  // the 300 s rendezvous timeout (the bound is generous: a loaded machine, a cold start).
+  TempDir dir("rdzv_signal");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  for (const int sig : {SIGINT, SIGTERM}) {
+    SCOPED_TRACE(strsignal(sig));
+    const int port = free_port();
+    const fs::path log = dir.path / ("rank0_" + std::to_string(sig) + ".log");
+    const pid_t pid = start_gpufeed(waiting_rank0_args(data),
+                                    {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1",
+                                     "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
+                                     "OMP_NUM_THREADS=1"},
+                                    log);
+    ASSERT_TRUE(eventually([&] { return listening_on(port) || !alive(pid); }, 120)) << read_text(log);
+    ASSERT_TRUE(alive(pid)) << read_text(log);
+    const auto t0 = std::chrono::steady_clock::now();
+    ::kill(pid, sig);
+    const int code = wait_for(pid, 60);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(code, 128 + sig) << read_text(log);
+    EXPECT_LT(seconds, 30.0);
+    EXPECT_NE(read_text(log).find("before the first training step: exiting now"), std::string::npos)
+        << read_text(log);
+    EXPECT_FALSE(listening_on(port));
+  }
+}
+
+TEST(Signals, LauncherStopsWaitingWorkersAtOnceAndKilledLauncherTakesThemAlong) {
+  // Node 0 of 2: its worker (rank 0) hosts the TCPStore and waits for node 1, which never comes.
+  TempDir dir("rdzv_launch");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  const auto launch_args = [&](int port) {
+    std::vector<std::string> a = {"launch", "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
+                                  "--master-port", std::to_string(port), "--stop-timeout", "30", "--",
+                                  "gpufeed"};
+    for (const auto& t : waiting_rank0_args(data)) a.push_back(t);
+    return a;
+  };
+  {
+    // Ctrl-C to the launcher: forwarded, honoured at once; not 4 x --stop-timeout (120 s).
+    const int port = free_port();
+    const fs::path log = dir.path / "launch_int.log";
+    const pid_t launcher = start_gpufeed(launch_args(port), {"OMP_NUM_THREADS=1"}, log);
+    ASSERT_TRUE(eventually([&] { return listening_on(port) || !alive(launcher); }, 120)) << read_text(log);
+    const auto t0 = std::chrono::steady_clock::now();
+    ::kill(launcher, SIGINT);
+    EXPECT_EQ(wait_for(launcher, 90), 130) << read_text(log);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+    EXPECT_NE(read_text(log).find("rank 0 exited with code 130"), std::string::npos) << read_text(log);
+    EXPECT_FALSE(listening_on(port));
+  }
+  {
+    // SIGKILL to the launcher: its worker gets SIGTERM (PR_SET_PDEATHSIG) and leaves the port.
+    const int port = free_port();
+    const fs::path log = dir.path / "launch_kill.log";
+    const pid_t launcher = start_gpufeed(launch_args(port), {"OMP_NUM_THREADS=1"}, log);
+    ASSERT_TRUE(eventually([&] { return listening_on(port) || !alive(launcher); }, 120)) << read_text(log);
+    const std::vector<pid_t> workers = children_of(launcher);
+    ASSERT_EQ(workers.size(), 1u);
+    ::kill(launcher, SIGKILL);
+    ::waitpid(launcher, nullptr, 0);
+    EXPECT_TRUE(eventually([&] { return !alive(workers[0]); }, 30)) << "the worker outlived its launcher";
+    EXPECT_TRUE(eventually([&] { return !listening_on(port); }, 5)) << "port " << port << " still held";
+    if (alive(workers[0])) ::kill(workers[0], SIGKILL);
+  }
+}
+
+TEST(Train, APortInUseIsOneClearLineNamingThePortAndWhatToDo) {
+  TempDir dir("port_in_use");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  // Hold a port as another run's store would.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  const fs::path log = dir.path / "rank0.log";
+  const pid_t pid = start_gpufeed(waiting_rank0_args(data),
+                                  {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1",
+                                   "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
+                                   "OMP_NUM_THREADS=1"},
+                                  log);
+  const int code = wait_for(pid, 120);
+  ::close(fd);
+  const std::string text = read_text(log);
+  EXPECT_EQ(code, 1) << text;
+  const std::string p = std::to_string(port);
+  EXPECT_NE(text.find("gpufeed: error: ProcessGroup: rank 0 of 2 cannot host the TCPStore on port " + p +
+                      " (MASTER_PORT): the port is already in use"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ss -ltnp 'sport = :" + p + "'"), std::string::npos) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << "one line:\n" << text;
+  EXPECT_EQ(text.find("Exception raised from"), std::string::npos) << "a C++ backtrace:\n" << text;
+  EXPECT_EQ(text.find("frame #"), std::string::npos) << "a C++ backtrace:\n" << text;
 }

@@ -4,7 +4,11 @@
 // Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK,
 // ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and OMP_NUM_THREADS=1 when unset and N > 1, as
 // torchrun does). SIGINT, SIGTERM and SIGHUP are forwarded to every worker (the workers run in
-// their own process groups, so a terminal's Ctrl-C reaches them once, through here). When a
+// their own process groups, so a terminal's Ctrl-C reaches them once, through here); a worker
+// that stops on a signal of its own gets the others a SIGTERM. Workers get SIGTERM when the
+// launcher dies, even by SIGKILL (PR_SET_PDEATHSIG, set in the child after fork, the parent
+// re-checked to close the race), and `gpufeed train` honours it at once while it waits in
+// rendezvous (before its first step there is nothing to checkpoint). When a
 // worker fails (non-zero exit other than 130/143, or killed by a signal) the others get SIGTERM,
 // then SIGKILL after
 // --stop-timeout seconds; the launcher says which rank failed first and how, and exits with
@@ -218,9 +222,15 @@ int run_launch(LaunchOptions o) {
       const bool stopped = WIFEXITED(status) && (WEXITSTATUS(status) == 128 + SIGINT ||
                                                  WEXITSTATUS(status) == 128 + SIGTERM);
       if (stopped && !forwarded) {
-        std::cerr << fmt::format("gpufeed launch: rank {} stopped on a signal ({})\n", w.rank,
-                                 describe_status(status))
+        // A worker stopped by a signal of its own (e.g. `kill` of one pid): the others stop too,
+        // or, before their first step, they would wait in rendezvous for the whole timeout.
+        std::cerr << fmt::format("gpufeed launch: rank {} stopped on a signal ({}){}\n", w.rank,
+                                 describe_status(status),
+                                 stopped_code == 0 && running() > 0
+                                     ? "; passing SIGTERM to the other workers"
+                                     : "")
                   << std::flush;
+        if (stopped_code == 0) signal_all(SIGTERM);
         stopped_code = std::max(stopped_code, WEXITSTATUS(status));
       }
       if (ok || stopped || forwarded) continue;

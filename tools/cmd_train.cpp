@@ -1,6 +1,7 @@
 // gpufeed train: a ResNet on an ImageFolder, fed by gpufeed, with per-epoch reports. Runs as one
 // process, as one rank of a distributed job (gpufeed launch, torchrun, srun), or DataParallel.
-// SIGINT/SIGTERM: finish the current step, write the training checkpoint, exit 130/143; a second
+// SIGINT/SIGTERM: before the first training step (e.g. waiting in rendezvous), exit 130/143 at
+// once; after it, finish the current step, write the training checkpoint, exit 130/143; a second
 // SIGINT exits at once.
 #include <signal.h>
 #include <unistd.h>
@@ -33,9 +34,23 @@ std::string format(const char* f, ...) {
 }
 
 std::atomic<int> g_stop_signal{0};
+// Set by the trainer just before its first step (TrainOptions::steps_started). Until then
+// (rendezvous with a master that may never come, dataset listing, model setup) there is nothing
+// to checkpoint, so a stop signal ends the process at once instead of waiting for a step.
+std::atomic<bool> g_steps_started{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "read in a signal handler");
 
-// First SIGINT/SIGTERM: ask the trainer to stop after this step. A second SIGINT: leave now.
+// Before the first step: exit 128 + signal now. Then: the first SIGINT/SIGTERM asks the trainer
+// to stop after this step (checkpoint, exit 128 + signal); a second SIGINT leaves at once.
 extern "C" void on_stop_signal(int sig) {
+  if (!g_steps_started.load()) {
+    static const char int_msg[] = "gpufeed: SIGINT before the first training step: exiting now (nothing to checkpoint yet)\n";
+    static const char term_msg[] = "gpufeed: SIGTERM before the first training step: exiting now (nothing to checkpoint yet)\n";
+    const bool is_int = sig == SIGINT;
+    [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, is_int ? int_msg : term_msg,
+                                         (is_int ? sizeof int_msg : sizeof term_msg) - 1);
+    ::_exit(128 + sig);
+  }
   int expected = 0;
   if (!g_stop_signal.compare_exchange_strong(expected, sig) && sig == SIGINT) {
     static const char msg[] = "gpufeed: second SIGINT, exiting now (no further checkpoint is written)\n";
@@ -386,6 +401,7 @@ Run add_train(CLI::App& app) {
     // Ctrl-C / SIGTERM: finish the step, checkpoint, exit 128 + signal.
     install_signal_handlers();
     o->stop_flag = &g_stop_signal;
+    o->steps_started = &g_steps_started;
     if (!o->save_checkpoint) {
       // A stopped run always leaves a checkpoint to resume from.
       o->save_checkpoint = o->checkpoint ? std::filesystem::path(o->checkpoint->string() + ".train.pt")

@@ -74,6 +74,18 @@ void check_ranks(const DistEnv& e, const std::string& what) {
   }
 }
 
+/// An exception's message; a c10::Error's without its C++ stack trace (noise to a user).
+std::string message_of(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+/// True when `message` (from TCPStore) says the port could not be bound because it is taken.
+bool says_address_in_use(const std::string& message) {
+  return message.find("EADDRINUSE") != std::string::npos ||
+         message.find("ddress already in use") != std::string::npos;
+}
+
 std::string rank_tag(int rank, int size) {
   return "rank " + std::to_string(rank) + " of " + std::to_string(size);
 }
@@ -164,9 +176,18 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const c10
     auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
     m->store = c10::make_intrusive<c10d::PrefixStore>(options.store_prefix, tcp);
   } catch (const std::exception& e) {
-    throw std::runtime_error(
-        "ProcessGroup: " + who + " cannot rendezvous through the TCPStore at " + where +
-        (env.rank == 0 && !env.agent_store ? " (hosting it)" : "") + ": " + e.what());
+    const std::string why = message_of(e);
+    const bool hosting = env.rank == 0 && !env.agent_store;
+    if (hosting && says_address_in_use(why)) {
+      const std::string port = std::to_string(env.master_port);
+      throw std::runtime_error(
+          "ProcessGroup: " + who + " cannot host the TCPStore on port " + port +
+          " (MASTER_PORT): the port is already in use, by another run or by the workers of one "
+          "that was killed. Use another port (gpufeed launch --master-port P, or 0 for a free "
+          "one on a single node) or stop what holds it (ss -ltnp 'sport = :" + port + "').");
+    }
+    throw std::runtime_error("ProcessGroup: " + who + " cannot rendezvous through the TCPStore at " +
+                             where + (hosting ? " (hosting it)" : "") + ": " + why);
   }
   try {
     c10::intrusive_ptr<c10d::Backend> b;
@@ -184,7 +205,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const c10
     m->pg->setDefaultBackend(type);
   } catch (const std::exception& e) {
     throw std::runtime_error("ProcessGroup: " + who + " cannot create the " + backend +
-                             " backend (store at " + where + "): " + e.what());
+                             " backend (store at " + where + "): " + message_of(e));
   }
   gpufeed::log_text(LogLevel::kInfo, "distributed: " + who + " (local " +
                                          std::to_string(env.local_rank) + ") joined via " +

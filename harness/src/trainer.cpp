@@ -534,6 +534,7 @@ std::vector<EpochStats> Trainer::fit(const std::function<void(const EpochStats&)
   m.stopped = 0;
   std::vector<EpochStats> history;
   Profiler profiler(o.profile, m.run_info(), m.train_loader.get());
+  if (o.steps_started) o.steps_started->store(true);
   for (int64_t epoch = m.epoch; epoch < o.epochs && m.stopped == 0; ++epoch) {
     EpochStats st = m.train_epoch(epoch, profiler, vote);
     if (m.stopped == 0) {

@@ -220,6 +220,10 @@ struct TrainOptions {
   /// Polled after every optimizer step: nonzero asks the run to stop (e.g. set by a signal
   /// handler to the signal number). May be null.
   const std::atomic<int>* stop_flag = nullptr;
+  /// Set to true by fit() just before its first training step (after the rendezvous, dataset
+  /// listing, model and loader setup). A signal handler reads it to tell "nothing to save yet,
+  /// exit now" from "finish the step and checkpoint" (tools/cmd_train.cpp). May be null.
+  std::atomic<bool>* steps_started = nullptr;
 
   ProfileOptions profile{};         ///< metrics file, trace, progress callback (profiler.h)
 };
