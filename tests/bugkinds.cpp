@@ -1389,7 +1389,7 @@ std::vector<Variant> make_kind_variants() {
   return variants;
 }
 
-std::vector<Variant> make_fallback_variants() {
+std::vector<Variant> make_whole_image_variants() {
   std::vector<Variant> v;
   const int W = 21, H = 13;
   const Bytes rgb = pattern(W, H, 3, 11);

@@ -58,9 +58,9 @@ Outcome expected_outcome(const std::string& kind);
 /// Every kind's generated variants (at least one per kind; deterministic bytes).
 std::vector<Variant> make_kind_variants();
 
-/// BMP, PNM and TIFF variants (the OpenCV path), good and damaged; `kind` is "bmp", "pnm" or
+/// BMP, PNM and TIFF variants (WholeImageDecoder: our readers and libtiff), good and damaged; `kind` is "bmp", "pnm" or
 /// "tiff".
-std::vector<Variant> make_fallback_variants();
+std::vector<Variant> make_whole_image_variants();
 
 /// A smooth, deterministic test image with edges: [h, w, channels] uint8.
 Bytes pattern(int width, int height, int channels, uint32_t seed = 1);

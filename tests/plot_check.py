@@ -63,7 +63,7 @@ def main():
     with open(bench) as f:
         doc = json.load(f)
     failures = []
-    if [p["workers"] for p in doc.get("scaling", [])] != [1, 2]:
+    if [p["num_workers"] for p in doc.get("scaling", [])] != [1, 2]:
         failures.append(f"bench --num-workers 1,2 --json gave {doc!r:.200}")
     run([sys.executable, args.plot, metrics, "--bench", bench, "--out", out])
     names = ["throughput.png", "data_wait.png", "gpu.png", "breakdown.png", "summary.png", "scaling.png"]

@@ -1,5 +1,5 @@
-// Tests for gpufeed::decode: header probing, libjpeg-turbo decode with DCT scaling and crop, the
-// fallback formats, typed errors, EXIF orientation, and every file in ../shared/bugcases.
+// Tests for gpufeed::decode: header probing, libjpeg-turbo decode with DCT scaling and crop,
+// the whole-image decoder's formats, typed errors, EXIF orientation, and every file in ../shared/bugcases.
 //
 // Test images are generated here (TurboJPEG through encode_jpeg, OpenCV's imencode, a small GIF
 // writer below); corruption and truncation are byte edits. Where PIL is the reference (what
@@ -2221,7 +2221,7 @@ TEST(BugKinds, EachGeneratedVariantMeetsItsKindsOutcome) {
 
 TEST(BugKinds, BmpPnmAndTiffDecodeOrFailTyped) {
   Decoder decoder;
-  for (const kinds::Variant& v : kinds::make_fallback_variants()) check_variant(decoder, v);
+  for (const kinds::Variant& v : kinds::make_whole_image_variants()) check_variant(decoder, v);
 }
 
 TEST(BugKinds, ErrorsComeFromTheHeaderAloneForBombsAndBadHeaders) {
@@ -2270,7 +2270,7 @@ TEST(BugKinds, GeneratedVariantsMatchPilConvertRgb) {
   std::vector<kinds::Variant> variants;
   for (auto& v : kinds::make_kind_variants())
     if (!v.expect.error && v.kind != "png_16bit_gray.png") variants.push_back(std::move(v));
-  for (auto& v : kinds::make_fallback_variants())  // our own BMP and PNM readers, and libtiff
+  for (auto& v : kinds::make_whole_image_variants())  // our own BMP and PNM readers, and libtiff
     if (!v.expect.error && v.name != "rgb16.ppm") variants.push_back(std::move(v));
   const fs::path dir = fs::temp_directory_path() / ("gpufeed_kinds_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -2333,7 +2333,7 @@ TEST(BugKinds, NothingIsPrintedForAnyVariantOrItsDamage) {
   // The library never prints: not libjpeg, libpng, giflib, libwebp, OpenCV or libtiff on any
   // kind, nor on random truncations and byte flips of each (BMP, PNM and TIFF included).
   std::vector<kinds::Variant> all = kinds::make_kind_variants();
-  for (auto& v : kinds::make_fallback_variants()) all.push_back(std::move(v));
+  for (auto& v : kinds::make_whole_image_variants()) all.push_back(std::move(v));
   std::mt19937 rng(5);
   std::vector<Bytes> inputs;
   for (const auto& v : all) {

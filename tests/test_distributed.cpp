@@ -2,6 +2,7 @@
 // needed), rank failures, signals and crashes during checkpoint writes. Faults are injected
 // deterministically through GPUFEED_TEST_FAULT (tools/cmd_train.cpp), never by timing.
 #include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -14,6 +15,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "gpufeed/harness/checkpoint.h"
+#include "gpufeed/harness/distributed.h"
 #include "gpufeed/harness/resnet.h"
 #include "gpufeed/harness/torch_file.h"
 #include "gpufeed/loader/synthetic.h"
@@ -60,10 +63,19 @@ const std::string kGpufeed = GPUFEED_CLI;
 // One intra-op thread per process (the machine is shared; 2 ranks share its cores).
 const std::string kEnv = "OMP_NUM_THREADS=1 ";
 
+// The fault-injection tests need a CLI that honours GPUFEED_TEST_FAULT: one built with
+// GPUFEED_FAULT_INJECTION (on whenever the tests are built, unless turned off).
+#ifdef GPUFEED_FAULT_INJECTION
+#define REQUIRE_FAULT_INJECTION() (void)0
+#else
+#define REQUIRE_FAULT_INJECTION() \
+  GTEST_SKIP() << "gpufeed was built with -DGPUFEED_FAULT_INJECTION=OFF: GPUFEED_TEST_FAULT is ignored"
+#endif
+
 // A small run whose samples do not interact (BatchNorm frozen, blocks start as the identity).
 std::string train_args(const fs::path& data) {
   return " train --data " + data.string() +
-         " --arch resnet18 --image-size 32 --workers 1 --progress off --freeze-bn "
+         " --arch resnet18 --image-size 32 --num-workers 1 --progress off --freeze-bn "
          "--zero-init-residual --lr 0.8 --seed 0";
 }
 
@@ -132,6 +144,7 @@ TEST(Launch, TwoGlooRanksStayIdenticalAndEqualOneProcessOnTheUnionOfTheirBatches
 }
 
 TEST(Launch, KilledRankMakesThePeerFailNamingTheCauseAndTheLauncherReportsIt) {
+  REQUIRE_FAULT_INJECTION();
   TempDir dir("kill");
   const fs::path data = tiny_dataset(dir.path / "data");
   const int code =
@@ -150,6 +163,7 @@ TEST(Launch, KilledRankMakesThePeerFailNamingTheCauseAndTheLauncherReportsIt) {
 }
 
 TEST(Train, StartedLikeTorchrunWithoutTheLauncherAPeerDeathIsAnErrorNamingTheCause) {
+  REQUIRE_FAULT_INJECTION();
   // What torchrun (or srun) does: two processes with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
   TempDir dir("torchrun");
   const fs::path data = tiny_dataset(dir.path / "data");
@@ -173,6 +187,7 @@ TEST(Train, StartedLikeTorchrunWithoutTheLauncherAPeerDeathIsAnErrorNamingTheCau
 }
 
 TEST(Signals, SigintFinishesTheStepWritesACheckpointAndExits130ThenResumes) {
+  REQUIRE_FAULT_INJECTION();
   TempDir dir("sigint");
   const fs::path data = tiny_dataset(dir.path / "data");
   const fs::path ckpt = dir.path / "train.pt";
@@ -194,6 +209,7 @@ TEST(Signals, SigintFinishesTheStepWritesACheckpointAndExits130ThenResumes) {
 }
 
 TEST(Signals, SecondSigintExitsAtOnceWithoutACheckpoint) {
+  REQUIRE_FAULT_INJECTION();
   TempDir dir("sigint2");
   const fs::path data = tiny_dataset(dir.path / "data");
   const fs::path ckpt = dir.path / "train.pt";
@@ -209,6 +225,7 @@ TEST(Signals, SecondSigintExitsAtOnceWithoutACheckpoint) {
 }
 
 TEST(Signals, SigtermOnOneRankStopsBothRanksAfterTheSameStep) {
+  REQUIRE_FAULT_INJECTION();
   TempDir dir("sigterm");
   const fs::path data = tiny_dataset(dir.path / "data");
   const fs::path ckpt = dir.path / "train.pt";
@@ -224,6 +241,7 @@ TEST(Signals, SigtermOnOneRankStopsBothRanksAfterTheSameStep) {
 }
 
 TEST(Checkpoint, CrashWhileWritingLeavesThePreviousCheckpointLoadable) {
+  REQUIRE_FAULT_INJECTION();
   TempDir dir("crash");
   const fs::path data = tiny_dataset(dir.path / "data");
   const fs::path ckpt = dir.path / "train.pt";
@@ -242,6 +260,7 @@ TEST(Checkpoint, CrashWhileWritingLeavesThePreviousCheckpointLoadable) {
 }
 
 TEST(Signals, LauncherForwardsSigtermToEveryWorkerAndExits143) {
+  REQUIRE_FAULT_INJECTION();
   TempDir dir("fwd");
   const fs::path data = tiny_dataset(dir.path / "data");
   const fs::path ckpt = dir.path / "train.pt";
@@ -349,7 +368,7 @@ TEST(Launch, FourRanksOnThreeImagesAreRefusedAtStartUpNamingTheSizes) {
   }
   const int code = run(kEnv + kGpufeed + " launch --nproc-per-node 4 --master-port 0 -- gpufeed train --data " +
                            (dir.path / "three").string() +
-                           " --arch resnet18 --image-size 32 --workers 1 --progress off --batch-size 2",
+                           " --arch resnet18 --image-size 32 --num-workers 1 --progress off --batch-size 2",
                        dir.path / "launch.log");
   const std::string log = read_text(dir.path / "launch.log");
   EXPECT_EQ(code, 1) << log;
@@ -455,7 +474,7 @@ std::vector<pid_t> children_of(pid_t parent) {
 // Rank 0 of a world of 2 whose rank 1 never comes: it hosts the TCPStore on `port` and waits
 // there for --dist-timeout (300 s) unless a signal ends it.
 std::vector<std::string> waiting_rank0_args(const fs::path& data) {
-  return {"train", "--data", data.string(), "--arch", "resnet18", "--image-size", "32", "--workers", "1",
+  return {"train", "--data", data.string(), "--arch", "resnet18", "--image-size", "32", "--num-workers", "1",
           "--progress", "off", "--distributed", "on", "--dist-timeout", "300", "--batch-size", "4"};
 }
 
@@ -561,4 +580,45 @@ TEST(Train, APortInUseIsOneClearLineNamingThePortAndWhatToDo) {
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << "one line:\n" << text;
   EXPECT_EQ(text.find("Exception raised from"), std::string::npos) << "a C++ backtrace:\n" << text;
   EXPECT_EQ(text.find("frame #"), std::string::npos) << "a C++ backtrace:\n" << text;
+}
+
+// The public ProcessGroup API on two Gloo ranks in one process (one thread each): barrier()
+// holds rank 1 until rank 0 arrives (rank 0 arrives 300 ms late, after setting a flag rank 1
+// reads once released), and all_reduce_sum sums across the ranks.
+TEST(ProcessGroup, BarrierHoldsEveryRankUntilAllArriveAndAllReduceSums) {
+  const int port = free_port();
+  std::atomic<bool> rank0_arrived{false};
+  bool rank1_saw_rank0 = false;
+  std::vector<at::Tensor> sums(2);
+  const auto rank_body = [&](int rank) {
+    harness::DistEnv env;
+    env.rank = env.local_rank = rank;
+    env.world_size = env.local_world_size = 2;
+    env.master_port = port;
+    harness::ProcessGroupOptions options;
+    options.backend = "gloo";
+    options.timeout = std::chrono::seconds(60);
+    auto group = harness::ProcessGroup::create(env, c10::Device(c10::kCPU), options);
+    if (rank == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      rank0_arrived = true;
+    }
+    group->barrier();
+    if (rank == 1) rank1_saw_rank0 = rank0_arrived.load();
+    std::vector<at::Tensor> t{at::full({3}, static_cast<double>(rank + 1))};
+    group->all_reduce_sum(t);
+    sums[static_cast<size_t>(rank)] = t[0];
+    group->barrier();  // neither rank tears its group down while the other still uses it
+  };
+  std::thread rank1([&] {
+    try {
+      rank_body(1);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank 1: " << e.what();
+    }
+  });
+  rank_body(0);
+  rank1.join();
+  EXPECT_TRUE(rank1_saw_rank0) << "rank 1 left barrier() before rank 0 reached it";
+  for (const at::Tensor& t : sums) EXPECT_TRUE(at::equal(t, at::full({3}, 3.0)));
 }

@@ -63,7 +63,7 @@ TEST(Inspect, JsonGivesEachKindsOutcomeAndPngsOfTheDecodedPixels) {
   const fs::path data = tmp.path / "data", pngs = tmp.path / "png";
   fs::create_directories(data / "sub");
   std::vector<kinds::Variant> variants = kinds::make_kind_variants();
-  for (auto& v : kinds::make_fallback_variants()) variants.push_back(std::move(v));
+  for (auto& v : kinds::make_whole_image_variants()) variants.push_back(std::move(v));
   std::map<std::string, const kinds::Variant*> by_path;
   for (size_t i = 0; i < variants.size(); ++i) {
     // Half in a subfolder: folders are searched recursively and their layout kept for the PNGs.
@@ -243,7 +243,7 @@ TEST(JsonOutput, NonUtf8FileNamesBecomeReplacementCharactersInEveryWriter) {
   // flat folder whose only image has a Latin-1 name.
   fs::remove(data / "x\xFF\xFEy.jpg");
   const fs::path dump = tmp.path / "dump.bin";
-  ASSERT_EQ(gpufeed("bench --data '" + data.string() + "' --workers 1 --epochs 1 --warmup 0 "
+  ASSERT_EQ(gpufeed("bench --data '" + data.string() + "' --num-workers 1 --epochs 1 --warmup 0 "
                     "--batch-size 1 --image-size 16 --json --dump '" + dump.string() + "'",
                     tmp.path, out, err),
             0)
@@ -262,7 +262,7 @@ TEST(FileListCli, ByteOrderMarkIsSkippedAndAMissingFileStopsTheStartWithItsLine)
   // Saved by a Windows editor: UTF-8 byte-order mark and CRLF.
   std::ofstream(tmp.path / "list.txt", std::ios::binary) << "\xEF\xBB\xBF" "a.jpg 0\r\nb.jpg 1\r\n";
   std::string out, err;
-  const std::string common = " --workers 1 --epochs 1 --warmup 0 --batch-size 2 --image-size 16 --json";
+  const std::string common = " --num-workers 1 --epochs 1 --warmup 0 --batch-size 2 --image-size 16 --json";
   ASSERT_EQ(gpufeed("bench --data '" + (tmp.path / "list.txt").string() + "'" + common, tmp.path, out, err), 0)
       << err;
   EXPECT_EQ(nlohmann::json::parse(out)["files"], 2);

@@ -8,11 +8,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "gpufeed/harness/nvml.h"
 #include "gpufeed/harness/profiler.h"
@@ -20,6 +22,7 @@
 #include "gpufeed/harness/trace.h"
 #include "gpufeed/harness/trainer.h"
 #include "gpufeed/loader/synthetic.h"
+#include "gpufeed/prefetch/prefetcher.h"
 
 using namespace gpufeed;
 using namespace gpufeed::harness;
@@ -126,7 +129,7 @@ TEST(Verdict, CallsARunThatWaitsForDataInputBoundAndNamesWorkersAsTheKnob) {
   in.loader_read_s = 4.0;  // 40 s of thread time over 4 threads: 640 img/s of capacity
   in.loader_decode_s = 28.4;
   in.loader_resize_s = 7.6;
-  in.workers = 4;
+  in.num_workers = 4;
   in.hardware_threads = 16;
   in.gpu = true;
   const Verdict v = make_verdict(in);
@@ -154,7 +157,7 @@ TEST(Verdict, PicksTheDominantLoaderStageWhenThreadsAreMaxedOut) {
   VerdictInputs in;
   in.steps = steps(10, 640, 1000, 500);
   in.loader_samples = 640;
-  in.workers = in.hardware_threads = 8;
+  in.num_workers = in.hardware_threads = 8;
   in.loader_read_s = 1;
   in.loader_decode_s = 8;
   in.loader_resize_s = 1;
@@ -174,7 +177,7 @@ TEST(Verdict, SuggestsPrefetchDepthWhenTheLoaderKeepsUpOnAverageButStepsStillWai
   in.steps = steps(10, 640, 1000, 300);  // model alone: 914 img/s
   in.loader_samples = 640;
   in.loader_decode_s = 0.2;  // 640 / 0.2 * 2 = 6,400 img/s of capacity
-  in.workers = 2;
+  in.num_workers = 2;
   in.hardware_threads = 16;
   in.prefetch_depth = 2;
   const Verdict v = make_verdict(in);
@@ -189,7 +192,7 @@ TEST(Verdict, CallsARunThatRarelyWaitsComputeBoundWithTheLoadersHeadroom) {
   in.loader_read_s = 1;
   in.loader_decode_s = 2;
   in.loader_resize_s = 1;  // 3200 / 4 s * 8 threads = 6,400 img/s
-  in.workers = 8;
+  in.num_workers = 8;
   in.hardware_threads = 8;
   in.gpu = true;
   const Verdict v = make_verdict(in);
@@ -558,7 +561,7 @@ TEST(Profiler, CpuRunWritesMetricsAndANestedTraceWithLoaderThreadTracks) {
   expected.push_back("summary");
   for (const auto& r : records) types.push_back(r["type"]);
   EXPECT_EQ(types, expected);
-  EXPECT_EQ(records[0]["workers"], 2);
+  EXPECT_EQ(records[0]["num_workers"], 2);
   EXPECT_EQ(records[0]["timing"], "wall_clock");
   int64_t step_sum = 0;
   for (const auto& r : records) {
@@ -679,4 +682,43 @@ TEST(Profiler, LargeModelWithAFastLoaderMakesTheVerdictComputeBound) {
   EXPECT_GT(p.verdict.loader_images_per_s, 3 * p.verdict.model_images_per_s) << p.verdict.text;
   EXPECT_NE(p.verdict.text.find("Compute-bound"), std::string::npos);
   fs::remove_all(dir);
+}
+
+// The first ProfileOptions::warmup_steps (10) steps are left out of RunProfile::steady and the
+// verdict when the run has more than 20 steps (the H200's first ResNet-50 epoch, cuDNN
+// autotuning, ran at a tenth of the later ones' rate and dragged the verdict's model rate down
+// by half). Here the first 10 steps of 30 each sleep 20 ms in forward+backward, the rest do not.
+TEST(Profiler, SteadyStateLeavesTheWarmupStepsOutOfTheVerdict) {
+  for (const int total : {30, 20}) {
+    RunInfo run;
+    run.batch_size = 4;
+    run.num_workers = 1;
+    Profiler prof(ProfileOptions{}, run, nullptr);
+    prof.begin_epoch(0);
+    for (int s = 0; s < total; ++s) {
+      prof.step_begin();
+      prof.batch_ready(prefetch::DeviceBatch{});
+      if (s < 10) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      prof.phase_done(Phase::kForwardBackward);
+      prof.phase_done(Phase::kAllReduce);
+      prof.phase_done(Phase::kOptimizer);
+      prof.step_end(4);
+    }
+    prof.end_epoch();
+    const RunProfile p = prof.finish();
+    EXPECT_EQ(p.steps.steps, total);
+    EXPECT_EQ(p.steps.images, 4 * total);
+    if (total == 30) {
+      EXPECT_EQ(p.warmup_steps_excluded, 10);
+      EXPECT_EQ(p.steady.steps, 20);
+      EXPECT_EQ(p.steady.images, 80);
+      EXPECT_GE(p.steps.compute_ms - p.steady.compute_ms, 10 * 20.0);  // the sleeps are out
+      const double all_steps_rate = 4.0 * total / (p.steps.wall_ms / 1000);
+      EXPECT_GT(p.verdict.model_images_per_s, 2 * all_steps_rate) << p.verdict.text;
+    } else {  // 20 steps: too short to leave 10 out, every step counts
+      EXPECT_EQ(p.warmup_steps_excluded, 0);
+      EXPECT_EQ(p.steady.steps, 20);
+      EXPECT_DOUBLE_EQ(p.steady.wall_ms, p.steps.wall_ms);
+    }
+  }
 }

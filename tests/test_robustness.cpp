@@ -655,7 +655,7 @@ TEST(Memory, EveryBadFileDecodedAThousandTimesLeavesTheHeapAsItWas) {
   std::vector<Bytes> bad;
   for (const auto& v : kinds::make_kind_variants())
     if (v.expect.error) bad.push_back(v.bytes);
-  for (const auto& v : kinds::make_fallback_variants())
+  for (const auto& v : kinds::make_whole_image_variants())
     if (v.expect.error) bad.push_back(v.bytes);
   const fs::path shared = gpufeed::test::shared_dir();
   if (!shared.empty()) {

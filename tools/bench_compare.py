@@ -268,7 +268,7 @@ class Runner:
                    "--transform", "train" if transform == AUGMENTED else transform, "--json",
                    "--seed", "0"] + self.common() + (AUGMENT_FLAGS if transform == AUGMENTED else [])
         elif method == "libtorch":
-            cmd = [str(self.libtorch), "--workers", str(threads), "--transform", transform,
+            cmd = [str(self.libtorch), "--num-workers", str(threads), "--transform", transform,
                    "--data", a.data, "--batch-size", str(a.batch_size), "--image-size",
                    str(a.image_size), "--epochs", str(a.epochs), "--warmup", str(a.warmup)]
         else:
@@ -295,7 +295,7 @@ def quality(args, runner):
     with tempfile.TemporaryDirectory() as tmp:
         for transform in TRANSFORMS:
             raw = os.path.join(tmp, f"{transform}.raw")
-            subprocess.run([str(runner.gpufeed), "bench", "--data", args.data, "--workers", "2",
+            subprocess.run([str(runner.gpufeed), "bench", "--data", args.data, "--num-workers", "2",
                             "--transform", transform, "--image-size", str(args.image_size),
                             "--batch-size", str(args.batch_size), "--dump", raw, "--json"],
                            check=True, stdout=subprocess.DEVNULL, cwd=ROOT)

@@ -164,7 +164,7 @@ nlohmann::json base_record(const char* mode, const Args& a, const loader::Datase
           {"seconds", seconds},
           {"images_per_s", static_cast<double>(samples) / seconds},
           {"cpu_us_per_sample", cpu_s / static_cast<double>(std::max<size_t>(samples, 1)) * 1e6},
-          {"workers", workers},
+          {"num_workers", workers},
           {"threads", threads},
           {"epochs", a.epochs},
           {"warmup", a.warmup}};

@@ -71,7 +71,9 @@ void install_signal_handlers() {
   signal(SIGPIPE, SIG_IGN);
 }
 
-// Test hooks, from GPUFEED_TEST_FAULT (comma-separated), for tests/test_distributed.cpp:
+// Test hooks, from GPUFEED_TEST_FAULT (comma-separated), for tests/test_distributed.cpp. Parsed
+// only by a binary built with GPUFEED_FAULT_INJECTION (a CMake option, on when the tests are
+// built); any other build ignores the variable with a warning:
 //   kill-rank=R:step=K            rank R sends itself SIGKILL after optimizer step K (1-based);
 //   signal=INT|TERM:step=K[:rank=R]   raise the signal after step K (on rank R, default all);
 //                                 repeat the item to raise it twice;
@@ -101,6 +103,11 @@ Faults read_faults() {
   Faults f;
   const char* v = std::getenv("GPUFEED_TEST_FAULT");
   if (!v) return f;
+#ifndef GPUFEED_FAULT_INJECTION
+  std::cerr << "gpufeed: warning: GPUFEED_TEST_FAULT is set, but this gpufeed was built without "
+               "GPUFEED_FAULT_INJECTION (a test-only CMake option): ignored\n";
+  return f;
+#endif
   std::stringstream all(v);
   std::string item;
   while (std::getline(all, item, ',')) {
@@ -149,6 +156,14 @@ std::string profile_report(const harness::RunProfile& p, const harness::TrainOpt
       s.gpu ? "H2D copy" : "convert", s.h2d_ms / n, s.compute_ms / n, s.allreduce_ms / n,
       p.allreduce_measured ? "" : " (single process)", s.optimizer_ms / n,
       s.gpu ? "GPU times from CUDA events" : "wall clock");
+  if (p.warmup_steps_excluded > 0) {
+    const harness::StepBreakdown& w = p.steady;
+    const double m = static_cast<double>(std::max<int64_t>(1, w.steps));
+    out += format("steady state (the %lld steps after the first %lld): per step %.1f ms, data wait %.1f ms, "
+                  "%.0f img/s\n",
+                  static_cast<long long>(w.steps), static_cast<long long>(p.warmup_steps_excluded),
+                  w.wall_ms / m, w.data_wait_ms / m, w.images_per_s());
+  }
   if (auto busy = s.gpu_busy_fraction()) {
     out += format("gpu: busy %.0f%% of step time (CUDA events)", 100 * *busy);
     if (auto util = s.gpu_util_percent()) out += format(", NVML utilization %.0f%%", *util);

@@ -102,13 +102,13 @@ for r in map(json.loads, open(sys.argv[1])):
 
 BF16=(); [ "$DEVICE" != cpu ] && BF16=(--bf16)
 run train_torch 150 "$PY" tools/baselines/torch_train.py --data "$DATA" --arch "$ARCH" \
-  --batch-size "$BATCH" --workers "$THREADS" --steps "$STEPS" --warmup-steps "$WARM" \
+  --batch-size "$BATCH" --num-workers "$THREADS" --steps "$STEPS" --warmup-steps "$WARM" \
   --image-size "$SIZE" --device "$DEVICE" --channels-last "${BF16[@]}"
 
 # The Python package: examples/python/train_imagenet.py, one epoch over the same files with
 # gpufeed.DataLoader and with torchvision + torch's DataLoader (AMP, channels_last on CUDA).
 if [ -d "$B/py/gpufeed" ]; then
-  EX=(--data "$DATA" --arch "$ARCH" --epochs 1 --batch-size "$BATCH" --workers "$THREADS"
+  EX=(--data "$DATA" --arch "$ARCH" --epochs 1 --batch-size "$BATCH" --num-workers "$THREADS"
       --image-size "$SIZE" --device "${DEVICE%%:*}" --channels-last --metrics "$OUT/example_metrics.jsonl")
   [ "$DEVICE" != cpu ] && EX+=(--amp)
   run example_gpufeed 120 env PYTHONPATH="$PWD/$B/py" "$PY" examples/python/train_imagenet.py --loader gpufeed "${EX[@]}"

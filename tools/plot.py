@@ -57,8 +57,8 @@ def title(run):
     parts = [run.get("model", ""), run.get("device", "")]
     if run.get("batch_size"):
         parts.append(f"batch {run['batch_size']}")
-    if run.get("workers"):
-        parts.append(f"{run['workers']} loader threads")
+    if run.get("num_workers"):
+        parts.append(f"{run['num_workers']} loader threads")
     return ", ".join(p for p in parts if p)
 
 
@@ -185,7 +185,7 @@ def read_bench(path):
         points = doc
     else:
         points = [doc]
-    points = [dict(p, threads=p.get("threads", p.get("workers"))) for p in points if "images_per_s" in p]
+    points = [dict(p, threads=p.get("threads", p.get("num_workers"))) for p in points if "images_per_s" in p]
     points = [p for p in points if p["threads"]]
     if not points:
         sys.exit(f"plot.py: {path} has no threads/images_per_s results (gpufeed bench --json)")

@@ -263,7 +263,7 @@ void read_file(const char* path, std::vector<uint8_t>& out) {
 
 struct Decoder::Impl {
   detail::JpegDecoder jpeg;
-  detail::FallbackDecoder fallback;
+  detail::WholeImageDecoder whole_image;
   ImageBuffer stored;  // decode target when EXIF orientation is applied afterwards
 };
 
@@ -310,7 +310,7 @@ DecodeResult Decoder::decode(std::span<const uint8_t> bytes, std::string_view so
   if (info.format == ImageFormat::kJpeg) {
     impl_->jpeg.decode(bytes, source, info, options, crop, target, result);
   } else {
-    impl_->fallback.decode(bytes, source, info, options, crop, target, result);
+    impl_->whole_image.decode(bytes, source, info, options, crop, target, result);
     result.scale = ScaleFactor{8};
     result.region = crop;
     result.scaled_region = crop;

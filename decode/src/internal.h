@@ -73,16 +73,17 @@ class JpegDecoder {
   std::vector<uint8_t> row_;  // one decoded scanline (RGB or CMYK), reused across images
 };
 
-/// Everything that is not JPEG: GIF (giflib, first frame), PNG (libpng), WebP (libwebp; animated:
-/// the first frame, libwebpdemux), BMP and
-/// PNM (our own readers, raster.cpp), TIFF (libtiff, tiff.cpp). Full-resolution decode, then
-/// `crop` (stored source pixels, clamped) copied out.
-class FallbackDecoder {
+/// The decoder of every format that is not JPEG, named for how it works: it decodes the whole
+/// image at full resolution, then copies `crop` (stored source pixels, clamped) out, where
+/// JpegDecoder decodes only the crop at a DCT scale. GIF (giflib, first frame), PNG (libpng),
+/// WebP (libwebp; animated: the first frame, libwebpdemux), BMP and PNM (our own readers,
+/// raster.cpp), TIFF (libtiff, tiff.cpp).
+class WholeImageDecoder {
  public:
-  FallbackDecoder();
-  ~FallbackDecoder();
-  FallbackDecoder(const FallbackDecoder&) = delete;
-  FallbackDecoder& operator=(const FallbackDecoder&) = delete;
+  WholeImageDecoder();
+  ~WholeImageDecoder();
+  WholeImageDecoder(const WholeImageDecoder&) = delete;
+  WholeImageDecoder& operator=(const WholeImageDecoder&) = delete;
 
   /// Decodes into `out`; fills result.warnings (libpng warnings), the rest is set by the caller.
   void decode(std::span<const uint8_t> bytes, std::string_view source, const ImageInfo& info,

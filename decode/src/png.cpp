@@ -169,7 +169,7 @@ struct PngHandles {
 
 }  // namespace
 
-void FallbackDecoder::decode_png(std::span<const uint8_t> bytes, std::string_view source,
+void WholeImageDecoder::decode_png(std::span<const uint8_t> bytes, std::string_view source,
                                  const ImageInfo& info, const DecodeOptions& options,
                                  const CropRect& crop, ImageBuffer& out, DecodeResult& result) {
   PngContext ctx{};

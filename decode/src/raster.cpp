@@ -54,7 +54,7 @@ struct Channel {
 
 }  // namespace
 
-void FallbackDecoder::decode_bmp(std::span<const uint8_t> b, std::string_view source,
+void WholeImageDecoder::decode_bmp(std::span<const uint8_t> b, std::string_view source,
                                  const ImageInfo& info, const CropRect& crop, ImageBuffer& out) {
   const uint32_t offset = le32(b, 10);
   const uint32_t dib = le32(b, 14);
@@ -215,7 +215,7 @@ void FallbackDecoder::decode_bmp(std::span<const uint8_t> b, std::string_view so
   copy_region(image, full_stride, crop, out);
 }
 
-void FallbackDecoder::decode_pnm(std::span<const uint8_t> b, std::string_view source,
+void WholeImageDecoder::decode_pnm(std::span<const uint8_t> b, std::string_view source,
                                  const ImageInfo& info, const CropRect& crop, ImageBuffer& out) {
   const PnmHeader header = pnm_header(b, source);
   const int w = info.width, h = info.height;

@@ -29,7 +29,7 @@ namespace gpufeed::decode::detail {
 
 #ifndef GPUFEED_WITH_TIFF
 
-void FallbackDecoder::decode_tiff(std::span<const uint8_t>, std::string_view source,
+void WholeImageDecoder::decode_tiff(std::span<const uint8_t>, std::string_view source,
                                   const ImageInfo&, const DecodeOptions&, const CropRect&,
                                   ImageBuffer&, DecodeResult&) {
   // A slim build (GPUFEED_WITH_IMGCODECS=OFF, e.g. the GPU-machine bundle) leaves libtiff out.
@@ -119,7 +119,7 @@ ErrorKind tiff_kind(const std::string& message) {
 
 }  // namespace
 
-void FallbackDecoder::decode_tiff(std::span<const uint8_t> bytes, std::string_view source,
+void WholeImageDecoder::decode_tiff(std::span<const uint8_t> bytes, std::string_view source,
                                   const ImageInfo& info, const DecodeOptions& options,
                                   const CropRect& crop, ImageBuffer& out, DecodeResult& result) {
   TiffSource src{bytes.data(), bytes.size(), 0, 0, 0, {}};

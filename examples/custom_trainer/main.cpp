@@ -4,7 +4,7 @@
 // (or `gpufeed launch`, or srun) every process trains its DistributedSampler shard and gradients
 // are averaged (Gloo on the CPU, NCCL on CUDA).
 //
-//   custom_trainer DATA [--epochs 3] [--batch-size 32] [--image-size 64] [--workers 2]
+//   custom_trainer DATA [--epochs 3] [--batch-size 32] [--image-size 64] [--num-workers 2]
 //                       [--lr 0.1] [--seed 0] [--device cpu|cuda]
 //
 // Per epoch rank 0 prints loss and top-1 over all ranks, images/s (all ranks) and the fraction of
@@ -41,7 +41,7 @@ struct NetImpl : torch::nn::Module {
 struct Args {
   std::string data, device = "cpu";
   int64_t epochs = 3, batch_size = 32;
-  int image_size = 64, workers = 2;
+  int image_size = 64, num_workers = 2;
   double lr = 0.1;
   uint64_t seed = 0;
 };
@@ -57,7 +57,7 @@ Args parse(int argc, char** argv) {
     if (arg == "--epochs") a.epochs = std::stoll(value());
     else if (arg == "--batch-size") a.batch_size = std::stoll(value());
     else if (arg == "--image-size") a.image_size = std::stoi(value());
-    else if (arg == "--workers") a.workers = std::stoi(value());
+    else if (arg == "--num-workers") a.num_workers = std::stoi(value());
     else if (arg == "--lr") a.lr = std::stod(value());
     else if (arg == "--seed") a.seed = std::stoull(value());
     else if (arg == "--device") a.device = value();
@@ -91,7 +91,7 @@ int main(int argc, char** argv) try {
   gl::LoaderOptions options;
   options.batch_size = args.batch_size;
   options.drop_last = true;  // equal steps on every rank, and no 1-sample batch for BatchNorm
-  options.num_workers = args.workers;
+  options.num_workers = args.num_workers;
   options.seed = args.seed;
   options.transform = gl::TransformOptions::imagenet(gl::TransformOptions::Kind::kTrain, args.image_size);
   auto loader = std::make_shared<gl::Loader>(dataset, sampler, options,

@@ -7,7 +7,7 @@
 // every batch's image bytes, then its labels as int64, in order): the same dataset, seed and
 // options give the same checksum on any machine and with any number of workers.
 //
-//   loader_only DATA [--epochs 2] [--batch-size 32] [--image-size 64] [--workers 2] [--seed 0]
+//   loader_only DATA [--epochs 2] [--batch-size 32] [--image-size 64] [--num-workers 2] [--seed 0]
 //                    [--rank 0 --world-size 1]
 // DATA: an ImageFolder root, a flat folder of images or a "path label" file list.
 #include <gpufeed/loader.h>
@@ -52,7 +52,7 @@ uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
 struct Args {
   std::string data;
   int64_t epochs = 2, batch_size = 32, world_size = 1, rank = 0;
-  int image_size = 64, workers = 2;
+  int image_size = 64, num_workers = 2;
   uint64_t seed = 0;
 };
 
@@ -67,7 +67,7 @@ Args parse(int argc, char** argv) {
     if (arg == "--epochs") a.epochs = value();
     else if (arg == "--batch-size") a.batch_size = value();
     else if (arg == "--image-size") a.image_size = static_cast<int>(value());
-    else if (arg == "--workers") a.workers = static_cast<int>(value());
+    else if (arg == "--num-workers") a.num_workers = static_cast<int>(value());
     else if (arg == "--seed") a.seed = static_cast<uint64_t>(value());
     else if (arg == "--rank") a.rank = value();
     else if (arg == "--world-size") a.world_size = value();
@@ -91,7 +91,7 @@ int main(int argc, char** argv) try {
                            .num_replicas = args.world_size, .rank = args.rank, .seed = args.seed});
   gl::LoaderOptions options;
   options.batch_size = args.batch_size;
-  options.num_workers = args.workers;
+  options.num_workers = args.num_workers;
   options.seed = args.seed;  // augmentation: sample i of epoch e draws from (seed, e, i)
   options.transform = gl::TransformOptions::imagenet(gl::TransformOptions::Kind::kTrain, args.image_size);
   auto allocator = std::make_shared<CountingAllocator>();

@@ -35,7 +35,8 @@ def parse_args():
     p.add_argument("--data", required=True, help="folder with train/ and val/ ImageFolder trees")
     p.add_argument("--loader", choices=("gpufeed", "torch"), default="gpufeed")
     p.add_argument("-a", "--arch", default="resnet18", help="a torchvision.models name")
-    p.add_argument("-j", "--workers", type=int, default=4, help="decode threads (gpufeed) or worker processes (torch)")
+    p.add_argument("-j", "--workers", "--num-workers", dest="workers", type=int, default=4,
+                   help="decode threads (gpufeed: num_workers) or worker processes (torch's DataLoader); -j/--workers as in PyTorch's examples/imagenet")
     p.add_argument("--epochs", type=int, default=90)
     p.add_argument("-b", "--batch-size", type=int, default=256, help="per process")
     p.add_argument("--lr", type=float, default=0.1, help="for a global batch of 256, scaled linearly")

@@ -126,7 +126,7 @@ Verdict make_verdict(const VerdictInputs& in) {
   v.delivered_images_per_s = s.images_per_s();
   const double busy_ms = std::max(s.wall_ms - s.data_wait_ms, 1e-6);
   v.model_images_per_s = static_cast<double>(s.images) / (busy_ms / 1000.0);
-  const int workers = std::max(1, in.workers);
+  const int workers = std::max(1, in.num_workers);
   const double thread_s = in.loader_read_s + in.loader_decode_s + in.loader_resize_s;
   if (thread_s > 0 && in.loader_samples > 0) {
     v.loader_images_per_s = static_cast<double>(in.loader_samples) / thread_s * workers;
@@ -154,8 +154,8 @@ Verdict make_verdict(const VerdictInputs& in) {
   if (v.data_wait_fraction >= kInputBoundWaitFraction) {
     v.bound = Verdict::Bound::kInput;
     const bool capacity_to_spare = v.loader_images_per_s > 1.25 * v.model_images_per_s;
-    if (in.workers < in.hardware_threads && !capacity_to_spare) {
-      v.knob = "raise --num-workers from " + std::to_string(in.workers) + " to " +
+    if (in.num_workers < in.hardware_threads && !capacity_to_spare) {
+      v.knob = "raise --num-workers from " + std::to_string(in.num_workers) + " to " +
                std::to_string(in.hardware_threads) + " (the machine has " +
                std::to_string(in.hardware_threads) + " hardware threads" +
                (in.gpu ? ")" : "; on a CPU run the model competes for the same cores)") + ".";
@@ -246,6 +246,7 @@ struct Profiler::Impl {
 
   int64_t epoch = 0, global_step = 0, step_in_epoch = 0;
   StepBreakdown window, epoch_sum, run_sum;
+  StepBreakdown steady_sum;  // run_sum without the first options.warmup_steps steps
   int64_t window_first_step = 0;
   std::deque<std::array<double, 3>> recent;  // wall_ms, wait_ms, images of the last steps
   double trained_ms = 0;                     // host wall of all steps so far
@@ -320,7 +321,8 @@ struct Profiler::Impl {
   void drain_nvml() {
     if (!nvml) return;
     for (const GpuSample& g : nvml->take()) {
-      for (StepBreakdown* b : {&window, &epoch_sum, &run_sum}) {
+      for (StepBreakdown* b : {&window, &epoch_sum, &run_sum, &steady_sum}) {
+        if (b == &steady_sum && run_sum.steps < options.warmup_steps) continue;
         b->gpu_util_percent_sum += g.util_percent;
         b->gpu_util_samples += 1;
       }
@@ -411,6 +413,7 @@ struct Profiler::Impl {
     if (gpu) last_busy_fraction = b.gpu_busy_fraction();
     window.add(b);
     epoch_sum.add(b);
+    if (run_sum.steps >= options.warmup_steps) steady_sum.add(b);
     run_sum.add(b);
     if (window.steps >= options.metrics_every_steps) flush_window();
   }
@@ -473,7 +476,7 @@ struct Profiler::Impl {
       trace->name_track(kComputeTrack, "GPU compute stream", 1);
       trace->name_track(kCopyTrack, "GPU copy stream (H2D)", 2);
     }
-    for (int k = 0; k <= std::max(1, run.workers); ++k) {
+    for (int k = 0; k <= std::max(1, run.num_workers); ++k) {
       trace->name_track(kLoaderTrack0 + k, "loader thread " + std::to_string(k), 10 + k);
     }
   }
@@ -566,7 +569,7 @@ Profiler::Profiler(ProfileOptions options, RunInfo run, loader::Loader* loader)
                   {"epochs", m.run.epochs},
                   {"steps_per_epoch", m.run.steps_per_epoch},
                   {"batch_size", m.run.batch_size},
-                  {"workers", m.run.workers},
+                  {"num_workers", m.run.num_workers},
                   {"hardware_threads", m.run.hardware_threads},
                   {"prefetch_depth", m.run.prefetch_depth},
                   {"image_size", m.run.image_size},
@@ -704,10 +707,13 @@ RunProfile Profiler::finish() {
 
   RunProfile p;
   p.steps = m.run_sum;
+  const bool skip_warmup = m.steady_sum.steps > 0 && m.run_sum.steps > 2 * m.options.warmup_steps;
+  p.steady = skip_warmup ? m.steady_sum : m.run_sum;
+  p.warmup_steps_excluded = p.steps.steps - p.steady.steps;
   p.allreduce_measured = m.run.allreduce;
   p.nvml_status = m.nvml_status;
   VerdictInputs in;
-  in.steps = m.run_sum;
+  in.steps = p.steady;
   if (m.loader) {
     const loader::LoaderStats now = m.loader->stats();
     p.loader = now;
@@ -724,7 +730,7 @@ RunProfile Profiler::finish() {
     in.loader_decode_s = p.loader.decode_s;
     in.loader_resize_s = p.loader.resize_s;
   }
-  in.workers = m.run.workers;
+  in.num_workers = m.run.num_workers;
   in.hardware_threads = m.run.hardware_threads;
   in.prefetch_depth = m.run.prefetch_depth;
   in.gpu = m.gpu;
@@ -736,6 +742,8 @@ RunProfile Profiler::finish() {
   j["t_s"] = ms(now_ns() - m.origin_ns) / 1000.0;
   j["loader"] = m.loader_json(m.loader_start);
   j["nvml"] = m.nvml_status;
+  j["steady"] = m.breakdown_json(p.steady);
+  j["warmup_steps_excluded"] = p.warmup_steps_excluded;
   j["allreduce_measured"] = m.run.allreduce;
   const Verdict& v = p.verdict;
   j["verdict"] = {{"bound", v.bound == Verdict::Bound::kInput     ? "input"

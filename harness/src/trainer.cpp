@@ -520,7 +520,7 @@ RunInfo Trainer::Impl::run_info() const {
   run.steps_per_epoch = steps_per_epoch() * o.accum_steps;  // the profiler counts micro-batches
   run.batch_size = o.batch_size;
   run.hardware_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  run.workers = o.num_workers > 0 ? o.num_workers : run.hardware_threads;
+  run.num_workers = o.num_workers > 0 ? o.num_workers : run.hardware_threads;
   run.prefetch_depth = o.prefetch_depth;
   run.image_size = o.image_size;
   run.allreduce = ddp != nullptr;  // else the all-reduce phase is recorded as zero-length

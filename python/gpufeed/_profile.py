@@ -86,15 +86,15 @@ class profile:
         except TypeError:
             steps = 0
         batch_size = getattr(loader, "batch_size", None) or 0
-        workers = getattr(loader, "num_workers", 0) or 0
+        num_workers = getattr(loader, "num_workers", 0) or 0
         if ours:
-            workers = loader.stats()["threads"]
+            num_workers = loader.stats()["threads"]
         dist = torch.distributed
         allreduce = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         self._p = _C._Profiler(
             None if metrics is None else os.fspath(metrics), metrics_every,
             None if trace is None else os.fspath(trace), trace_max_events, nvml, str(self.device), model, epochs,
-            steps, batch_size, workers, getattr(loader, "prefetch_depth", 0) if ours else 0,
+            steps, batch_size, num_workers, getattr(loader, "prefetch_depth", 0) if ours else 0,
             getattr(loader, "image_size", 0) if ours else 0, allreduce, loader._c if ours else None)
         self._ours = ours
         self.metrics, self.trace = metrics, trace
@@ -174,6 +174,12 @@ def format_report(result: Dict[str, Any], metrics=None, trace=None) -> str:
            f"{'H2D copy' if s['gpu'] else 'convert'} {s['h2d_ms'] / n:.2f} ms, forward+backward {s['compute_ms'] / n:.1f} ms, "
            f"all-reduce {s['allreduce_ms'] / n:.1f} ms{'' if result['allreduce_measured'] else ' (single process)'}, "
            f"optimizer {s['optimizer_ms'] / n:.1f} ms ({'GPU times from CUDA events' if s['gpu'] else 'wall clock'})\n")
+    if result.get("warmup_steps_excluded", 0) > 0:
+        w = result["steady"]
+        m = max(1, w["steps"])
+        out += (f"steady state (the {w['steps']} steps after the first {result['warmup_steps_excluded']}): "
+                f"per step {w['wall_ms'] / m:.1f} ms, data wait {w['data_wait_ms'] / m:.1f} ms, "
+                f"{w['images'] / max(w['wall_ms'] / 1000, 1e-9):.0f} img/s\n")
     if s["gpu_busy_fraction"] is not None:
         out += f"gpu: busy {100 * s['gpu_busy_fraction']:.0f}% of step time (CUDA events)"
         if s["gpu_util_percent"] is not None:

@@ -43,7 +43,7 @@ class PyProfiler {
  public:
   PyProfiler(std::optional<std::string> metrics, int64_t metrics_every, std::optional<std::string> trace,
              int64_t trace_max_events, bool nvml, const std::string& device, const std::string& model,
-             int64_t epochs, int64_t steps_per_epoch, int64_t batch_size, int workers, int prefetch_depth,
+             int64_t epochs, int64_t steps_per_epoch, int64_t batch_size, int num_workers, int prefetch_depth,
              int image_size, bool allreduce, nb::handle py_loader) {
     harness::ProfileOptions o;
     if (metrics) o.metrics_path = *metrics;
@@ -57,7 +57,7 @@ class PyProfiler {
     run.epochs = epochs;
     run.steps_per_epoch = steps_per_epoch;
     run.batch_size = batch_size;
-    run.workers = workers;
+    run.num_workers = num_workers;
     run.hardware_threads = static_cast<int>(std::thread::hardware_concurrency());
     run.prefetch_depth = prefetch_depth;
     run.image_size = image_size;
@@ -102,6 +102,8 @@ class PyProfiler {
     }
     nb::dict d;
     d["steps"] = breakdown_dict(p.steps);
+    d["steady"] = breakdown_dict(p.steady);
+    d["warmup_steps_excluded"] = p.warmup_steps_excluded;
     nb::dict v;
     const harness::Verdict& verdict = p.verdict;
     v["bound"] = verdict.bound == harness::Verdict::Bound::kInput     ? "input"
@@ -138,7 +140,7 @@ void bind_profiler(nb::module_& m) {
                     const std::string&, const std::string&, int64_t, int64_t, int64_t, int, int, int, bool,
                     nb::handle>(),
            "metrics"_a.none(), "metrics_every"_a, "trace"_a.none(), "trace_max_events"_a, "nvml"_a, "device"_a,
-           "model"_a, "epochs"_a, "steps_per_epoch"_a, "batch_size"_a, "workers"_a, "prefetch_depth"_a,
+           "model"_a, "epochs"_a, "steps_per_epoch"_a, "batch_size"_a, "num_workers"_a, "prefetch_depth"_a,
            "image_size"_a, "allreduce"_a, "loader"_a.none())
       .def("begin_epoch", &PyProfiler::begin_epoch)
       .def("step_begin", &PyProfiler::step_begin)

@@ -31,7 +31,7 @@ def test_batches_equal_cli_loader_byte_for_byte(tmp_path, folder, gpufeed_cli, t
     """`gpufeed bench --dump` writes the C++ Loader's first-pass samples (sequential order,
     epoch 0); the Python iterator over the same files and options yields the same bytes."""
     dump = tmp_path / "dump.bin"
-    subprocess.run([str(gpufeed_cli), "bench", "--data", str(folder), "--workers", "2", "--batch-size", "5",
+    subprocess.run([str(gpufeed_cli), "bench", "--data", str(folder), "--num-workers", "2", "--batch-size", "5",
                     "--image-size", "48", "--transform", "train" if train else "eval", "--epochs", "1",
                     "--dump", str(dump)], check=True, capture_output=True)
     meta = json.loads((tmp_path / "dump.bin.json").read_text())

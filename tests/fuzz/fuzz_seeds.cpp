@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   const std::filesystem::path dir(argv[1]);
   std::filesystem::create_directories(dir);
   auto variants = gpufeed::test::make_kind_variants();
-  for (auto& v : gpufeed::test::make_fallback_variants()) variants.push_back(std::move(v));
+  for (auto& v : gpufeed::test::make_whole_image_variants()) variants.push_back(std::move(v));
   int written = 0;
   for (const auto& v : variants) {
     if (v.bytes.size() > 256 * 1024) continue;

@@ -202,7 +202,7 @@ def main():
             fail(f"{binary} does not load libgpufeed_{lib} from the prefix, or misses a library:\n{ldd}")
     lib_env = dict(os.environ, LD_LIBRARY_PATH=str(prefix / "lib"))
     for binary, workers, env in ((work / "loader_only/loader_only", "2", None), (pc_binary, "1", lib_env)):
-        out, _ = run([binary, data, *args, "--workers", workers], env=env)
+        out, _ = run([binary, data, *args, "--num-workers", workers], env=env)
         print(out, end="")
         if epochs_of(out, binary.name) != want:
             fail(f"{binary} (workers {workers}) differs from reference_checksum")
@@ -212,7 +212,7 @@ def main():
     # custom_trainer: 2 ranks (Gloo) under gpufeed launch.
     out, train_s = run([a.gpufeed, "launch", "--nproc-per-node", "2", "--master-port", "0", "--",
                         work / "custom_trainer/custom_trainer", data, "--epochs", "3", "--batch-size", "16",
-                        "--image-size", "32", "--workers", "1", "--lr", "0.2"])
+                        "--image-size", "32", "--num-workers", "1", "--lr", "0.2"])
     print(out, end="")
     epochs = re.findall(r"^epoch (\d+): loss ([0-9.]+) top1 ([0-9.]+) samples (\d+) images/s ([0-9.]+) "
                         r"data wait ([0-9.]+)%", out, re.M)

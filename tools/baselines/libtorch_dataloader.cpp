@@ -2,11 +2,11 @@
 // A torch::data::datasets::Dataset whose get() reads and decodes a file with OpenCV (cv::imread,
 // whole image, BGR -> RGB), applies torchvision's RandomResizedCrop(size) + RandomHorizontalFlip
 // (or Resize(size * 256 / 224) + CenterCrop(size)) with cv::resize (bilinear), and returns a
-// [size, size, 3] uint8 tensor; torch::data's DataLoader with `--workers` threads collates
+// [size, size, 3] uint8 tensor; torch::data's DataLoader with `--num-workers` threads collates
 // batches with Stack. Output type and layout are gpufeed's ([N, S, S, 3] uint8), so both do the
 // same work per sample.
 //
-//   libtorch_dataloader --data DIR [--workers 2] [--batch-size 256] [--image-size 224]
+//   libtorch_dataloader --data DIR [--num-workers 2] [--batch-size 256] [--image-size 224]
 //                       [--transform train|eval] [--epochs 3] [--warmup 1]
 // prints one JSON object: images_per_s over the timed epochs, and what was run.
 //
@@ -48,7 +48,7 @@ Args parse(int argc, char** argv) {
     if (i + 1 >= argc) throw std::invalid_argument("missing value after " + k);
     const std::string v = argv[++i];
     if (k == "--data") a.data = v;
-    else if (k == "--workers") a.workers = std::stoi(v);
+    else if (k == "--num-workers") a.workers = std::stoi(v);
     else if (k == "--batch-size") a.batch_size = std::stoi(v);
     else if (k == "--image-size") a.image_size = std::stoi(v);
     else if (k == "--transform") a.transform = v;
@@ -155,7 +155,7 @@ class ImageFiles : public torch::data::datasets::Dataset<ImageFiles> {
 int main(int argc, char** argv) {
   try {
     const Args a = parse(argc, argv);
-    // The `--workers` threads are the only ones: OpenCV's and ATen's own pools stay at one thread.
+    // The `--num-workers` threads are the only ones: OpenCV's and ATen's own pools stay at one thread.
     cv::setNumThreads(1);
     torch::set_num_threads(1);
     auto dataset = ImageFiles(a.data, a.image_size, a.transform == "train")

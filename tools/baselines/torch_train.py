@@ -20,7 +20,8 @@ def main() -> None:
     ap.add_argument("--data", required=True)
     ap.add_argument("--arch", default="resnet50")
     ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--num-workers", "--workers", dest="num_workers", type=int, default=8,
+                    help="DataLoader(num_workers=...); --workers is the old spelling")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup-steps", type=int, default=20)
     ap.add_argument("--image-size", type=int, default=224)
@@ -35,8 +36,8 @@ def main() -> None:
                     T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
     ds = torchvision.datasets.ImageFolder(args.data, tf)
     dl = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=True,
-                                     num_workers=args.workers, pin_memory=device.type == "cuda",
-                                     drop_last=True, persistent_workers=args.workers > 0)
+                                     num_workers=args.num_workers, pin_memory=device.type == "cuda",
+                                     drop_last=True, persistent_workers=args.num_workers > 0)
     model = getattr(torchvision.models, args.arch)(num_classes=len(ds.classes)).to(device)
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
     model = model.to(memory_format=fmt)
@@ -81,7 +82,7 @@ def main() -> None:
     busy_ms = sum(s.elapsed_time(e) for s, e in events) if cuda else float("nan")
     print(json.dumps({
         "loader": "torch.utils.data.DataLoader", "arch": args.arch, "device": str(device),
-        "batch_size": args.batch_size, "workers": args.workers, "bf16": args.bf16,
+        "batch_size": args.batch_size, "num_workers": args.num_workers, "bf16": args.bf16,
         "channels_last": args.channels_last, "measured_steps": measured, "seconds": wall,
         "images_per_s": measured * args.batch_size / wall,
         "data_wait_fraction": wait_s / wall,

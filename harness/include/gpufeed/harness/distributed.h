@@ -100,7 +100,8 @@ class ProcessGroup {
   /// `bucket_bytes` (torch's _broadcast_coalesced).
   void broadcast_coalesced(const std::vector<at::Tensor>& tensors, int root = 0,
                            int64_t bucket_bytes = int64_t{250} << 20);
-  /// Blocks until all ranks arrive.
+  /// Blocks until every rank of the group has called barrier() (torch.distributed.barrier()).
+  /// Throws std::runtime_error when a peer fails or the group's timeout passes.
   void barrier();
 
   struct Impl;

@@ -45,6 +45,11 @@ struct ProfileOptions {
   bool nvml = true;  ///< sample NVML during CUDA runs when the library loads
   std::string nvml_library = "libnvidia-ml.so.1";  ///< dlopen name (tests use a fake)
   double nvml_interval_ms = 100;                   ///< NVML sampling period
+  /// Steps at the start of the run left out of RunProfile::steady and the verdict (cuDNN
+  /// autotuning, allocator growth and the loader's first fill make them slower; on the H200 the
+  /// first epoch of ResNet-50 took 10x the later ones). Applied only when the run has more than
+  /// twice as many steps; otherwise every step counts.
+  int64_t warmup_steps = 10;
   /// Called on the training thread after every step (see progress.h for a printer).
   std::function<void(const ProgressSnapshot&)> on_progress;
 };
@@ -56,7 +61,7 @@ struct RunInfo {
   int64_t epochs = 1;
   int64_t steps_per_epoch = 0;
   int64_t batch_size = 0;
-  int workers = 0;           ///< loader threads actually used
+  int num_workers = 0;       ///< loader threads actually used (--num-workers)
   int hardware_threads = 0;  ///< std::thread::hardware_concurrency()
   int prefetch_depth = 0;    ///< loader slots
   int image_size = 0;        ///< output side, pixels
@@ -106,7 +111,7 @@ struct VerdictInputs {
   double loader_read_s = 0;    ///< thread time, summed over workers
   double loader_decode_s = 0;
   double loader_resize_s = 0;
-  int workers = 1;  ///< loader threads
+  int num_workers = 1;  ///< loader threads
   int hardware_threads = 1;
   int prefetch_depth = 0;
   bool gpu = false;        ///< training on a GPU
@@ -120,7 +125,7 @@ struct Verdict {
   double data_wait_fraction = 0;      ///< of step wall time, 0..1
   double delivered_images_per_s = 0;  ///< what the run achieved
   double model_images_per_s = 0;      ///< images / (step time - data wait): the model alone
-  double loader_images_per_s = 0;     ///< loader capacity: samples / thread time * workers
+  double loader_images_per_s = 0;     ///< loader capacity: samples / thread time * num_workers
   double read_fraction = 0, decode_fraction = 0, resize_fraction = 0;  ///< of loader thread time
   std::string knob;  ///< the change most likely to help, one sentence
   std::string text;  ///< one short paragraph, the whole verdict
@@ -136,6 +141,11 @@ Verdict make_verdict(const VerdictInputs& in);
 /// A finished run's profile.
 struct RunProfile {
   StepBreakdown steps;                  ///< all steps of all epochs
+  /// The steps after the first warm-up steps (all of them in a short run): what
+  /// the verdict judges, and the steady state the end-of-run report prints beside `steps`
+  /// (ProfileOptions::warmup_steps).
+  StepBreakdown steady;
+  int64_t warmup_steps_excluded = 0;  ///< steps - steady.steps
   loader::LoaderStats loader;           ///< the training loader's counters during the run
   loader::LoaderHistograms histograms;  ///< its per-sample stage histograms (whole life)
   Verdict verdict;

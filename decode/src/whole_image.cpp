@@ -21,10 +21,10 @@
 
 namespace gpufeed::decode::detail {
 
-FallbackDecoder::FallbackDecoder() = default;
-FallbackDecoder::~FallbackDecoder() = default;
+WholeImageDecoder::WholeImageDecoder() = default;
+WholeImageDecoder::~WholeImageDecoder() = default;
 
-void FallbackDecoder::decode(std::span<const uint8_t> bytes, std::string_view source,
+void WholeImageDecoder::decode(std::span<const uint8_t> bytes, std::string_view source,
                              const ImageInfo& info, const DecodeOptions& options,
                              const CropRect& crop, ImageBuffer& out, DecodeResult& result) {
   switch (info.format) {
@@ -91,7 +91,7 @@ struct GifCloser {
 // the frame's indices are drawn over it; every index maps through the frame's colour table
 // (local, else global), so transparent pixels take their index's colour, as convert("RGB") drops
 // alpha. Later frames are never read.
-void FallbackDecoder::decode_gif(std::span<const uint8_t> bytes, std::string_view source,
+void WholeImageDecoder::decode_gif(std::span<const uint8_t> bytes, std::string_view source,
                                  const ImageInfo& info, const DecodeOptions& options,
                                  const CropRect& crop, ImageBuffer& out) {
   GifSource src{bytes.data(), bytes.size(), 0};
@@ -226,7 +226,7 @@ const char* webp_status_text(VP8StatusCode status) {
 
 }  // namespace
 
-void FallbackDecoder::decode_webp(std::span<const uint8_t> bytes, std::string_view source,
+void WholeImageDecoder::decode_webp(std::span<const uint8_t> bytes, std::string_view source,
                                   const ImageInfo& info, const CropRect& crop, ImageBuffer& out) {
   WebPDecoderConfig config;
   if (!WebPInitDecoderConfig(&config))
@@ -277,7 +277,7 @@ struct AnimDecoderCloser {
 // transparent black, the first frame (always a key frame, never blended) is decoded into its
 // rectangle, and the rest of the canvas stays black once alpha is dropped -- the still-WebP
 // policy (alpha dropped, colour as stored, not premultiplied). Later frames are never decoded.
-void FallbackDecoder::decode_webp_animation(std::span<const uint8_t> bytes, std::string_view source,
+void WholeImageDecoder::decode_webp_animation(std::span<const uint8_t> bytes, std::string_view source,
                                             const ImageInfo& info, const CropRect& crop,
                                             ImageBuffer& out) {
   WebPAnimDecoderOptions options;
