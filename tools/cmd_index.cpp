@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "commands.h"
+#include "gpufeed/json_text.h"
 #include "gpufeed/loader/dataset.h"
 #include "gpufeed/loader/shards.h"
 #include "proc_stats.h"
@@ -59,7 +60,7 @@ Run add_index(CLI::App& app) {
       if (!out.flush()) throw std::runtime_error("index: cannot write " + a->write_list);
     }
     if (a->json) {
-      std::cout << r.dump() << "\n";
+      std::cout << json_text(r) << "\n";
     } else {
       const double n = static_cast<double>(std::max<int64_t>(ds->size(), 1));
       std::cout << fmt::format("{}: {} samples, {} classes, listed in {:.3f} s{}; peak RSS growth {:.1f} MB ({:.0f} B/sample)",
