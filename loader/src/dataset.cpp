@@ -23,6 +23,8 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include "tbb_tsan.h"
+
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/decode/error.h"
 #include "gpufeed/loader/shards.h"
@@ -570,7 +572,7 @@ FileList::FileList(const fs::path& list_file, const fs::path& root, const IndexC
     // is a million round trips); the error names the first bad line and counts the rest. A list
     // read back from the index cache is not checked again (the cache start stays one read).
     std::vector<std::string> reasons(static_cast<size_t>(table_.size()));
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, reasons.size(), 64), [&](const tbb::blocked_range<size_t>& r) {
+    detail::parallel_for_ordered(tbb::blocked_range<size_t>(0, reasons.size(), 64), [&](const tbb::blocked_range<size_t>& r) {
       for (size_t i = r.begin(); i != r.end(); ++i)
         reasons[i] = unreadable_reason(table_.path(static_cast<int64_t>(i)).data());
     });

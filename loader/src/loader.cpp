@@ -18,6 +18,7 @@
 
 #include "gpufeed/loader/augment.h"
 #include "gpufeed/log.h"
+#include "tbb_tsan.h"
 
 namespace gpufeed::loader {
 namespace {
@@ -29,31 +30,13 @@ using Clock = std::chrono::steady_clock;
 // chunks and its return, and would report the task's first reads as races. Two measures make
 // those orderings visible: the enqueue of a batch's task happens under tbb_handoff_mutex(), which
 // the task takes before touching its captures (a real, uncontended lock per batch, in every
-// build); the annotations below, no-ops outside TSan builds, order a parallel_for's start before
-// its chunks and its chunks before its return.
+// build); parallel_for_ordered (tbb_tsan.h) orders a parallel_for's start before its chunks and
+// its chunks before its return.
 std::mutex& tbb_handoff_mutex() {
   static std::mutex m;
   return m;
 }
 
-#if defined(__SANITIZE_THREAD__)
-#define GPUFEED_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define GPUFEED_TSAN 1
-#endif
-#endif
-#ifdef GPUFEED_TSAN
-extern "C" void __tsan_acquire(void* addr);
-extern "C" void __tsan_release(void* addr);
-void tsan_release(const void* token) { __tsan_release(const_cast<void*>(token)); }
-void tsan_acquire(const void* token) { __tsan_acquire(const_cast<void*>(token)); }
-#else
-void tsan_release(const void*) {}
-void tsan_acquire(const void*) {}
-#endif
-const char tsan_chunks_start = 0;  // the annotations' sync addresses
-const char tsan_chunks_end = 0;
 
 // Per-thread decode state: the decoder (libjpeg handle), the file bytes and the decoded pixels.
 // Buffers grow to the largest file/image seen and are then reused: no per-sample allocation.
@@ -469,16 +452,12 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   void run_batch(InFlight& f, uint64_t gen, int64_t ep, const std::vector<int64_t>& flat) {
     const auto n = f.indices.size();
     const int64_t base_pos = f.batch_index * options.batch_size;
-    tsan_release(&tsan_chunks_start);
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, 1), [&](const tbb::blocked_range<size_t>& r) {
-      tsan_acquire(&tsan_chunks_start);
+    detail::parallel_for_ordered(tbb::blocked_range<size_t>(0, n, 1), [&](const tbb::blocked_range<size_t>& r) {
       for (size_t k = r.begin(); k < r.end(); ++k) {
         if (cancelled(gen)) break;
         run_sample(f, k, gen, ep, base_pos + static_cast<int64_t>(k), flat);
       }
-      tsan_release(&tsan_chunks_end);
     });
-    tsan_acquire(&tsan_chunks_end);
   }
 
   // Loads dataset sample `index` into position k of the batch's slot; throws what loading throws.

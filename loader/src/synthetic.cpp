@@ -4,6 +4,8 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include "tbb_tsan.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -50,7 +52,7 @@ int64_t write_synthetic_image_folder(const std::filesystem::path& root, const Sy
     hsv_to_rgb(static_cast<double>(c) / o.num_classes, 0.75, 0.85, bases[static_cast<size_t>(c)].data());
   }
   const int64_t total = static_cast<int64_t>(o.num_classes) * o.images_per_class;
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, total), [&](const tbb::blocked_range<int64_t>& range) {
+  detail::parallel_for_ordered(tbb::blocked_range<int64_t>(0, total), [&](const tbb::blocked_range<int64_t>& range) {
     std::vector<uint8_t> rgb;
     for (int64_t i = range.begin(); i < range.end(); ++i) {
       const int c = static_cast<int>(i / o.images_per_class);
