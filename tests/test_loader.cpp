@@ -166,12 +166,13 @@ TEST(FileList, ParsesPathsWithSpacesRelativeToRoot) {
   fs::remove_all(dir);
 }
 
-/// The message of the std::runtime_error `f` throws ("" when it throws none).
-template <typename F>
+/// The message of the exception E (std::runtime_error unless named) `f` throws ("" when it
+/// throws none).
+template <typename E = std::runtime_error, typename F>
 std::string error_of(F f) {
   try {
     f();
-  } catch (const std::runtime_error& e) {
+  } catch (const E& e) {
     return e.what();
   }
   return "";
@@ -559,6 +560,82 @@ TEST(Loader, AllocatesExactlyPrefetchDepthSlotsUpFront) {
     EXPECT_TRUE(loader.next().has_value());
   }
   EXPECT_EQ(alloc->live.load(), 0);
+}
+
+// Progressive resizing: one loader whose slots hold 64 x 64 samples produces epoch 0 at 32,
+// epoch 1 at 64 and epoch 2 at 48, each sample byte-equal to a loader built at that size (same
+// seed, epoch, index), for 1 and 2 workers, in the same 2 slots; a resumed epoch has the size set
+// before its start_epoch.
+TEST(Loader, ImageSizeChangesBetweenEpochsAsAFixedSizeLoaderAtEachSize) {
+  auto ds = std::make_shared<ImageFolder>(synthetic_root());
+  DistributedSamplerOptions so;
+  so.seed = 9;
+  const auto fixed_at = [&](int size) {
+    auto o = small_options(2);
+    o.transform.rrc.size = size;
+    return std::make_unique<Loader>(ds, std::make_shared<DistributedSampler>(ds->size(), so), o);
+  };
+  const std::vector<std::pair<int64_t, int>> schedule{{0, 32}, {1, 64}, {2, 48}};
+  std::vector<Collected> expected;
+  for (const auto& [epoch, size] : schedule) expected.push_back(run_epoch(*fixed_at(size), epoch));
+  for (int workers : {1, 2}) {
+    SCOPED_TRACE("num_workers " + std::to_string(workers));
+    auto alloc = std::make_shared<CountingAllocator>();
+    auto o = small_options(workers);
+    o.max_image_size = 64;
+    Loader loader(ds, std::make_shared<DistributedSampler>(ds->size(), so), o, alloc);
+    EXPECT_EQ(loader.image_size(), 32);
+    for (size_t e = 0; e < schedule.size(); ++e) {
+      const auto [epoch, size] = schedule[e];
+      loader.set_image_size(size);
+      loader.start_epoch(epoch);
+      EXPECT_EQ(loader.image_size(), size);
+      Collected got;
+      while (auto b = loader.next()) {
+        EXPECT_EQ(b->height, size);
+        EXPECT_EQ(b->width, size);
+        EXPECT_EQ(b->image_bytes(), b->size * size * size * 3);
+        got.images.emplace_back(b->images, b->images + b->image_bytes());
+        got.indices.push_back(b->indices);
+      }
+      ASSERT_EQ(got.images.size(), 6u);  // ceil(21 / 4)
+      EXPECT_EQ(got.indices, expected[e].indices) << "epoch " << epoch;
+      EXPECT_EQ(got.images, expected[e].images) << "epoch " << epoch << " at " << size;
+    }
+    EXPECT_EQ(alloc->total.load(), 2);  // the slots of the first epoch, reused at every size
+    // Resuming epoch 1 at batch 3 after epoch 2 ran at 48: its schedule's size, 64, set first.
+    loader.set_image_size(64);
+    const Collected tail = run_epoch(loader, 1, 3);
+    ASSERT_EQ(tail.images.size(), 3u);
+    for (size_t k = 0; k < tail.images.size(); ++k) EXPECT_EQ(tail.images[k], expected[1].images[k + 3]);
+  }
+}
+
+TEST(Loader, AnImageSizeAboveTheSlotsIsRefusedNamingBoth) {
+  auto ds = std::make_shared<ImageFolder>(synthetic_root());
+  auto o = small_options(1);
+  o.max_image_size = 64;
+  Loader loader(ds, std::make_shared<SequentialSampler>(ds->size()), o);
+  const std::string message = error_of<std::invalid_argument>([&] { loader.set_image_size(65); });
+  EXPECT_NE(message.find("set_image_size(65)"), std::string::npos) << message;
+  EXPECT_NE(message.find("max_image_size 64"), std::string::npos) << message;
+  EXPECT_THROW(loader.set_image_size(0), std::invalid_argument);
+  EXPECT_EQ(loader.image_size(), 32);  // unchanged by the refused calls
+  loader.set_image_size(64);           // the slots' side itself is fine
+  EXPECT_EQ(loader.image_size(), 64);
+  // Without max_image_size the slots are the transform's size: nothing larger.
+  Loader fixed(ds, std::make_shared<SequentialSampler>(ds->size()), small_options(1));
+  EXPECT_THROW(fixed.set_image_size(33), std::invalid_argument);
+  // Slots smaller than the first epoch's size, and an eval transform's size, are refused.
+  o.max_image_size = 16;
+  EXPECT_NE(error_of<std::invalid_argument>([&] { Loader l(ds, std::make_shared<SequentialSampler>(ds->size()), o); })
+                .find("max_image_size 16 is below the transform's output size 32"),
+            std::string::npos);
+  auto eval = small_options(1);
+  eval.transform = TransformOptions::imagenet(TransformOptions::Kind::kEval, 32);
+  eval.max_image_size = 64;
+  Loader evaluating(ds, std::make_shared<SequentialSampler>(ds->size()), eval);
+  EXPECT_THROW(evaluating.set_image_size(48), std::invalid_argument);
 }
 
 TEST(Loader, BatchOutlivingTheLoaderKeepsItsMemory) {

@@ -116,7 +116,7 @@ int worker_count(int requested) {
 struct Slot {
   void* base = nullptr;
   size_t bytes = 0;
-  uint8_t* images = nullptr;  // [batch_size, S, S, 3] uint8
+  uint8_t* images = nullptr;  // [batch_size, S, S, 3] uint8, S <= the ring's side
   int64_t* labels = nullptr;  // [batch_size] int64, 64-byte aligned after the images
 };
 
@@ -201,6 +201,10 @@ struct InFlight {
 // cursors a checkpoint needs. Guarded by the loader's mutex.
 struct EpochSchedule {
   int64_t epoch = 0;
+  // The epoch's options: the loader's, with rrc.size = the epoch's image size. Written by
+  // start_epoch while no task runs; read by the epoch's tasks (enqueued after it) and next().
+  LoaderOptions options;
+  int64_t sample_bytes = 0;  // S * S * 3
   std::shared_ptr<const std::vector<std::vector<int64_t>>> batches;  // this rank's, sampler order
   std::shared_ptr<const std::vector<int64_t>> order;                 // the batches, flattened
   std::deque<std::shared_ptr<InFlight>> pending;
@@ -359,7 +363,8 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   std::shared_ptr<sampler::Sampler> sampler;
   LoaderOptions options;
   std::shared_ptr<HostAllocator> allocator;
-  int64_t sample_bytes = 0;
+  int slot_side = 0;   // the slots hold batch_size samples of up to slot_side^2 x 3 bytes
+  int next_size = 0;   // the output side the next start_epoch uses (set_image_size)
   // oneTBB's market starts hardware_concurrency - 1 workers (it keeps a slot for the main thread);
   // the arena's tasks run only on workers (we enqueue, the consumer never joins), so allow one
   // worker per loader thread. The effective limit is the minimum over live global_controls.
@@ -382,13 +387,17 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
         sampler(std::move(s)),
         options(std::move(o)),
         allocator(a ? std::move(a) : default_host_allocator()),
-        sample_bytes(int64_t{options.transform.output_size()} * options.transform.output_size() * 3),
+        slot_side(std::max(options.max_image_size, options.transform.output_size())),
+        next_size(options.transform.output_size()),
         parallelism(tbb::global_control::max_allowed_parallelism,
                     std::max<size_t>(tbb::global_control::active_value(
                                          tbb::global_control::max_allowed_parallelism),
                                      static_cast<size_t>(worker_count(options.num_workers)) + 1)),
         arena(worker_count(options.num_workers), /*reserved_for_masters=*/0),
-        ring(*allocator, options.prefetch_depth, options.batch_size, options.transform.output_size()) {}
+        ring(*allocator, options.prefetch_depth, options.batch_size, slot_side) {
+    schedule.options = options;
+    schedule.sample_bytes = int64_t{next_size} * next_size * 3;
+  }
 
   // Cancels queued samples of the current epoch and waits until no task runs. Slots of unfinished
   // batches go back to the ring; slots held by the consumer stay with their Batch.
@@ -451,7 +460,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
 
   void run_batch(InFlight& f, uint64_t gen, int64_t ep, const std::vector<int64_t>& flat) {
     const auto n = f.indices.size();
-    const int64_t base_pos = f.batch_index * options.batch_size;
+    const int64_t base_pos = f.batch_index * schedule.options.batch_size;
     detail::parallel_for_ordered(tbb::blocked_range<size_t>(0, n, 1), [&](const tbb::blocked_range<size_t>& r) {
       for (size_t k = r.begin(); k < r.end(); ++k) {
         if (cancelled(gen)) break;
@@ -463,8 +472,8 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   // Loads dataset sample `index` into position k of the batch's slot; throws what loading throws.
   void load_into(InFlight& f, size_t k, int64_t index, int64_t ep) {
     const SampleRef ref = dataset->at(index);
-    counters.account(transform_into(ref, index, ep, options,
-                                    f.slot->images + static_cast<size_t>(sample_bytes) * k));
+    counters.account(transform_into(ref, index, ep, schedule.options,
+                                    f.slot->images + static_cast<size_t>(schedule.sample_bytes) * k));
     f.slot->labels[k] = ref.label;
   }
 
@@ -550,7 +559,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     b.images = f.slot->images;
     b.labels = f.slot->labels;
     b.size = static_cast<int64_t>(f.indices.size());
-    b.height = b.width = options.transform.output_size();
+    b.height = b.width = schedule.options.transform.output_size();
     b.epoch = schedule.epoch;
     b.batch_index = f.batch_index;
     b.indices = std::move(f.indices);
@@ -569,6 +578,12 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<sampler::
   if (options.batch_size < 1) throw std::invalid_argument("Loader: batch_size must be >= 1");
   if (options.prefetch_depth < 1) throw std::invalid_argument("Loader: prefetch_depth must be >= 1");
   if (options.transform.output_size() < 1) throw std::invalid_argument("Loader: output size must be >= 1");
+  if (options.max_image_size < 0 ||
+      (options.max_image_size > 0 && options.max_image_size < options.transform.output_size())) {
+    throw std::invalid_argument(fmt::format(
+        "Loader: max_image_size {} is below the transform's output size {} (0 = the output size)",
+        options.max_image_size, options.transform.output_size()));
+  }
   options.transform.augment.validate();
   // No cv::setNumThreads here: Debian's OpenCV runs its parallel loops on oneTBB, where
   // cv::setNumThreads(n) installs a process-wide tbb::global_control(max_allowed_parallelism, n)
@@ -602,6 +617,9 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
   auto flat = std::make_shared<std::vector<int64_t>>();
   for (const auto& b : *batches) flat->insert(flat->end(), b.begin(), b.end());
   EpochSchedule& s = m.schedule;
+  // No task runs (drained): the epoch's size is fixed here, before its first task is enqueued.
+  if (s.options.transform.kind == TransformOptions::Kind::kTrain) s.options.transform.rrc.size = m.next_size;
+  s.sample_bytes = int64_t{m.next_size} * m.next_size * 3;
   s.batches = std::move(batches);
   s.order = std::move(flat);
   s.epoch = epoch;
@@ -644,6 +662,28 @@ bool Loader::wait_ready(std::chrono::nanoseconds timeout) {
   if (m.schedule.pending.empty()) return true;
   std::shared_ptr<InFlight> f = m.schedule.pending.front();
   return m.cv.wait_for(lk, timeout, [&] { return f->done; });
+}
+
+void Loader::set_image_size(int size) {
+  Impl& m = *impl_;
+  if (m.options.transform.kind != TransformOptions::Kind::kTrain) {
+    throw std::invalid_argument(fmt::format(
+        "Loader::set_image_size({}): the eval transform's size is fixed (Resize {} + CenterCrop {})",
+        size, m.options.transform.eval.resize, m.options.transform.eval.crop));
+  }
+  if (size < 1 || size > m.slot_side) {
+    throw std::invalid_argument(fmt::format(
+        "Loader::set_image_size({}): the size must be in [1, {}], the slots' side "
+        "(LoaderOptions::max_image_size {}, transform output size {})",
+        size, m.slot_side, m.options.max_image_size, m.options.transform.output_size()));
+  }
+  std::lock_guard<std::mutex> g(m.mu);
+  m.next_size = size;
+}
+
+int Loader::image_size() const {
+  std::lock_guard<std::mutex> g(impl_->mu);
+  return impl_->schedule.batches ? impl_->schedule.options.transform.output_size() : impl_->next_size;
 }
 
 int64_t Loader::num_batches() const {

@@ -3,9 +3,10 @@
 // batch slots, and hands out batches strictly in sampler order.
 //
 // Memory is bounded: exactly `prefetch_depth` slots exist (allocated up front by the injected
-// HostAllocator); a batch occupies its slot from the moment its first sample is scheduled until
-// the consumer releases the Batch. When all slots are busy the workers wait: a slow consumer
-// slows the loader, it never grows memory.
+// HostAllocator, sized for the largest side the loader may produce: max_image_size); a batch
+// occupies its slot from the moment its first sample is scheduled until the consumer releases
+// the Batch. When all slots are busy the workers wait: a slow consumer slows the loader, it never
+// grows memory.
 
 #include <algorithm>
 #include <array>
@@ -56,6 +57,11 @@ struct LoaderOptions {
   decode::DecodeOptions decode{};      ///< pixel limit, truncated-data policy (scale/crop ignored)
   ErrorPolicy error_policy = ErrorPolicy::kRaise;
   int64_t max_skips = 100;    ///< skip policy: more skips than this in one epoch is an error
+  /// Train transform: the largest output side Loader::set_image_size may set (progressive
+  /// resizing, as FFCV's ResNet recipe changes RandomResizedCrop's size between epochs). The
+  /// slots are allocated once, up front, for batch_size x max_image_size^2 x 3 bytes of images.
+  /// 0: transform.output_size() (the size never grows). Otherwise must be >= transform.output_size().
+  int max_image_size = 0;
 };
 
 /// The skip policy's account of one epoch, over the batches next() has returned so far (the
@@ -165,19 +171,22 @@ struct SampleTiming {
 /// Turns a Dataset and a Sampler into batches of [N, S, S, 3] uint8 images and [N] int64 labels.
 ///
 ///   Loader loader(dataset, sampler, options);
+///   loader.set_image_size(s);                    // optional, train: S of the next epoch started
 ///   loader.start_epoch(e);                       // calls sampler->set_epoch(e)
 ///   while (auto batch = loader.next()) use(*batch);
 ///
 /// Batches come out in sampler order whatever the thread count, and each sample's pixels depend
-/// only on (seed, epoch, index, file): 1 thread and 16 threads give identical batches.
+/// only on (seed, epoch, index, file, S): 1 thread and 16 threads give identical batches, and a
+/// sample at side S is byte-equal to the same sample of a loader built with rrc.size = S.
 /// Not thread-safe: one consumer thread calls start_epoch/next. Destroying the loader mid-epoch
 /// cancels pending samples and joins its tasks before returning.
 class Loader {
  public:
-  /// Allocates all slots up front. Throws std::invalid_argument for a null dataset/sampler or
-  /// bad options (batch_size < 1, prefetch_depth < 1, num_workers < 0), std::runtime_error
-  /// naming the sizes when the slots cannot be allocated. Logs a warning when num_workers exceeds
-  /// the hardware threads (as DataLoader does).
+  /// Allocates all slots up front, for max(options.max_image_size, transform.output_size()).
+  /// Throws std::invalid_argument for a null dataset/sampler or bad options (batch_size < 1,
+  /// prefetch_depth < 1, num_workers < 0, 0 < max_image_size < transform.output_size()),
+  /// std::runtime_error naming the sizes when the slots cannot be allocated. Logs a warning
+  /// when num_workers exceeds the hardware threads (as DataLoader does).
   Loader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<sampler::Sampler> sampler,
          LoaderOptions options, std::shared_ptr<HostAllocator> allocator = nullptr);
   ~Loader();
@@ -186,8 +195,22 @@ class Loader {
 
   /// Begins epoch `epoch`: sets the sampler's epoch and starts decoding from batch
   /// `start_batch` (for mid-epoch resume: the batches before it are not produced). Cancels and
-  /// waits for whatever the previous epoch still had in flight.
+  /// waits for whatever the previous epoch still had in flight. The epoch's batches have side
+  /// image_size(), the size set_image_size last set (else transform.output_size()).
   void start_epoch(int64_t epoch, int64_t start_batch = 0);
+
+  /// Progressive resizing (FFCV's ResNet recipe: RandomResizedCrop's output size changes between
+  /// epochs): the train transform's output side, pixels, for the epochs started from now on
+  /// (rrc.size = `size`; the epoch in progress and the batches already handed out keep theirs;
+  /// Batch::height/width tell consumers). A resumed epoch gets the size set before its
+  /// start_epoch, so a caller resumes with its schedule's size for that epoch. Throws
+  /// std::invalid_argument naming both sizes when `size` exceeds the slots' side
+  /// (LoaderOptions::max_image_size), when size < 1, or for an eval transform (its
+  /// Resize/CenterCrop are fixed).
+  void set_image_size(int size);
+  /// The output side of the epoch started last; before any start_epoch, the side the first
+  /// epoch will have.
+  int image_size() const;
 
   /// The next batch in sampler order, blocking until it is ready; std::nullopt when the epoch is
   /// exhausted (or no epoch was started). Under kRaise, throws the error of the batch's first
@@ -208,7 +231,8 @@ class Loader {
   int64_t num_batches() const;
   /// The epoch and the number of batches next() has returned in it, for checkpoints.
   sampler::SamplerState state() const;
-  /// The options in force.
+  /// The options the loader was built with (transform.rrc.size as given there: image_size()
+  /// is the current epoch's side).
   const LoaderOptions& options() const;
   /// The dataset.
   const Dataset& dataset() const;
