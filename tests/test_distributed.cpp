@@ -582,6 +582,39 @@ TEST(Train, APortInUseIsOneClearLineNamingThePortAndWhatToDo) {
   EXPECT_EQ(text.find("frame #"), std::string::npos) << "a C++ backtrace:\n" << text;
 }
 
+// Progressive resizing from the command line: FFCV's get_resolution with min_res 32, max_res 64,
+// end_ramp 2 gives epochs 0, 1, 2 the sides 32, 64 (48 is 1.5 x 32, rounded half to even) and
+// 64, printed at start-up and on every epoch line. --recipe ffcv-rn50 sets the 88-epoch config's
+// ramp, an explicit flag overriding its key; --image-size with a ramp is refused.
+TEST(Train, ProgressiveResizingLogsEachEpochsImageSize) {
+  TempDir dir("progressive");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  const std::string args = " train --data " + data.string() +
+                           " --arch resnet18 --num-workers 1 --progress off --freeze-bn --batch-size 8 "
+                           "--max-steps-per-epoch 1 --distributed off --epochs 3 --min-res 32 --max-res 64 --end-ramp 2";
+  ASSERT_EQ(run(kEnv + kGpufeed + args, dir.path / "ramp.log"), 0) << read_text(dir.path / "ramp.log");
+  const std::string log = read_text(dir.path / "ramp.log");
+  EXPECT_NE(log.find("progressive resizing (FFCV's get_resolution: min_res 32, max_res 64, start_ramp 0, "
+                     "end_ramp 2): image size 32 (epoch 1), 64 (epochs 2-3)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("epoch 1/3  image size 32  loss"), std::string::npos) << log;
+  EXPECT_NE(log.find("epoch 2/3  image size 64  loss"), std::string::npos) << log;
+  EXPECT_NE(log.find("epoch 3/3  image size 64  loss"), std::string::npos) << log;
+
+  // The preset's ramp (printed before the run fails on a missing dataset), --end-ramp kept.
+  run(kGpufeed + " train --recipe ffcv-rn50 --end-ramp 80 --data " + (dir.path / "none").string(),
+      dir.path / "recipe.log");
+  const std::string recipe = read_text(dir.path / "recipe.log");
+  EXPECT_NE(recipe.find(" --min-res 160 --max-res 192 --start-ramp 65 --val-crop-size 256"), std::string::npos)
+      << recipe;
+  EXPECT_NE(recipe.find("given explicitly, kept: --end-ramp 80"), std::string::npos) << recipe;
+  EXPECT_NE(run(kGpufeed + args + " --image-size 48", dir.path / "both.log"), 0);
+  EXPECT_NE(read_text(dir.path / "both.log").find("--image-size/--train-crop-size and progressive resizing"),
+            std::string::npos)
+      << read_text(dir.path / "both.log");
+}
+
 // The public ProcessGroup API on two Gloo ranks in one process (one thread each): barrier()
 // holds rank 1 until rank 0 arrives (rank 0 arrives 300 ms late, after setting a flag rank 1
 // reads once released), and all_reduce_sum sums across the ranks.

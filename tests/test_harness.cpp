@@ -75,6 +75,55 @@ bool params_equal(harness::ResNet& a, harness::ResNet& b) {
   return true;
 }
 
+// fit() with a step callback collecting every step's stats: the steps, and the epochs in `epochs`.
+std::vector<harness::StepStats> fit_collecting_steps(harness::Trainer& t,
+                                                     std::vector<harness::EpochStats>* epochs = nullptr) {
+  std::vector<harness::StepStats> steps;
+  t.set_step_callback([&](const harness::StepStats& s) { steps.push_back(s); });
+  auto history = t.fit();
+  t.set_step_callback({});
+  if (epochs) *epochs = std::move(history);
+  return steps;
+}
+
+// A run of `o` stopped (request_stop(15)) after its global step `stop_after`, writing its training
+// checkpoint to o.save_checkpoint, then a run resumed from that checkpoint (writing its own to
+// o.save_checkpoint + ".resumed.pt", leaving the stopped run's in place): the resumed run.
+struct Resumed {
+  std::unique_ptr<harness::Trainer> trainer;
+  std::vector<harness::StepStats> steps;
+  std::vector<harness::EpochStats> epochs;
+};
+Resumed stop_and_resume(harness::TrainOptions o, int64_t stop_after) {
+  {
+    harness::Trainer b(o);
+    b.set_step_callback([&](const harness::StepStats& s) {
+      if (s.step == stop_after) b.request_stop(15);
+    });
+    b.fit();
+    EXPECT_EQ(b.stopped(), 15);
+    EXPECT_EQ(b.last_checkpoint(), o.save_checkpoint);
+  }
+  o.resume = o.save_checkpoint;
+  o.save_checkpoint = o.resume->string() + ".resumed.pt";
+  Resumed r;
+  r.trainer = std::make_unique<harness::Trainer>(o);
+  r.steps = fit_collecting_steps(*r.trainer, &r.epochs);
+  return r;
+}
+
+// Each resumed step equals the uninterrupted run's step of the same number (full[k].step == k).
+void expect_same_steps(const std::vector<harness::StepStats>& resumed, const std::vector<harness::StepStats>& full) {
+  for (const auto& r : resumed) {
+    ASSERT_LT(static_cast<size_t>(r.step), full.size());
+    const auto& u = full[static_cast<size_t>(r.step)];
+    EXPECT_EQ(r.epoch, u.epoch) << "step " << u.step;
+    EXPECT_EQ(r.indices, u.indices) << "step " << u.step;
+    EXPECT_EQ(r.lr, u.lr) << "step " << u.step;
+    EXPECT_EQ(r.loss, u.loss) << "step " << u.step;
+  }
+}
+
 // Eval-mode logits of a C++ resnet18 with these weights on the golden input, minus torchvision's.
 double logits_error(const fs::path& weights, harness::StateDictSource* source) {
   harness::ResNetOptions ro;
@@ -770,42 +819,59 @@ TEST(Trainer, ResumedRunContinuesWithTheUninterruptedRunsBatchesAndLosses) {
   o.nesterov = true;
   o.no_decay_norm_bias = true;
   o.label_smoothing = 0.1;
-  std::vector<harness::StepStats> full;
   harness::Trainer a(o);
-  a.set_step_callback([&](const harness::StepStats& s) { full.push_back(s); });
-  a.fit();
+  const auto full = fit_collecting_steps(a);
   ASSERT_EQ(full.size(), 6u);
 
   o.save_checkpoint = dir.path / "train.pt";
-  {
-    harness::Trainer b(o);
-    b.set_step_callback([&](const harness::StepStats& s) {
-      if (s.step == 3) b.request_stop(15);  // during the 2nd epoch's 2nd step
-    });
-    b.fit();
-    EXPECT_EQ(b.stopped(), 15);
-    EXPECT_EQ(b.last_checkpoint(), o.save_checkpoint);
-  }
+  const Resumed c = stop_and_resume(o, 3);  // stopped during the 2nd epoch's 2nd step
   const auto ck = harness::load_torch_file(*o.save_checkpoint).toGenericDict();
   EXPECT_EQ(ck.at("step").toInt(), 4);
   EXPECT_EQ(ck.at("sampler").toGenericDict().at("epoch").toInt(), 1);
   EXPECT_EQ(ck.at("sampler").toGenericDict().at("batches_consumed").toInt(), 1);
+  ASSERT_EQ(c.steps.size(), 2u);
+  EXPECT_EQ(c.steps[0].step, 4);
+  expect_same_steps(c.steps, full);
+  EXPECT_TRUE(params_equal(a.model(), c.trainer->model()));
+}
 
-  o.resume = o.save_checkpoint;
-  std::vector<harness::StepStats> rest;
-  harness::Trainer c(o);
-  c.set_step_callback([&](const harness::StepStats& s) { rest.push_back(s); });
-  c.fit();
-  ASSERT_EQ(rest.size(), 2u);
-  for (size_t k = 0; k < rest.size(); ++k) {
-    const auto& u = full[4 + k];
-    EXPECT_EQ(rest[k].step, u.step);
-    EXPECT_EQ(rest[k].epoch, u.epoch);
-    EXPECT_EQ(rest[k].indices, u.indices) << "step " << u.step;
-    EXPECT_EQ(rest[k].lr, u.lr) << "step " << u.step;
-    EXPECT_EQ(rest[k].loss, u.loss) << "step " << u.step;
+// Progressive resizing (FFCV's get_resolution, min_res 32, max_res 96, end_ramp 2): epochs at
+// 32, 64 and 96 from one set of slots; stopped in the middle of epoch 1 and resumed, the run
+// continues at epoch 1's size with the uninterrupted run's batches, rates and losses.
+TEST(Trainer, ResumedRunUnderAResolutionRampEqualsTheUninterruptedRun) {
+  TempDir dir("resume_ramp");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  harness::TrainOptions o = tiny_run(data);
+  o.epochs = 3;
+  o.max_steps_per_epoch = 3;
+  o.resolution = harness::ResolutionSchedule{.min_res = 32, .max_res = 96, .start_ramp = 0, .end_ramp = 2};
+  harness::Trainer a(o);
+  std::vector<harness::EpochStats> history;
+  const auto full = fit_collecting_steps(a, &history);
+  ASSERT_EQ(full.size(), 9u);
+  ASSERT_EQ(history.size(), 3u);
+  EXPECT_EQ(history[0].image_size, 32);
+  EXPECT_EQ(history[1].image_size, 64);
+  EXPECT_EQ(history[2].image_size, 96);
+
+  o.save_checkpoint = dir.path / "train.pt";
+  const Resumed c = stop_and_resume(o, 4);  // stopped after epoch 1's 2nd step
+  ASSERT_EQ(c.epochs.size(), 2u);
+  EXPECT_EQ(c.epochs[0].image_size, 64);  // the resumed epoch's own size, not the first epoch's
+  EXPECT_EQ(c.epochs[1].image_size, 96);
+  ASSERT_EQ(c.steps.size(), 4u);
+  EXPECT_EQ(c.steps[0].step, 5);
+  expect_same_steps(c.steps, full);
+  EXPECT_TRUE(params_equal(a.model(), c.trainer->model()));
+
+  // A ramp whose rounding gives a side below 8 is refused at start-up, naming the epoch.
+  o.resolution = harness::ResolutionSchedule{.min_res = 8, .max_res = 40, .start_ramp = 0, .end_ramp = 4};
+  try {
+    harness::Trainer bad(o);
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("epoch 1 (0-based) an image size of 0"), std::string::npos) << e.what();
   }
-  EXPECT_TRUE(params_equal(a.model(), c.model()));
 }
 
 TEST(Trainer, DataParallelOverTwoDevicesEqualsOneDevice) {

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gpufeed/loader/synthetic.h"
 #include "gpufeed/prefetch/prefetcher.h"
@@ -21,6 +23,27 @@ at::Tensor reference(const at::Tensor& nhwc, const prefetch::NormalizeOptions& n
   auto mean = at::tensor(std::vector<double>(n.mean.begin(), n.mean.end()), at::kDouble).view({1, 3, 1, 1});
   auto std = at::tensor(std::vector<double>(n.std.begin(), n.std.end()), at::kDouble).view({1, 3, 1, 1});
   return (x - mean) / std;
+}
+
+// A synthetic ImageFolder of 2 classes x 5 JPEGs with sides in [min_size, max_size] under the
+// temporary folder, and 4-sample batches of 2 workers at side 32 over it.
+fs::path synthetic_folder(const std::string& name, int min_size, int max_size) {
+  const fs::path root = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  loader::SyntheticOptions so;
+  so.num_classes = 2;
+  so.images_per_class = 5;
+  so.min_size = min_size;
+  so.max_size = max_size;
+  loader::write_synthetic_image_folder(root, so);
+  return root;
+}
+
+loader::LoaderOptions small_loader_options() {
+  loader::LoaderOptions lo;
+  lo.batch_size = 4;
+  lo.num_workers = 2;
+  lo.transform.rrc.size = 32;
+  return lo;
 }
 
 }  // namespace
@@ -61,17 +84,9 @@ TEST(ConvertImages, ReducedPrecisionDtypesRoundTheFloat32Result) {
 }
 
 TEST(CpuPrefetcher, YieldsTheLoadersBatchesConverted) {
-  const fs::path root = fs::temp_directory_path() / ("gpufeed_prefetch_" + std::to_string(::getpid()));
-  loader::SyntheticOptions so;
-  so.num_classes = 2;
-  so.images_per_class = 5;
-  so.min_size = so.max_size = 48;
-  loader::write_synthetic_image_folder(root, so);
+  const fs::path root = synthetic_folder("gpufeed_prefetch", 48, 48);
   auto ds = std::make_shared<loader::ImageFolder>(root);
-  loader::LoaderOptions lo;
-  lo.batch_size = 4;
-  lo.num_workers = 2;
-  lo.transform.rrc.size = 32;
+  const loader::LoaderOptions lo = small_loader_options();
   auto sampler = std::make_shared<sampler::SequentialSampler>(ds->size());
   auto l = std::make_shared<loader::Loader>(ds, sampler, lo);
   // The same batches straight from a second loader, for reference.
@@ -91,6 +106,48 @@ TEST(CpuPrefetcher, YieldsTheLoadersBatchesConverted) {
     ++batches;
   }
   EXPECT_EQ(batches, 3);
+  fs::remove_all(root);
+}
+
+// Progressive resizing: the loader's batches change side between epochs (32, then 48, in slots
+// for 48); the prefetcher converts each at its own Batch::height/width, channels_last, on the CPU
+// and, where one is visible, on the GPU (the CUDA prefetcher's copy stream and kernel).
+TEST(Prefetcher, ConvertsBatchesWhoseSizeChangesBetweenEpochs) {
+  const fs::path root = synthetic_folder("gpufeed_prefetch_sizes", 40, 70);
+  auto ds = std::make_shared<loader::ImageFolder>(root);
+  loader::LoaderOptions lo = small_loader_options();
+  lo.max_image_size = 48;
+  auto sampler = std::make_shared<sampler::SequentialSampler>(ds->size());
+  std::vector<std::string> devices{"cpu"};
+  if (prefetch::cuda_available()) devices.push_back("cuda:0");
+  for (const std::string& device : devices) {
+    SCOPED_TRACE(device);
+    auto l = std::make_shared<loader::Loader>(ds, sampler, lo);
+    prefetch::PrefetchOptions po;
+    po.device = c10::Device(device);
+    po.channels_last = true;
+    auto p = prefetch::make_prefetcher(l, po);
+    for (const auto& [epoch, side] : std::vector<std::pair<int64_t, int>>{{0, 32}, {1, 48}}) {
+      loader::LoaderOptions fixed = lo;  // the same samples from a loader built at this side
+      fixed.transform.rrc.size = side;
+      fixed.max_image_size = 0;
+      loader::Loader ref(ds, sampler, fixed);
+      l->set_image_size(side);
+      p->start_epoch(epoch);
+      ref.start_epoch(epoch);
+      int batches = 0;
+      while (auto b = p->next()) {
+        auto host = ref.next();
+        ASSERT_TRUE(host);
+        auto [images, labels] = prefetch::as_tensors(*host);
+        EXPECT_EQ(b->images.sizes(), (at::IntArrayRef{host->size, 3, side, side})) << "epoch " << epoch;
+        EXPECT_TRUE(b->images.is_contiguous(at::MemoryFormat::ChannelsLast));
+        EXPECT_LT((b->images.cpu().to(at::kDouble) - reference(images, {})).abs().max().item<double>(), 1e-6);
+        ++batches;
+      }
+      EXPECT_EQ(batches, 3);
+    }
+  }
   fs::remove_all(root);
 }
 

@@ -463,6 +463,39 @@ TEST(Trainer, ModelEmaFollowsTheReferencesScheduleIsValidatedSavedAndResumed) {
   EXPECT_THROW(harness::Trainer(plain).evaluate(data, /*ema=*/true), std::invalid_argument);
 }
 
+// FFCV's progressive resizing, get_resolution, per epoch for 11 configurations (golden: its
+// formula in numpy: np.interp, then np.round(res / 32) * 32).
+TEST(Recipe, GetResolutionEqualsFfcvsProgressiveResizingEpochByEpoch) {
+  const auto cases = test::load_golden("recipe.json").at("resolution");
+  ASSERT_EQ(cases.size(), 11u);
+  for (const auto& c : cases) {
+    harness::ResolutionSchedule r;
+    r.min_res = c.at("min_res");
+    r.max_res = c.at("max_res");
+    r.start_ramp = c.at("start_ramp");
+    r.end_ramp = c.at("end_ramp");
+    EXPECT_NO_THROW(r.validate());
+    const auto sizes = c.at("sizes").get<std::vector<int>>();
+    std::vector<int> got;
+    for (size_t e = 0; e < sizes.size(); ++e) got.push_back(harness::get_resolution(r, static_cast<int64_t>(e)));
+    EXPECT_EQ(got, sizes) << c.dump().substr(0, 90);
+  }
+  // The 88-epoch rn50 config's ramp, spelled out: 160 through epoch 65, 192 from 76, between
+  // them 160 + 32 (e - 65) / 11 to the nearest multiple of 32 (176 at e = 70.5: 192 from 71).
+  const harness::ResolutionSchedule rn50{.min_res = 160, .max_res = 192, .start_ramp = 65, .end_ramp = 76};
+  EXPECT_EQ(harness::get_resolution(rn50, 0), 160);
+  EXPECT_EQ(harness::get_resolution(rn50, 70), 160);
+  EXPECT_EQ(harness::get_resolution(rn50, 71), 192);
+  EXPECT_EQ(harness::get_resolution(rn50, 87), 192);
+  // FFCV asserts min_res <= max_res; the other bounds keep the formula meaningful.
+  for (const harness::ResolutionSchedule bad : {harness::ResolutionSchedule{.min_res = 200, .max_res = 192},
+                                                harness::ResolutionSchedule{.min_res = 0, .max_res = 192},
+                                                harness::ResolutionSchedule{.start_ramp = -1},
+                                                harness::ResolutionSchedule{.start_ramp = 5, .end_ramp = 4}}) {
+    EXPECT_THROW(bad.validate(), std::invalid_argument);
+  }
+}
+
 // FFCV's triangular ("cyclic") schedule per optimizer step (golden: its own numpy formulas).
 TEST(LrSchedule, TriangularEqualsFfcvsCyclicScheduleStepByStep) {
   const auto cases = test::load_golden("recipe.json").at("triangular");

@@ -208,11 +208,13 @@ const std::vector<Recipe>& recipes() {
        {{"--arch", "resnet50"}, {"--epochs", "88"}, {"--batch-size", "512"}, {"--lr", "0.10625"},
         {"--momentum", "0.9"}, {"--lr-schedule", "triangular"}, {"--lr-peak-epoch", "2"},
         {"--weight-decay", "1e-4"}, {"--norm-weight-decay", "0"}, {"--label-smoothing", "0.1"},
-        {"--train-crop-size", "160"}, {"--val-crop-size", "256"}, {"--val-flip-average", ""},
-        {"--channels-last", ""}},
-       "progressive resizing 160 -> 192 px over epochs 65-76 (trains at 160), BlurPool, fp16 autocast "
-       "(pass --precision), bn_wd's name match ('bn' in the name, which leaves downsample BatchNorms "
-       "decayed)"},
+        // Progressive resizing: rn50_88_epochs.yaml's resolution section (min_res 160, max_res
+        // 192, start_ramp 65, end_ramp 76; 0-based epochs as train_imagenet.py's get_resolution).
+        {"--min-res", "160"}, {"--max-res", "192"}, {"--start-ramp", "65"}, {"--end-ramp", "76"},
+        {"--val-crop-size", "256"}, {"--val-flip-average", ""}, {"--channels-last", ""}},
+       "BlurPool, fp16 autocast (pass --precision), bn_wd's name match ('bn' in the name, which leaves "
+       "downsample BatchNorms decayed); the ramp is the 88-epoch config's: with another --epochs pass "
+       "that config's --start-ramp/--end-ramp"},
   };
   return all;
 }
@@ -313,7 +315,15 @@ Run add_train(CLI::App& app) {
       ->capture_default_str()->check(kAtLeastZero);
   // The old name, kept working (hidden from --help): --workers N is --num-workers N.
   app.add_option("--workers", o->num_workers)->check(kAtLeastZero)->group("");
-  app.add_option("--image-size,--train-crop-size", o->image_size, "train crop side, pixels")->capture_default_str();
+  auto* image_size = app.add_option("--image-size,--train-crop-size", o->image_size,
+                                    "train crop side, pixels (without --min-res/--max-res)")->capture_default_str();
+  // Progressive resizing, FFCV's names (its config's resolution section) and formula.
+  str("--min-res", "progressive resizing (FFCV's): train crop side up to --start-ramp, pixels")->check(kAtLeastOne);
+  str("--max-res", "progressive resizing: side from --end-ramp on (between: linear, rounded to a "
+      "multiple of 32 as FFCV's get_resolution)")->check(kAtLeastOne);
+  str("--end-ramp", "progressive resizing: first epoch at --max-res (0-based, FFCV's end_ramp)")->check(kAtLeastZero);
+  str("--start-ramp", "progressive resizing: last epoch at --min-res (0-based, FFCV's start_ramp)", "0")
+      ->check(kAtLeastZero);
   app.add_option("--val-resize-size", o->val_resize_size, "validation Resize, pixels (0: val crop x 256/224)")
       ->capture_default_str()->check(kAtLeastZero);
   app.add_option("--val-crop-size", o->val_crop_size, "validation CenterCrop, pixels (0: --image-size)")
@@ -385,7 +395,7 @@ Run add_train(CLI::App& app) {
   // Per-sample augmentations (--auto-augment, --ra-magnitude, --ra-num-ops, --color-jitter,
   // --random-erase, --random-erase-value): shared with `gpufeed bench`.
   auto finish_augment = add_augment_options(app, o->augment);
-  return without_backtrace([o, s, no_benchmark, finish_augment, &app] {
+  return without_backtrace([o, s, no_benchmark, finish_augment, image_size, &app] {
     if (!s->at("--recipe").empty()) apply_recipe(app, s->at("--recipe"));  // before reading any flag
     finish_augment();
     auto get = [&](const char* k) -> const std::string& { return s->at(k); };
@@ -403,6 +413,23 @@ Run add_train(CLI::App& app) {
     o->profile.metrics_path = path("--metrics");
     o->profile.trace_path = path("--trace");
     o->lr_schedule = harness::parse_lr_schedule_kind(get("--lr-schedule"));
+    if (!get("--min-res").empty() || !get("--max-res").empty() || !get("--end-ramp").empty()) {
+      if (get("--min-res").empty() || get("--max-res").empty() || get("--end-ramp").empty()) {
+        throw std::invalid_argument("progressive resizing needs --min-res, --max-res and --end-ramp "
+                                    "(--start-ramp defaults to 0)");
+      }
+      if (image_size->count() > 0) {
+        throw std::invalid_argument("--image-size/--train-crop-size and progressive resizing (--min-res, "
+                                    "--max-res, --end-ramp) both given: for a fixed size pass --min-res and "
+                                    "--max-res equal");
+      }
+      harness::ResolutionSchedule r;
+      r.min_res = std::stoi(get("--min-res"));
+      r.max_res = std::stoi(get("--max-res"));
+      r.start_ramp = std::stoll(get("--start-ramp"));
+      r.end_ramp = std::stoll(get("--end-ramp"));
+      o->resolution = r;
+    }
     if (!get("--norm-weight-decay").empty()) o->norm_weight_decay = std::stod(get("--norm-weight-decay"));
     if (!get("--bias-weight-decay").empty()) o->bias_weight_decay = std::stod(get("--bias-weight-decay"));
     for (const auto& m : split_list(get("--lr-milestones"))) o->lr_milestones.push_back(std::stod(m));
@@ -468,9 +495,9 @@ Run add_train(CLI::App& app) {
       if (!*main_rank) return;
       printer->break_line();
       std::string line = format(
-          "epoch %lld/%lld  loss %.4f  top1 %.1f%%  images/s %.1f  data_wait %.1f%%  lr %.4g  "
-          "time %.1fs",
-          static_cast<long long>(st.epoch + 1), static_cast<long long>(o->epochs), st.loss,
+          "epoch %lld/%lld  image size %d  loss %.4f  top1 %.1f%%  images/s %.1f  data_wait %.1f%%  "
+          "lr %.4g  time %.1fs",
+          static_cast<long long>(st.epoch + 1), static_cast<long long>(o->epochs), st.image_size, st.loss,
           100 * st.top1, st.images_per_s, 100 * st.data_wait_fraction, st.lr, st.seconds);
       if (st.skipped_steps > 0) line += format("  skipped_steps %lld", static_cast<long long>(st.skipped_steps));
       if (st.skipped_samples > 0)

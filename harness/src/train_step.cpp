@@ -76,6 +76,9 @@ EpochStats Trainer::Impl::train_epoch(int64_t epoch_index, Profiler& profiler, S
   ep.step_in_epoch = (ep.batch_index + o.accum_steps - 1) / o.accum_steps;
   set_train_mode();
   train_sampler->set_epoch(epoch_index);  // DistributedSampler/RASampler.set_epoch, every epoch
+  // The epoch's crop side (progressive resizing), a resumed epoch's included, before its first batch.
+  ep.stats.image_size = train_image_size(epoch_index);
+  train_loader->set_image_size(ep.stats.image_size);
   prefetcher->start_epoch(epoch_index, ep.batch_index);
   profiler.begin_epoch(epoch_index);
   ep.stats.epoch = epoch_index;

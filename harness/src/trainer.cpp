@@ -121,14 +121,21 @@ loader::LoaderOptions Trainer::Impl::loader_options(bool train) const {
   lo.max_skips = options.max_skips;
   lo.decode.strict = options.strict_decode;
   if (train) {
-    lo.transform = loader::TransformOptions::imagenet(loader::TransformOptions::Kind::kTrain, options.image_size);
+    // The first epoch's side; the slots hold the largest side of any epoch (progressive resizing:
+    // train_epoch sets each epoch's before starting it).
+    lo.transform = loader::TransformOptions::imagenet(loader::TransformOptions::Kind::kTrain, train_image_size(0));
     lo.transform.augment = options.augment;
+    for (int64_t e = 0; e < options.epochs; ++e) lo.max_image_size = std::max(lo.max_image_size, train_image_size(e));
   } else {
     const int crop = options.val_crop_size > 0 ? options.val_crop_size : options.image_size;
     lo.transform = loader::TransformOptions::imagenet(loader::TransformOptions::Kind::kEval, crop);
     if (options.val_resize_size > 0) lo.transform.eval.resize = options.val_resize_size;
   }
   return lo;
+}
+
+int Trainer::Impl::train_image_size(int64_t e) const {
+  return options.resolution ? get_resolution(*options.resolution, e) : options.image_size;
 }
 
 int64_t Trainer::Impl::steps_per_epoch() const {
@@ -156,6 +163,18 @@ void Trainer::Impl::check_options() const {
   const TrainOptions& o = options;
   if (o.epochs < 1 || o.batch_size < 1 || o.image_size < 8 || o.accum_steps < 1) {
     throw std::invalid_argument("Trainer: epochs, batch_size and accum_steps must be >= 1, image_size >= 8");
+  }
+  if (o.resolution) {
+    o.resolution->validate();
+    for (int64_t e = 0; e < o.epochs; ++e) {
+      if (const int side = train_image_size(e); side < 8) {
+        throw std::invalid_argument("Trainer: progressive resizing gives epoch " + std::to_string(e) +
+                                    " (0-based) an image size of " + std::to_string(side) +
+                                    " (FFCV's get_resolution: min_res " + std::to_string(o.resolution->min_res) +
+                                    ", max_res " + std::to_string(o.resolution->max_res) +
+                                    ", rounded to multiples of 32 inside the ramp); sizes must be >= 8");
+      }
+    }
   }
   if (o.label_smoothing < 0 || o.label_smoothing >= 1) {
     throw std::invalid_argument("Trainer: label_smoothing must be in [0, 1)");
@@ -407,6 +426,22 @@ void Trainer::Impl::log_setup(double lr) const {
                ema ? c10::str(", EMA every ", o.model_ema_steps, " steps, decay ", ema->decay()) : "",
                device.is_cuda() && o.cudnn_benchmark ? ", cudnn.benchmark" : ""));
   if (o.augment.enabled()) gpufeed::log_text(LogLevel::kInfo, "train: augment " + loader::to_string(o.augment));
+  if (o.resolution) {
+    // "image size 160 (epochs 1-71), 192 (epochs 72-88)": 1-based, as the epoch lines.
+    std::string sizes;
+    for (int64_t e = 0; e < o.epochs;) {
+      const int side = train_image_size(e);
+      int64_t last = e;
+      while (last + 1 < o.epochs && train_image_size(last + 1) == side) ++last;
+      sizes += c10::str(sizes.empty() ? "" : ", ", side, " (epoch", last > e ? "s " : " ", e + 1,
+                        last > e ? c10::str("-", last + 1) : "", ")");
+      e = last + 1;
+    }
+    gpufeed::log_text(LogLevel::kInfo,
+                      c10::str("train: progressive resizing (FFCV's get_resolution: min_res ", o.resolution->min_res,
+                               ", max_res ", o.resolution->max_res, ", start_ramp ", o.resolution->start_ramp,
+                               ", end_ramp ", o.resolution->end_ramp, "): image size ", sizes));
+  }
 }
 
 Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
@@ -522,7 +557,7 @@ RunInfo Trainer::Impl::run_info() const {
   run.hardware_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   run.num_workers = o.num_workers > 0 ? o.num_workers : run.hardware_threads;
   run.prefetch_depth = o.prefetch_depth;
-  run.image_size = o.image_size;
+  run.image_size = train_image_size(epoch);  // the first epoch this fit() trains
   run.allreduce = ddp != nullptr;  // else the all-reduce phase is recorded as zero-length
   return run;
 }

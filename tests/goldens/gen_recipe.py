@@ -1,7 +1,7 @@
 """Recipe pieces (tests/test_recipe.cpp): torchvision references' parameter groups, cross-entropy
 with label smoothing on class indices and soft targets, clip_grad_norm_, v2.MixUp / v2.CutMix
 with fixed parameters and CutMix's box arithmetic, the references' ExponentialMovingAverage, FFCV's
-triangular schedule; and a PNG folder with its mirror image for test-time flip averaging."""
+triangular schedule and progressive resizing (get_resolution); and a PNG folder with its mirror image for test-time flip averaging."""
 import json
 import pathlib
 
@@ -183,6 +183,34 @@ def _triangular():
     return cases
 
 
+def _resolution():
+    """FFCV's progressive resizing (ffcv-imagenet train_imagenet.py get_resolution, written from
+    its definition): min_res up to start_ramp, max_res from end_ramp, in between np.interp's line
+    rounded with np.round to a multiple of 32; per 0-based epoch."""
+    import numpy as np
+    cases = []
+    for min_res, max_res, start, end, epochs in [
+            (160, 192, 65, 76, 88),   # rn50_88_epochs.yaml
+            (160, 192, 11, 13, 16),   # a shorter ramp
+            (160, 160, 0, 0, 4),      # FFCV's defaults: no ramp
+            (32, 64, 0, 2, 3),        # the CLI test's: 48 rounds half to even, to 64
+            (32, 96, 0, 2, 3),        # the resume test's
+            (128, 224, 10, 20, 24),   # 176 at epoch 15 is a half (5.5 x 32): to 192
+            (160, 180, 2, 8, 10),     # max_res not a multiple of 32: the ramp reaches 192
+            (170, 250, 3, 7, 9),      # min_res not a multiple of 32: the ramp starts at 160
+            (100, 300, 1, 6, 8), (64, 256, 5, 5, 8), (8, 40, 0, 4, 5)]:
+        def get_resolution(epoch):
+            if epoch <= start:
+                return min_res
+            if epoch >= end:
+                return max_res
+            res = np.interp([epoch], [start, end], [min_res, max_res])[0]
+            return int(np.round(res / 32)) * 32
+        cases.append({"min_res": min_res, "max_res": max_res, "start_ramp": start, "end_ramp": end,
+                      "sizes": [get_resolution(e) for e in range(epochs)]})
+    return cases
+
+
 def _flip_folders(out):
     """flip_val/orig and flip_val/mirror: the same 32 x 32 PNGs (lossless), left-right mirrored in
     the second, one per class of tests/test_util.h's tiny dataset."""
@@ -201,4 +229,4 @@ def make(out: pathlib.Path) -> None:
     (out / "recipe.json").write_text(json.dumps({
         "weight_decay_groups": _groups(out), "cross_entropy": _cross_entropy(), "clip_grad_norm": _clip(),
         "mix": _mix(), "ema": _ema(),
-        "triangular": _triangular()}))
+        "triangular": _triangular(), "resolution": _resolution()}))

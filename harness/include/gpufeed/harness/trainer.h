@@ -68,7 +68,16 @@ struct TrainOptions {
   std::optional<std::filesystem::path> val_data;  ///< evaluated after each epoch (same classes)
   std::string index_cache;          ///< the datasets' index cache: "" beside them, "off", or a folder
   int num_workers = 0;              ///< loader threads per process; 0 = all hardware threads
-  int image_size = 224;             ///< train crop (the references' --train-crop-size), pixels
+  /// Train crop (the references' --train-crop-size), pixels, every epoch unless `resolution` is
+  /// set; also the default validation crop (val_crop_size 0).
+  int image_size = 224;
+  /// Progressive resizing as FFCV's ResNet recipe does it (--min-res, --max-res, --start-ramp,
+  /// --end-ramp; recipe.h, get_resolution): epoch e (0-based) trains at get_resolution(*resolution,
+  /// e) instead of image_size; every side must be >= 8. The loader's slots are sized once for
+  /// the largest side of the run's epochs; the size changes at epoch starts only, a resumed epoch
+  /// gets its own epoch's side, and validation keeps its own size (val_crop_size /
+  /// val_resize_size, or image_size). Unset: image_size every epoch.
+  std::optional<ResolutionSchedule> resolution;
   /// Validation Resize (shorter side) and CenterCrop, pixels (the references' --val-resize-size,
   /// --val-crop-size). 0: val_crop_size = image_size, val_resize_size = round(crop x 256 / 224).
   int val_resize_size = 0;
@@ -231,6 +240,7 @@ struct TrainOptions {
 /// One epoch's report. In a distributed run the numbers are over all ranks.
 struct EpochStats {
   int64_t epoch = 0;            ///< 0-based
+  int image_size = 0;           ///< train crop side of the epoch, pixels (TrainOptions::resolution)
   int64_t steps = 0;            ///< optimizer steps
   int64_t samples = 0;
   double loss = 0;              ///< mean training cross-entropy over the epoch
