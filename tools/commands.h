@@ -29,5 +29,6 @@ Run add_launch(CLI::App& app);
 Run add_ckpt(CLI::App& app);
 Run add_inspect(CLI::App& app);
 Run add_index(CLI::App& app);
+Run add_pack(CLI::App& app);
 
 }  // namespace gpufeed::tools

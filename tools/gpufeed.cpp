@@ -1,4 +1,4 @@
-// gpufeed: train, launch, ckpt, bench, make-dataset and inspect in one executable.
+// gpufeed: train, launch, ckpt, bench, make-dataset, index, pack and inspect in one executable.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -34,6 +34,8 @@ int main(int argc, char** argv) {
       gpufeed::tools::add_make_dataset);
   add("index", "list a dataset, write or read its index cache; time and memory of the sample table",
       gpufeed::tools::add_index);
+  add("pack", "write a dataset as WebDataset tar shards (resize large images, manifest.json)",
+      gpufeed::tools::add_pack);
   add("inspect", "what the decoder makes of image files: format, header, result, per-kind counts",
       gpufeed::tools::add_inspect);
   CLI11_PARSE(app, argc, argv);

@@ -1,0 +1,467 @@
+// `gpufeed pack`: datasets written as WebDataset tar shards (gpufeed/loader/pack.h). Workers
+// decode/resize/encode one chunk of samples in parallel; the calling thread then writes that
+// chunk in dataset order, so the bytes never depend on the thread count.
+#include "gpufeed/loader/pack.h"
+
+#include <fmt/format.h>
+#include <tbb/blocked_range.h>
+#include <tbb/enumerable_thread_specific.h>
+#include <tbb/global_control.h>
+#include <tbb/info.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <system_error>
+
+#include "gpufeed/json_text.h"
+#include "gpufeed/loader/resize.h"
+#include "gpufeed/version.h"
+#include "tbb_tsan.h"
+
+namespace fs = std::filesystem;
+
+namespace gpufeed::loader {
+namespace {
+
+std::string os_reason(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+// `v` as `width` octal digits (the caller checked that it fits).
+void put_octal(char* field, uint64_t v, int width) {
+  for (int i = width - 1; i >= 0; --i, v >>= 3) field[i] = static_cast<char>('0' + (v & 7));
+}
+
+}  // namespace
+
+// ---- TarWriter
+
+TarWriter::TarWriter(const fs::path& path) : path_(path) {
+  file_ = std::fopen(path.c_str(), "wb");
+  if (!file_) throw std::runtime_error("pack: cannot create " + path.string() + ": " + os_reason(errno));
+}
+
+TarWriter::~TarWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void TarWriter::write(const void* data, size_t n) {
+  if (n && std::fwrite(data, 1, n, file_) != n)
+    throw std::runtime_error("pack: cannot write " + path_.string() + ": " + os_reason(errno));
+  bytes_ += static_cast<int64_t>(n);
+}
+
+void TarWriter::add(std::string_view name, std::span<const uint8_t> data) {
+  if (!file_) throw std::logic_error("TarWriter::add after close");
+  if (name.empty() || name.find('\0') != std::string_view::npos)
+    throw std::invalid_argument("tar member name is empty or holds a NUL byte");
+  std::string_view prefix, base = name;
+  if (name.size() > 100) {
+    // ustar: the name is prefix + '/' + name, split at a '/'.
+    const size_t cut = name.rfind('/', 155);
+    if (cut == std::string_view::npos || name.size() - cut - 1 > 100 || name.size() - cut - 1 == 0)
+      throw std::invalid_argument("tar member name '" + std::string(name) +
+                                  "' fits neither ustar's 100-byte name nor its 155-byte prefix + name");
+    prefix = name.substr(0, cut);
+    base = name.substr(cut + 1);
+  }
+  const uint64_t size = data.size();
+  if (size >= (uint64_t{1} << 33))
+    throw std::invalid_argument("tar member '" + std::string(name) + "' is 8 GiB or more (ustar's size field)");
+  char h[512] = {};
+  std::memcpy(h, base.data(), base.size());
+  put_octal(h + 100, 0644, 7);   // mode
+  put_octal(h + 108, 0, 7);      // uid
+  put_octal(h + 116, 0, 7);      // gid
+  put_octal(h + 124, size, 11);  // size
+  put_octal(h + 136, 0, 11);     // mtime
+  h[156] = '0';                  // regular file
+  std::memcpy(h + 257, "ustar", 6);  // magic "ustar\0"
+  std::memcpy(h + 263, "00", 2);     // version
+  put_octal(h + 329, 0, 7);      // devmajor
+  put_octal(h + 337, 0, 7);      // devminor
+  if (!prefix.empty()) std::memcpy(h + 345, prefix.data(), prefix.size());  // (an empty view may be null)
+  std::memset(h + 148, ' ', 8);
+  unsigned sum = 0;
+  for (const char c : h) sum += static_cast<unsigned char>(c);
+  put_octal(h + 148, sum, 6);
+  h[154] = '\0';
+  h[155] = ' ';
+  write(h, sizeof h);
+  write(data.data(), data.size());
+  static const char zeros[512] = {};
+  write(zeros, (512 - size % 512) % 512);
+}
+
+void TarWriter::close() {
+  if (!file_) return;
+  static const char zeros[kEndBytes] = {};
+  write(zeros, sizeof zeros);
+  std::FILE* f = file_;
+  file_ = nullptr;
+  const bool flushed = std::fflush(f) == 0;
+  const int err = errno;
+  if (std::fclose(f) != 0 || !flushed)
+    throw std::runtime_error("pack: cannot write " + path_.string() + ": " + os_reason(flushed ? errno : err));
+}
+
+// ---- keys and extensions
+
+std::string pack_key(int64_t index, int64_t size, std::string_view path, std::string_view member,
+                     const fs::path& base) {
+  int digits = 1;
+  for (int64_t v = std::max<int64_t>(size - 1, 0); v >= 10; v /= 10) ++digits;
+  std::string key = fmt::format("{:0{}d}", index, std::max(6, digits));
+  std::string_view rel = path;
+  if (!member.empty()) {
+    rel = member;
+  } else {
+    std::string b = base.string();
+    while (b.size() > 1 && b.back() == '/') b.pop_back();
+    if (b.empty() || b == ".") {
+      while (rel.substr(0, 2) == "./") rel.remove_prefix(2);
+    } else if (rel.size() > b.size() && rel.substr(0, b.size()) == b && (rel[b.size()] == '/' || b == "/")) {
+      rel.remove_prefix(b.size() + (b == "/" ? 0 : 1));
+    } else if (const size_t slash = rel.rfind('/'); slash != std::string_view::npos) {
+      rel.remove_prefix(slash + 1);  // outside the base: the file name alone
+    }
+    while (!rel.empty() && rel.front() == '/') rel.remove_prefix(1);
+  }
+  // Without the extension: the last '.' of the last component (not a leading one).
+  const size_t last = rel.rfind('/');
+  const size_t dot = rel.rfind('.');
+  if (dot != std::string_view::npos && (last == std::string_view::npos || dot > last + 1) && dot > 0)
+    rel = rel.substr(0, dot);
+  if (rel.empty()) return key;
+  key += '_';
+  for (const char c : rel) {
+    if (key.size() >= 95) break;
+    const bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+    key += keep ? c : '_';
+  }
+  return key;
+}
+
+namespace {
+
+std::string lower_extension(std::string_view name) {
+  const size_t slash = name.rfind('/');
+  if (slash != std::string_view::npos) name.remove_prefix(slash + 1);
+  const size_t dot = name.rfind('.');
+  if (dot == std::string_view::npos) return {};
+  std::string ext(name.substr(dot + 1));
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return ext;
+}
+
+// The member extension of a copied image (see pack.h).
+std::string copied_extension(decode::ImageFormat format, std::string_view name) {
+  const std::string ext = lower_extension(name);
+  switch (format) {
+    case decode::ImageFormat::kJpeg: return "jpg";
+    case decode::ImageFormat::kPng: return "png";
+    case decode::ImageFormat::kWebp: return "webp";
+    case decode::ImageFormat::kGif: return "gif";
+    case decode::ImageFormat::kBmp: return "bmp";
+    case decode::ImageFormat::kTiff: return ext == "tiff" ? "tiff" : "tif";
+    case decode::ImageFormat::kPnm: return ext == "pgm" ? "pgm" : "ppm";
+    case decode::ImageFormat::kUnknown: break;
+  }
+  throw std::logic_error("copied_extension: unknown format");
+}
+
+// One sample's outcome, filled by a worker, consumed by the writer.
+struct Item {
+  std::vector<uint8_t> bytes;  // the member's data
+  std::string ext;
+  bool reencoded = false;
+  int64_t bytes_in = 0;
+  std::exception_ptr error;
+  std::string kind, reason;
+};
+
+struct WorkerState {
+  decode::Decoder decoder;
+  decode::ImageBuffer image;
+  std::vector<uint8_t> bytes, resized;
+  Resizer resizer;
+  std::string source;
+};
+
+// Longer side to max_side, the shorter rounded half up (at least 1).
+std::pair<int, int> target_size(int w, int h, int max_side) {
+  const int64_t longer = std::max(w, h), shorter = std::min(w, h);
+  const int s = static_cast<int>(std::max<int64_t>(1, (2 * shorter * max_side + longer) / (2 * longer)));
+  return w >= h ? std::pair{max_side, s} : std::pair{s, max_side};
+}
+
+void process(const Dataset& dataset, int64_t i, const PackOptions& o, WorkerState& st, Item& it) {
+  it.bytes.clear();
+  it.ext.clear();
+  it.reencoded = false;
+  it.bytes_in = 0;
+  it.error = nullptr;
+  it.kind.clear();
+  it.reason.clear();
+  st.source.clear();
+  try {
+    const SampleRef s = dataset.at(i);
+    s.source(st.source);
+    read_sample(s, st.bytes);
+    it.bytes_in = static_cast<int64_t>(st.bytes.size());
+    const decode::ImageInfo info = decode::probe(st.bytes, st.source);
+    decode::DecodeOptions d = o.decode;
+    d.crop = {};
+    d.apply_exif_orientation = false;
+    const bool resize = o.max_side > 0 && std::max(info.width, info.height) > o.max_side;
+    if (!resize) {
+      // Validation only: at 1/8 a JPEG's entropy data is still decoded whole.
+      d.scale = decode::ScaleFactor{info.format == decode::ImageFormat::kJpeg ? 1 : 8};
+      st.decoder.decode(st.bytes, st.source, d, st.image);
+      it.ext = copied_extension(info.format, s.member.empty() ? s.path : s.member);
+      it.bytes.swap(st.bytes);  // the original bytes; st keeps the item's old buffer to reuse
+      return;
+    }
+    d.scale = decode::ScaleFactor{8};
+    st.decoder.decode(st.bytes, st.source, d, st.image);
+    const auto [w, h] = target_size(st.image.width, st.image.height, o.max_side);
+    st.resized.resize(static_cast<size_t>(w) * h * 3);
+    st.resizer.resize(st.image.pixels.data(), st.image.width, st.image.height, static_cast<size_t>(st.image.width) * 3,
+                      BoxF{0, 0, static_cast<double>(st.image.width), static_cast<double>(st.image.height)},
+                      st.resized.data(), w, h, static_cast<size_t>(w) * 3);
+    it.bytes = decode::encode_jpeg(st.resized.data(), w, h, o.quality);
+    it.ext = "jpg";
+    it.reencoded = true;
+  } catch (const decode::DecodeError& e) {
+    it.error = std::current_exception();
+    it.kind = std::string(decode::to_string(e.kind()));
+    it.reason = e.reason();
+  } catch (const std::exception& e) {
+    it.kind = "error";
+    it.reason = e.what();
+    it.error = std::make_exception_ptr(std::runtime_error(st.source + ": " + e.what()));
+  }
+}
+
+bool is_shard_name(const std::string& name, const std::string& prefix) {
+  if (name.size() < prefix.size() + 1 + 6 + 4 || name.compare(0, prefix.size(), prefix) != 0) return false;
+  if (name[prefix.size()] != '-' || name.compare(name.size() - 4, 4, ".tar") != 0) return false;
+  const std::string digits = name.substr(prefix.size() + 1, name.size() - prefix.size() - 5);
+  return digits.size() >= 6 && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+std::string shard_name(const std::string& prefix, size_t n) { return fmt::format("{}-{:06d}.tar", prefix, n); }
+
+void write_text_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw std::runtime_error("pack: cannot write " + tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw std::runtime_error("pack: cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+}
+
+nlohmann::json manifest(const PackResult& r, const PackOptions& o, const fs::path& source) {
+  using nlohmann::json;
+  json shards = json::array();
+  for (const PackedShard& s : r.shards) shards.push_back({{"file", s.file}, {"samples", s.samples}, {"bytes", s.bytes}});
+  json skipped = json::array();
+  for (const PackSkip& s : r.skipped)
+    skipped.push_back({{"index", s.index}, {"path", s.path}, {"kind", s.kind}, {"reason", s.reason}});
+  return {
+      {"format", "webdataset"},
+      {"gpufeed_version", GPUFEED_VERSION_STRING},
+      {"source", source.string()},
+      {"pattern", r.pattern},
+      {"classes", r.classes},
+      {"shards", shards},
+      {"totals",
+       {{"samples", r.samples},
+        {"shards", r.shards.size()},
+        {"bytes", r.bytes_out},
+        {"bytes_in", r.bytes_in},
+        {"reencoded", r.reencoded},
+        {"copied", r.copied},
+        {"skipped", r.skipped.size()}}},
+      {"options",
+       {{"prefix", o.prefix},
+        {"shard_size", o.shard_size},
+        {"max_samples_per_shard", o.max_samples_per_shard},
+        {"max_side", o.max_side},
+        {"quality", o.quality},
+        {"on_error", o.error_policy == ErrorPolicy::kSkip ? "skip" : "raise"},
+        {"max_skips", o.max_skips},
+        {"strict_decode", o.decode.strict}}},
+      {"skipped", skipped},
+      {"skipped_by_kind", r.skipped_by_kind},
+  };
+}
+
+}  // namespace
+
+std::string PackResult::summary() const {
+  std::string kinds;
+  for (const auto& [kind, n] : skipped_by_kind) kinds += fmt::format("{}{} {}", kinds.empty() ? " (" : ", ", kind, n);
+  if (!kinds.empty()) kinds += ")";
+  return fmt::format(
+      "packed {} samples into {} shards: {:.1f} MB in -> {:.1f} MB out, {} re-encoded, {} copied, {} skipped{}, "
+      "{:.2f} s, {:.1f} images/s",
+      samples, shards.size(), bytes_in / 1e6, bytes_out / 1e6, reencoded, copied, skipped.size(), kinds, seconds,
+      seconds > 0 ? static_cast<double>(samples + static_cast<int64_t>(skipped.size())) / seconds : 0.0);
+}
+
+PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs::path& out_dir,
+                        const PackOptions& o, const std::function<void(const PackProgress&)>& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  if (o.prefix.empty() || o.prefix.find('/') != std::string::npos || o.prefix.find('\0') != std::string::npos)
+    throw std::invalid_argument("pack: the prefix '" + o.prefix + "' must be a non-empty file name part without '/'");
+  if (o.shard_size <= 0) throw std::invalid_argument("pack: shard_size must be positive");
+  if (o.max_samples_per_shard < 0) throw std::invalid_argument("pack: max_samples_per_shard must be >= 0");
+  if (o.max_side < 0) throw std::invalid_argument("pack: max_side must be >= 0");
+  if (o.quality < 1 || o.quality > 100) throw std::invalid_argument("pack: quality must be in 1..100");
+  if (o.chunk_samples < 1) throw std::invalid_argument("pack: chunk_samples must be >= 1");
+  if (o.max_skips < 0) throw std::invalid_argument("pack: max_skips must be >= 0");
+
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw std::runtime_error("pack: cannot create " + out_dir.string() + ": " + ec.message());
+  std::vector<std::string> existing;  // shards of this prefix, and the manifest, already there
+  for (const auto& e : fs::directory_iterator(out_dir)) {
+    const std::string name = e.path().filename().string();
+    if (is_shard_name(name, o.prefix) || name == "manifest.json") existing.push_back(name);
+  }
+  std::sort(existing.begin(), existing.end());
+  if (!existing.empty() && !o.overwrite)
+    throw std::runtime_error(fmt::format("pack: {} already holds {}{}: pass --overwrite to replace them",
+                                         out_dir.string(), existing.front(),
+                                         existing.size() > 1 ? fmt::format(" (and {} more)", existing.size() - 1) : ""));
+
+  const fs::path base = !o.base.empty() ? o.base : fs::is_directory(source, ec) ? source : source.parent_path();
+  const int64_t n = dataset.size();
+  PackResult r;
+  r.classes = dataset.classes();
+
+  std::optional<TarWriter> shard;
+  int64_t shard_samples = 0;
+  fs::path shard_tmp;
+  std::vector<fs::path> written;  // renamed into place by this call
+  // On any failure: the unfinished shard and the shards this call wrote go.
+  struct Cleanup {
+    std::optional<TarWriter>& shard;
+    fs::path& tmp;
+    std::vector<fs::path>& written;
+    bool armed = true;
+    ~Cleanup() {
+      if (!armed) return;
+      shard.reset();
+      std::error_code e;
+      if (!tmp.empty()) fs::remove(tmp, e);
+      for (const fs::path& p : written) fs::remove(p, e);
+    }
+  } cleanup{shard, shard_tmp, written};
+
+  const auto close_shard = [&] {
+    shard->close();
+    const std::string name = shard_name(o.prefix, r.shards.size());
+    const fs::path final_path = out_dir / name;
+    r.shards.push_back({name, shard_samples, shard->bytes()});
+    r.bytes_out += shard->bytes();
+    shard.reset();
+    std::error_code e;
+    fs::rename(shard_tmp, final_path, e);
+    if (e) throw std::runtime_error("pack: cannot rename " + shard_tmp.string() + " to " + final_path.string() + ": " + e.message());
+    shard_tmp.clear();
+    written.push_back(final_path);
+  };
+
+  const int workers = o.num_workers > 0 ? o.num_workers : tbb::info::default_concurrency();
+  // As the loader does: num_workers threads even where oneTBB's default pool is smaller (the
+  // calling thread joins the arena, so workers - 1 of oneTBB's).
+  tbb::global_control parallelism(
+      tbb::global_control::max_allowed_parallelism,
+      std::max<size_t>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism),
+                       static_cast<size_t>(workers)));
+  tbb::task_arena arena(workers);
+  tbb::enumerable_thread_specific<WorkerState> states;
+  std::vector<Item> items(static_cast<size_t>(std::min<int64_t>(o.chunk_samples, std::max<int64_t>(n, 1))));
+  std::vector<uint8_t> cls;
+  for (int64_t start = 0; start < n; start += o.chunk_samples) {
+    const int64_t end = std::min(n, start + o.chunk_samples);
+    arena.execute([&] {
+      detail::parallel_for_ordered(tbb::blocked_range<int64_t>(start, end, 1), [&](const tbb::blocked_range<int64_t>& range) {
+        WorkerState& st = states.local();
+        for (int64_t i = range.begin(); i < range.end(); ++i)
+          process(dataset, i, o, st, items[static_cast<size_t>(i - start)]);
+      });
+    });
+    for (int64_t i = start; i < end; ++i) {
+      Item& it = items[static_cast<size_t>(i - start)];
+      if (it.error) {
+        if (o.error_policy == ErrorPolicy::kRaise) std::rethrow_exception(it.error);
+        const SampleRef s = dataset.at(i);
+        r.skipped.push_back({i, s.source(), it.kind, it.reason});
+        ++r.skipped_by_kind[it.kind];
+        if (static_cast<int64_t>(r.skipped.size()) > o.max_skips)
+          throw std::runtime_error(fmt::format("pack: more than {} files skipped (--max-skips); the last: {}: {}: {}",
+                                               o.max_skips, r.skipped.back().path, it.kind, it.reason));
+        continue;
+      }
+      const SampleRef s = dataset.at(i);
+      const std::string key = pack_key(i, n, s.path, s.member, base);
+      const std::string label = std::to_string(s.label);
+      cls.assign(label.begin(), label.end());
+      const int64_t sample_bytes = TarWriter::member_bytes(static_cast<int64_t>(it.bytes.size())) +
+                                   TarWriter::member_bytes(static_cast<int64_t>(cls.size()));
+      if (shard && (shard->bytes() + sample_bytes + TarWriter::kEndBytes > o.shard_size ||
+                    (o.max_samples_per_shard > 0 && shard_samples >= o.max_samples_per_shard)))
+        close_shard();
+      if (!shard) {
+        shard_tmp = out_dir / (shard_name(o.prefix, r.shards.size()) + ".tmp");
+        shard.emplace(shard_tmp);
+        shard_samples = 0;
+      }
+      shard->add(key + "." + it.ext, it.bytes);
+      shard->add(key + ".cls", cls);
+      ++shard_samples;
+      ++r.samples;
+      r.bytes_in += it.bytes_in;
+      ++(it.reencoded ? r.reencoded : r.copied);
+    }
+    if (progress) {
+      progress({end, n, static_cast<int64_t>(r.shards.size()) + (shard ? 1 : 0),
+                r.bytes_out + (shard ? shard->bytes() : 0), elapsed()});
+    }
+  }
+  if (shard) close_shard();
+  if (r.samples == 0)
+    throw std::runtime_error(fmt::format("pack: no sample of {} could be packed ({} skipped)", source.string(),
+                                         r.skipped.size()));
+  r.pattern = r.shards.size() == 1
+                  ? r.shards.front().file
+                  : fmt::format("{}-{{{:06d}..{:06d}}}.tar", o.prefix, 0, r.shards.size() - 1);
+  r.seconds = elapsed();
+  write_text_atomically(out_dir / "manifest.json", json_text(manifest(r, o, source), 1) + "\n");
+  cleanup.armed = false;
+  // An older, longer set of this prefix: its remaining shards would join any folder read.
+  for (const std::string& name : existing) {
+    if (name == "manifest.json") continue;
+    if (std::none_of(r.shards.begin(), r.shards.end(), [&](const PackedShard& s) { return s.file == name; }))
+      fs::remove(out_dir / name, ec);
+  }
+  r.seconds = elapsed();
+  return r;
+}
+
+}  // namespace gpufeed::loader

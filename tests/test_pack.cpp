@@ -1,0 +1,407 @@
+// `gpufeed pack` (gpufeed/loader/pack.h): a generated ImageFolder packed into WebDataset shards
+// and read back by TarShards (labels, order, copied bytes, resized sizes and pixels) and by the
+// webdataset package; the bytes for any worker count; the skip policy; manifest.json; refusal to
+// overwrite; the tar writer's ustar fields.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "gpufeed/decode/decoder.h"
+#include "gpufeed/loader/dataset.h"
+#include "gpufeed/loader/pack.h"
+#include "gpufeed/loader/resize.h"
+#include "gpufeed/loader/shards.h"
+#include "gpufeed/version.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using namespace gpufeed;
+using namespace gpufeed::loader;
+using gpufeed::test::TempDir;
+
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+
+Bytes file_bytes(const fs::path& p) {
+  Bytes b;
+  decode::read_file(p, b);
+  return b;
+}
+
+void write_bytes(const fs::path& p, const Bytes& b) {
+  std::ofstream out(p, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+// Sizes 40..160 px around a max side of 100: some images are resized, some copied; plus a small
+// and a large PNG (copied as .png / re-encoded as .jpg).
+fs::path make_folder(const fs::path& root) {
+  write_synthetic_image_folder(root, {.num_classes = 3, .images_per_class = 7, .min_size = 40, .max_size = 160});
+  const auto png = [](int w, int h) {
+    std::vector<uint8_t> rgb(static_cast<size_t>(w) * h * 3);
+    for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = static_cast<uint8_t>((i * 7 + i / 97) & 0xff);
+    return decode::encode_png(rgb.data(), w, h);
+  };
+  write_bytes(root / "class_000" / "zz_small.png", png(60, 30));
+  write_bytes(root / "class_001" / "zz_big.PNG", png(90, 150));
+  return root;
+}
+
+std::vector<std::string> shard_files(const fs::path& out, const PackResult& r) {
+  std::vector<std::string> v;
+  for (const PackedShard& s : r.shards) v.push_back((out / s.file).string());
+  return v;
+}
+
+std::vector<TarMember> members_of(const fs::path& shard) {
+  const Bytes b = file_bytes(shard);
+  const ReadAt read = [&b](int64_t offset, void* buf, size_t n) -> size_t {
+    if (offset < 0 || static_cast<size_t>(offset) >= b.size()) return 0;
+    const size_t k = std::min(n, b.size() - static_cast<size_t>(offset));
+    std::memcpy(buf, b.data() + offset, k);
+    return k;
+  };
+  return index_tar(read, static_cast<int64_t>(b.size()), shard.string());
+}
+
+PackOptions small_shards() {
+  PackOptions o;
+  o.shard_size = 30000;
+  o.max_side = 100;
+  o.num_workers = 2;
+  o.chunk_samples = 5;  // several chunks
+  return o;
+}
+
+}  // namespace
+
+TEST(PackKey, RelativePathMadeSafe) {
+  EXPECT_EQ(pack_key(12, 900, "data/x/n014/sub/a.b.JPEG", "", "data/x"), "000012_n014_sub_a_b");
+  EXPECT_EQ(pack_key(12, 900, "data/x/n014/sub/a.b.JPEG", "", "data/x/"), "000012_n014_sub_a_b");
+  EXPECT_EQ(pack_key(12, 900, "data/x//n014/a.jpg", "", "data/x"), "000012_n014_a");
+  // Outside the base: the file name; seven digits for 10 million samples.
+  EXPECT_EQ(pack_key(3, 10'000'000, "/elsewhere/../caf\xe9 1.jpg", "", "data/x"), "0000003_caf__1");
+  EXPECT_EQ(pack_key(0, 1, "./a/.hidden", "", ""), "000000_a__hidden");
+  EXPECT_EQ(pack_key(5, 10, "s.tar", "train/n014_10026.JPEG", "s"), "000005_train_n014_10026");
+  const std::string long_key = pack_key(1, 10, "d/" + std::string(300, 'x') + ".jpg", "", "d");
+  EXPECT_EQ(long_key.size(), 95u);
+  EXPECT_EQ(long_key.substr(0, 8), "000001_x");
+}
+
+TEST(TarWriter, UstarFieldsAndLongNames) {
+  TempDir dir("pack_tar");
+  const fs::path p = dir.path / "t.tar";
+  const std::string long_name = std::string(120, 'd') + "/" + std::string(90, 'n') + ".jpg";
+  {
+    TarWriter w(p);
+    w.add("a.cls", Bytes{'7'});
+    w.add(long_name, Bytes(1000, 0x5a));
+    EXPECT_THROW(w.add(std::string(101, 'x'), Bytes{}), std::invalid_argument);  // no '/' to split at
+    w.close();
+    EXPECT_EQ(w.bytes(), 512 + 512 + 512 + 1024 + TarWriter::kEndBytes);
+  }
+  const Bytes b = file_bytes(p);
+  ASSERT_EQ(b.size(), 3584u);
+  const std::string h(b.begin(), b.begin() + 512);
+  EXPECT_EQ(h.substr(0, 6), std::string("a.cls\0", 6));
+  EXPECT_EQ(h.substr(100, 8), std::string("0000644\0", 8));
+  EXPECT_EQ(h.substr(108, 16), std::string("0000000\0" "0000000\0", 16));
+  EXPECT_EQ(h.substr(124, 12), std::string("00000000001\0", 12));
+  EXPECT_EQ(h.substr(136, 12), std::string("00000000000\0", 12));
+  EXPECT_EQ(h[156], '0');
+  EXPECT_EQ(h.substr(257, 8), std::string("ustar\0" "00", 8));
+  EXPECT_EQ(h.substr(265, 64), std::string(64, '\0'));  // uname, gname empty
+  const auto members = members_of(p);
+  ASSERT_EQ(members.size(), 2u);
+  EXPECT_EQ(members[0].name, "a.cls");
+  EXPECT_EQ(members[1].name, long_name);
+  EXPECT_EQ(members[1].size, 1000);
+  EXPECT_EQ(members[1].offset, 1536);
+}
+
+// Test 1: read back by TarShards.
+TEST(Pack, ImageFolderRoundTripThroughTarShards) {
+  TempDir dir("pack_roundtrip");
+  const fs::path src = make_folder(dir.path / "src");
+  const ImageFolder folder(src, {.index_cache = "off"});
+  const PackOptions o = small_shards();
+  const PackResult r = pack_dataset(folder, src, dir.path / "out", o);
+  ASSERT_GE(r.shards.size(), 3u);
+  EXPECT_EQ(r.samples, folder.size());
+  EXPECT_EQ(r.reencoded + r.copied, folder.size());
+  EXPECT_TRUE(r.skipped.empty());
+  for (const PackedShard& s : r.shards) {
+    EXPECT_EQ(static_cast<int64_t>(fs::file_size(dir.path / "out" / s.file)), s.bytes);
+    if (s.samples > 1) {
+      EXPECT_LE(s.bytes, o.shard_size) << s.file;
+    }
+  }
+  EXPECT_FALSE(fs::exists(dir.path / "out" / (r.shards[0].file + ".tmp")));
+
+  // Members: KEY.ext then KEY.cls, adjacent; keys by the documented rule.
+  const auto first = members_of(dir.path / "out" / r.shards[0].file);
+  ASSERT_GE(first.size(), 2u);
+  EXPECT_EQ(first[0].name, "000000_class_000_img_00000.jpg");
+  EXPECT_EQ(first[1].name, "000000_class_000_img_00000.cls");
+  std::map<std::string, std::string> ext_of;  // key -> image extension, over every shard
+  for (const PackedShard& s : r.shards) {
+    for (const TarMember& m : members_of(dir.path / "out" / s.file)) {
+      const size_t dot = m.name.find('.');
+      if (m.name.substr(dot + 1) != "cls") ext_of[m.name.substr(0, dot)] = m.name.substr(dot + 1);
+    }
+  }
+  ASSERT_EQ(static_cast<int64_t>(ext_of.size()), folder.size());
+
+  const TarShards shards(shard_files(dir.path / "out", r), dir.path / "out", {.index_cache = "off"});
+  ASSERT_EQ(shards.size(), folder.size());
+  decode::Decoder decoder;
+  Resizer resizer;
+  int64_t copied = 0, resized = 0, png_copied = 0, png_resized = 0;
+  double worst_jpeg = 0, worst_png = 0;
+  for (int64_t i = 0; i < folder.size(); ++i) {
+    const SampleRef a = folder.at(i), b = shards.at(i);
+    ASSERT_EQ(a.label, b.label) << i;
+    const std::string key = pack_key(i, folder.size(), a.path, "", src);
+    Bytes src_bytes, packed;
+    read_sample(a, src_bytes);
+    read_sample(b, packed);
+    const decode::ImageInfo info = decode::probe(src_bytes, a.path);
+    const bool is_png = info.format == decode::ImageFormat::kPng;
+    if (std::max(info.width, info.height) <= o.max_side) {
+      EXPECT_EQ(src_bytes, packed) << a.path;  // copied byte for byte
+      EXPECT_EQ(ext_of[key], is_png ? "png" : "jpg") << key;
+      ++copied;
+      png_copied += is_png;
+      continue;
+    }
+    ++resized;
+    png_resized += is_png;
+    EXPECT_EQ(ext_of[key], "jpg") << key;
+    decode::ImageBuffer out, whole;
+    decoder.decode(packed, b.source(), {}, out);
+    const int longer = std::max(info.width, info.height), shorter = std::min(info.width, info.height);
+    const int want_short = static_cast<int>(std::lround(static_cast<double>(shorter) * o.max_side / longer));
+    EXPECT_EQ(std::max(out.width, out.height), o.max_side) << a.path;
+    EXPECT_EQ(std::min(out.width, out.height), want_short) << a.path;
+    EXPECT_EQ(out.width >= out.height, info.width >= info.height) << a.path;  // orientation kept
+    // Pixels: the source decoded whole and resized by the loader's Resizer, against the packed
+    // JPEG decoded: only the re-encode (quality 90, 4:2:0) separates them.
+    decoder.decode(src_bytes, a.path, {}, whole);
+    std::vector<uint8_t> ref(static_cast<size_t>(out.width) * out.height * 3);
+    resizer.resize(whole.pixels.data(), whole.width, whole.height, static_cast<size_t>(whole.width) * 3,
+                   BoxF{0, 0, static_cast<double>(whole.width), static_cast<double>(whole.height)}, ref.data(),
+                   out.width, out.height, static_cast<size_t>(out.width) * 3);
+    double diff = 0;
+    for (size_t k = 0; k < ref.size(); ++k) diff += std::abs(int{ref[k]} - int{out.pixels[k]});
+    const double mean = diff / static_cast<double>(ref.size());
+    (is_png ? worst_png : worst_jpeg) = std::max(is_png ? worst_png : worst_jpeg, mean);
+    // Synthetic images carry sigma-12 noise that 4:2:0 at quality 90 partly smooths; the PNG
+    // pattern is high-frequency. A wrong region, size or orientation gives tens of levels.
+    EXPECT_LT(mean, is_png ? 12.0 : 6.0) << a.path;
+  }
+  std::printf("copied %lld, resized %lld; worst mean |diff| of a resized image: JPEG %.2f, PNG %.2f levels\n",
+              static_cast<long long>(copied), static_cast<long long>(resized), worst_jpeg, worst_png);
+  EXPECT_EQ(copied, r.copied);
+  EXPECT_EQ(resized, r.reencoded);
+  EXPECT_GE(copied, 3);
+  EXPECT_GE(resized, 3);
+  EXPECT_EQ(png_copied, 1);
+  EXPECT_EQ(png_resized, 1);
+}
+
+// Test 2: the bytes do not depend on the worker count (nor on the chunking).
+TEST(Pack, SameBytesForAnyWorkerCount) {
+  TempDir dir("pack_workers");
+  const fs::path src = make_folder(dir.path / "src");
+  const ImageFolder folder(src, {.index_cache = "off"});
+  PackOptions o = small_shards();
+  o.num_workers = 1;
+  o.chunk_samples = 256;
+  const PackResult one = pack_dataset(folder, src, dir.path / "w1", o);
+  o.num_workers = 4;
+  o.chunk_samples = 3;
+  const PackResult four = pack_dataset(folder, src, dir.path / "w4", o);
+  ASSERT_EQ(one.shards.size(), four.shards.size());
+  ASSERT_GE(one.shards.size(), 3u);
+  for (const PackedShard& s : one.shards)
+    EXPECT_EQ(file_bytes(dir.path / "w1" / s.file), file_bytes(dir.path / "w4" / s.file)) << s.file;
+  EXPECT_EQ(gpufeed::test::read_text(dir.path / "w1" / "manifest.json"),
+            gpufeed::test::read_text(dir.path / "w4" / "manifest.json"));
+}
+
+// Test 3: the webdataset package reads the shards: same keys, labels and bytes, in order.
+TEST(Pack, WebdatasetPackageReadsTheShards) {
+  const fs::path python = GPUFEED_PYTHON;
+  if (!fs::exists(python)) GTEST_SKIP() << "no Python at " << python;
+  TempDir dir("pack_wds");
+  const fs::path src = make_folder(dir.path / "src");
+  const ImageFolder folder(src, {.index_cache = "off"});
+  const PackResult r = pack_dataset(folder, src, dir.path / "out", small_shards());
+  ASSERT_GE(r.shards.size(), 3u);
+  std::ofstream(dir.path / "read.py") << "import sys, webdataset as wds\n"
+                                         "with open(sys.argv[2], 'w') as out:\n"
+                                         "    for s in wds.WebDataset(sys.argv[1], shardshuffle=False, empty_check=False):\n"
+                                         "        img = [k for k in s if not k.startswith('__') and k != 'cls']\n"
+                                         "        assert len(img) == 1, sorted(s)\n"
+                                         "        data = s[img[0]]\n"
+                                         "        out.write('%s %s %d %d %d\\n' % (s['__key__'], img[0], int(s['cls']), len(data), sum(data)))\n";
+  const std::string cmd = "'" + python.string() + "' '" + (dir.path / "read.py").string() + "' '" +
+                          (dir.path / "out" / r.pattern).string() + "' '" + (dir.path / "got.txt").string() + "'";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream got(dir.path / "got.txt");
+  const TarShards shards(shard_files(dir.path / "out", r), dir.path / "out", {.index_cache = "off"});
+  int64_t i = 0;
+  std::string key, ext;
+  int64_t label = 0, size = 0, sum = 0;
+  while (got >> key >> ext >> label >> size >> sum) {
+    ASSERT_LT(i, folder.size());
+    EXPECT_EQ(key, pack_key(i, folder.size(), folder.at(i).path, "", src));
+    EXPECT_EQ(label, folder.at(i).label) << key;
+    Bytes packed;
+    read_sample(shards.at(i), packed);
+    EXPECT_EQ(size, static_cast<int64_t>(packed.size())) << key;
+    int64_t s = 0;
+    for (const uint8_t v : packed) s += v;
+    EXPECT_EQ(sum, s) << key;
+    ++i;
+  }
+  EXPECT_EQ(i, folder.size());
+}
+
+// Test 4: broken files under raise and skip.
+TEST(Pack, BrokenFilesRaiseOrAreSkippedAndCounted) {
+  TempDir dir("pack_broken");
+  const fs::path src = make_folder(dir.path / "src");
+  const Bytes good = file_bytes(src / "class_000" / "img_00001.jpg");
+  write_bytes(src / "class_001" / "zz_truncated.jpg", Bytes(good.begin(), good.begin() + static_cast<long>(good.size() / 2)));
+  write_bytes(src / "class_002" / "zz_empty.jpg", Bytes{});
+  const ImageFolder folder(src, {.index_cache = "off"});
+  PackOptions o = small_shards();
+  try {
+    pack_dataset(folder, src, dir.path / "raise", o);
+    FAIL() << "no error";
+  } catch (const decode::DecodeError& e) {
+    EXPECT_NE(std::string(e.what()).find("class_001/zz_truncated.jpg"), std::string::npos) << e.what();
+    EXPECT_EQ(e.kind(), decode::ErrorKind::kTruncated) << e.what();
+  }
+  // Nothing of the failed run stays: no shard, no temporary, no manifest.
+  EXPECT_TRUE(fs::is_empty(dir.path / "raise"));
+
+  o.error_policy = ErrorPolicy::kSkip;
+  const PackResult r = pack_dataset(folder, src, dir.path / "skip", o);
+  EXPECT_EQ(r.samples, folder.size() - 2);
+  ASSERT_EQ(r.skipped.size(), 2u);
+  EXPECT_EQ(r.skipped[0].kind, "truncated");
+  EXPECT_NE(r.skipped[0].path.find("zz_truncated.jpg"), std::string::npos);
+  EXPECT_EQ(r.skipped[1].kind, "empty");
+  EXPECT_NE(r.skipped[1].path.find("zz_empty.jpg"), std::string::npos);
+  EXPECT_EQ(r.skipped_by_kind, (std::map<std::string, int64_t>{{"empty", 1}, {"truncated", 1}}));
+  EXPECT_NE(r.summary().find("2 skipped (empty 1, truncated 1)"), std::string::npos) << r.summary();
+  const auto m = nlohmann::json::parse(gpufeed::test::read_text(dir.path / "skip" / "manifest.json"));
+  EXPECT_EQ(m["totals"]["skipped"], 2);
+  ASSERT_EQ(m["skipped"].size(), 2u);
+  EXPECT_EQ(m["skipped"][0]["path"], r.skipped[0].path);
+  EXPECT_EQ(m["skipped"][0]["kind"], "truncated");
+  EXPECT_EQ(m["skipped"][1]["index"], r.skipped[1].index);
+  EXPECT_EQ(m["skipped_by_kind"]["empty"], 1);
+  // The rest is packed: every other sample, in order, with its label.
+  const TarShards shards(shard_files(dir.path / "skip", r), dir.path / "skip", {.index_cache = "off"});
+  ASSERT_EQ(shards.size(), r.samples);
+  int64_t j = 0;
+  for (int64_t i = 0; i < folder.size(); ++i) {
+    if (i == r.skipped[0].index || i == r.skipped[1].index) continue;
+    EXPECT_EQ(shards.at(j).label, folder.at(i).label);
+    EXPECT_NE(std::string(shards.at(j).member).find(pack_key(i, folder.size(), folder.at(i).path, "", src)),
+              std::string::npos);
+    ++j;
+  }
+  // A flood of bad files is an error.
+  o.max_skips = 1;
+  try {
+    pack_dataset(folder, src, dir.path / "limit", o);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than 1 files skipped"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("zz_empty.jpg"), std::string::npos) << e.what();
+  }
+}
+
+// Test 5: manifest.json.
+TEST(Pack, ManifestRecordsShardsTotalsAndOptions) {
+  TempDir dir("pack_manifest");
+  const fs::path src = make_folder(dir.path / "src");
+  const ImageFolder folder(src, {.index_cache = "off"});
+  PackOptions o = small_shards();
+  o.prefix = "val";
+  o.quality = 85;
+  o.max_samples_per_shard = 4;
+  const PackResult r = pack_dataset(folder, src, dir.path / "out", o);
+  const auto m = nlohmann::json::parse(gpufeed::test::read_text(dir.path / "out" / "manifest.json"));
+  EXPECT_EQ(m["format"], "webdataset");
+  EXPECT_EQ(m["gpufeed_version"], GPUFEED_VERSION_STRING);
+  EXPECT_EQ(m["classes"].get<std::vector<std::string>>(), folder.classes());
+  EXPECT_EQ(m["options"]["prefix"], "val");
+  EXPECT_EQ(m["options"]["shard_size"], 30000);
+  EXPECT_EQ(m["options"]["max_side"], 100);
+  EXPECT_EQ(m["options"]["quality"], 85);
+  EXPECT_EQ(m["options"]["max_samples_per_shard"], 4);
+  EXPECT_EQ(m["options"]["on_error"], "raise");
+  int64_t samples = 0, bytes = 0;
+  std::vector<std::string> files;
+  for (const auto& s : m["shards"]) {
+    const std::string file = s["file"];
+    files.push_back((dir.path / "out" / file).string());
+    EXPECT_LE(s["samples"].get<int64_t>(), 4) << file;
+    EXPECT_EQ(s["bytes"].get<int64_t>(), static_cast<int64_t>(fs::file_size(dir.path / "out" / file))) << file;
+    samples += s["samples"].get<int64_t>();
+    bytes += s["bytes"].get<int64_t>();
+  }
+  EXPECT_EQ(samples, folder.size());
+  EXPECT_EQ(m["totals"]["samples"], samples);
+  EXPECT_EQ(m["totals"]["bytes"], bytes);
+  EXPECT_EQ(m["totals"]["shards"], m["shards"].size());
+  EXPECT_EQ(m["totals"]["reencoded"].get<int64_t>() + m["totals"]["copied"].get<int64_t>(), samples);
+  EXPECT_EQ(m["totals"]["reencoded"], r.reencoded);
+  int64_t bytes_in = 0;
+  for (int64_t i = 0; i < folder.size(); ++i) bytes_in += static_cast<int64_t>(fs::file_size(folder.at(i).path));
+  EXPECT_EQ(m["totals"]["bytes_in"], bytes_in);
+  EXPECT_EQ(files.front(), (dir.path / "out" / "val-000000.tar").string());
+  // The pattern expands to exactly the shards (what --data takes).
+  EXPECT_EQ(expand_braces((dir.path / "out").string() + "/" + m["pattern"].get<std::string>()), files);
+  EXPECT_GE(static_cast<int64_t>(files.size()), (folder.size() + 3) / 4);
+  EXPECT_EQ(m["totals"]["shards"], r.shards.size());
+}
+
+// Test 6: existing output is refused without overwrite; with it, an older longer set is replaced.
+TEST(Pack, ExistingShardsRefusedUnlessOverwrite) {
+  TempDir dir("pack_refuse");
+  const fs::path src = make_folder(dir.path / "src");
+  const ImageFolder folder(src, {.index_cache = "off"});
+  PackOptions o = small_shards();
+  const PackResult r = pack_dataset(folder, src, dir.path / "out", o);
+  const Bytes before = file_bytes(dir.path / "out" / r.shards[0].file);
+  o.shard_size = 1'000'000'000;  // one shard
+  try {
+    pack_dataset(folder, src, dir.path / "out", o);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("already holds manifest.json (and " + std::to_string(r.shards.size()) + " more)"),
+              std::string::npos) << what;
+    EXPECT_NE(what.find("--overwrite"), std::string::npos) << what;
+  }
+  EXPECT_EQ(file_bytes(dir.path / "out" / r.shards[0].file), before);
+  EXPECT_EQ(gpufeed::test::list_files_of(dir.path / "out").size(), r.shards.size() + 1);
+  o.overwrite = true;
+  const PackResult again = pack_dataset(folder, src, dir.path / "out", o);
+  ASSERT_EQ(again.shards.size(), 1u);
+  EXPECT_EQ(gpufeed::test::list_files_of(dir.path / "out"),
+            (std::vector<fs::path>{dir.path / "out" / "manifest.json", dir.path / "out" / "train-000000.tar"}));
+  EXPECT_EQ(TarShards({(dir.path / "out" / "train-000000.tar").string()}, dir.path / "out", {.index_cache = "off"}).size(),
+            folder.size());
+}

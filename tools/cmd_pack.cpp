@@ -1,0 +1,97 @@
+// gpufeed pack SRC OUT_DIR: an ImageFolder, flat folder, file list (or shards) written as
+// WebDataset tar shards plus manifest.json (gpufeed/loader/pack.h has the rules).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "commands.h"
+#include "gpufeed/loader/dataset.h"
+#include "gpufeed/loader/pack.h"
+
+namespace gpufeed::tools {
+namespace {
+
+// "1e9", "20000000", "2.5e8": a whole, positive number of bytes.
+int64_t parse_bytes(const std::string& text, const char* option) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || !(v >= 1) || v > 9e18 || v != std::floor(v))
+    throw std::invalid_argument(fmt::format("{} {}: expected a whole number of bytes >= 1 (e.g. 1e9)", option, text));
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
+Run add_pack(CLI::App& app) {
+  struct Args {
+    std::string src, out, shard_size = "1e9", on_error = "raise", index_cache, progress = "lines";
+    loader::PackOptions o;
+  };
+  auto a = std::make_shared<Args>();
+  app.add_option("src", a->src, "ImageFolder root, flat image folder or file list (what --data takes; shards too)")
+      ->required();
+  app.add_option("out_dir", a->out, "folder for <prefix>-000000.tar, ... and manifest.json (created)")->required();
+  app.add_option("--prefix", a->o.prefix, "shard name prefix")->capture_default_str();
+  app.add_option("--shard-size", a->shard_size,
+                 "bytes per shard at most (tar file size; a sample is never split, a shard holds >= 1 sample)")
+      ->capture_default_str();
+  app.add_option("--max-samples-per-shard", a->o.max_samples_per_shard,
+                 "samples per shard at most (webdataset's maxcount); 0 = no limit")
+      ->capture_default_str()->check(kAtLeastZero);
+  app.add_option("--max-side", a->o.max_side,
+                 "resize images whose longer side exceeds N to N (aspect kept, PIL's antialiased bilinear) and "
+                 "re-encode them as JPEG; others are copied byte for byte; 0 = never")
+      ->capture_default_str()->check(kAtLeastZero);
+  app.add_option("--quality", a->o.quality, "JPEG quality of re-encoded images")
+      ->capture_default_str()->check(CLI::Range(1, 100));
+  app.add_option("--num-workers", a->o.num_workers, "decode/resize/encode threads (0 = all); the output is the same for any count")
+      ->capture_default_str()->check(kAtLeastZero);
+  app.add_option("--on-error", a->on_error,
+                 "a file that cannot be read or decoded: raise (stop, naming it) or skip (leave it out, "
+                 "counted and listed in the summary and manifest.json)")
+      ->capture_default_str()->check(CLI::IsMember({"raise", "skip"}));
+  app.add_option("--max-skips", a->o.max_skips, "--on-error skip: more skipped files than this is an error")
+      ->capture_default_str()->check(kAtLeastZero);
+  app.add_flag("--strict-decode", a->o.decode.strict, "treat every decoder warning as an error");
+  app.add_flag("--overwrite", a->o.overwrite, "replace shards of this prefix and manifest.json already in out_dir");
+  app.add_option("--index-cache", a->index_cache,
+                 "where the source's listing is cached: a folder, 'off', or unset for beside it when writable");
+  app.add_option("--progress", a->progress, "lines: a progress line on stderr every 2 s; off")
+      ->capture_default_str()->check(CLI::IsMember({"lines", "off"}));
+  return [a] {
+    a->o.shard_size = parse_bytes(a->shard_size, "--shard-size");
+    a->o.error_policy = a->on_error == "skip" ? loader::ErrorPolicy::kSkip : loader::ErrorPolicy::kRaise;
+    const std::shared_ptr<loader::Dataset> ds = loader::open_dataset(a->src, {.index_cache = a->index_cache});
+    auto last = std::chrono::steady_clock::now();
+    std::function<void(const loader::PackProgress&)> progress;
+    if (a->progress == "lines") {
+      progress = [&last](const loader::PackProgress& p) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last < std::chrono::seconds(2) && p.done < p.total) return;
+        last = now;
+        const double rate = p.seconds > 0 ? p.done / p.seconds : 0;
+        std::cerr << fmt::format("pack: {}/{} samples ({:.0f}%), {} shards, {:.1f} MB out, {:.1f} images/s, ETA {:.0f} s\n",
+                                 p.done, p.total, 100.0 * p.done / std::max<int64_t>(p.total, 1), p.shards,
+                                 p.bytes_out / 1e6, rate, rate > 0 ? (p.total - p.done) / rate : 0.0);
+      };
+    }
+    const loader::PackResult r = loader::pack_dataset(*ds, a->src, a->out, a->o, progress);
+    for (const loader::PackSkip& s : r.skipped) std::cout << "skipped " << s.path << ": " << s.kind << ": " << s.reason << "\n";
+    std::cout << r.summary() << "\n";
+    std::cout << "shards: " << (std::filesystem::path(a->out) / r.pattern).string() << " (manifest.json beside them)\n";
+    return 0;
+  };
+}
+
+}  // namespace gpufeed::tools
