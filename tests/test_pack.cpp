@@ -405,3 +405,110 @@ TEST(Pack, ExistingShardsRefusedUnlessOverwrite) {
   EXPECT_EQ(TarShards({(dir.path / "out" / "train-000000.tar").string()}, dir.path / "out", {.index_cache = "off"}).size(),
             folder.size());
 }
+
+// Stretch of issue 15: raw pixels where they pay. The samples stored as PPM hold exactly the
+// loader's decode (resized where max_side asks), the choice follows the documented model and
+// budget, and it is the same for any worker count.
+TEST(Pack, RawBudgetStoresTheBestPayingSamplesAsPpm) {
+  TempDir dir("pack_raw");
+  const fs::path src = make_folder(dir.path / "src");
+  const ImageFolder folder(src, {.index_cache = "off"});
+  PackOptions o = small_shards();
+  o.raw_budget_fraction = 1.0;  // as many extra bytes as the JPEGs take
+  const PackResult r = pack_dataset(folder, src, dir.path / "out", o);
+  EXPECT_GT(r.raw, 0);
+  EXPECT_LT(r.raw, r.samples);
+  EXPECT_EQ(r.raw + r.copied + r.reencoded, r.samples);
+  EXPECT_LE(r.raw_extra, r.raw_budget);
+
+  // The model, from the documented rule, on the pack without a budget: a sample's JPEG member
+  // there, its pixels (after the resize), extra = tar bytes of the PPM - tar bytes of that JPEG.
+  PackOptions plain_options = o;
+  plain_options.raw_budget_fraction = 0;
+  const PackResult plain_result = pack_dataset(folder, src, dir.path / "plain", plain_options);
+  const TarShards plain(shard_files(dir.path / "plain", plain_result), dir.path / "plain", {.index_cache = "off"});
+  struct Model {
+    int64_t pixels, extra;
+  };
+  std::vector<Model> models;
+  int64_t jpeg_total = 0;
+  for (int64_t i = 0; i < folder.size(); ++i) {
+    Bytes b;
+    read_sample(plain.at(i), b);
+    const decode::ImageInfo info = decode::probe(b, "x");
+    const int64_t pixels = int64_t{info.width} * info.height;
+    const std::string header = "P6\n" + std::to_string(info.width) + " " + std::to_string(info.height) + "\n255\n";
+    const int64_t jpeg = static_cast<int64_t>(b.size());
+    models.push_back({pixels, TarWriter::member_bytes(static_cast<int64_t>(header.size()) + 3 * pixels) -
+                                  TarWriter::member_bytes(jpeg)});
+    jpeg_total += TarWriter::member_bytes(jpeg);
+  }
+  EXPECT_EQ(r.raw_budget, jpeg_total);
+
+  const TarShards shards(shard_files(dir.path / "out", r), dir.path / "out", {.index_cache = "off"});
+  ASSERT_EQ(shards.size(), folder.size());
+  decode::Decoder decoder;
+  Resizer resizer;
+  std::vector<int64_t> picked, unpicked;
+  int64_t extra_sum = 0, raw_as_is = 0, raw_resized = 0;
+  for (int64_t i = 0; i < folder.size(); ++i) {
+    const std::string member(shards.at(i).member);
+    if (member.substr(member.size() - 4) != ".ppm") {
+      unpicked.push_back(i);
+      continue;
+    }
+    picked.push_back(i);
+    extra_sum += std::max<int64_t>(models[static_cast<size_t>(i)].extra, 0);
+    Bytes packed, source;
+    read_sample(shards.at(i), packed);
+    read_sample(folder.at(i), source);
+    decode::ImageBuffer got, whole;
+    decoder.decode(packed, member, {}, got);
+    decoder.decode(source, folder.at(i).path, {}, whole);
+    if (std::max(whole.width, whole.height) <= o.max_side) {
+      ASSERT_EQ(got.width, whole.width);
+      ASSERT_EQ(got.height, whole.height);
+      EXPECT_EQ(got.pixels, whole.pixels) << member;  // lossless: the loader's own decode
+      ++raw_as_is;
+    } else {
+      std::vector<uint8_t> ref(static_cast<size_t>(got.width) * got.height * 3);
+      resizer.resize(whole.pixels.data(), whole.width, whole.height, static_cast<size_t>(whole.width) * 3,
+                     BoxF{0, 0, static_cast<double>(whole.width), static_cast<double>(whole.height)}, ref.data(),
+                     got.width, got.height, static_cast<size_t>(got.width) * 3);
+      EXPECT_EQ(std::max(got.width, got.height), o.max_side) << member;
+      EXPECT_EQ(std::vector<uint8_t>(got.pixels.begin(), got.pixels.begin() + static_cast<long>(ref.size())), ref)
+          << member;
+      ++raw_resized;
+    }
+  }
+  EXPECT_GE(raw_as_is, 1);
+  EXPECT_GE(raw_resized, 1);
+  std::printf("raw: %lld of %lld samples, %lld extra bytes of a %lld budget\n", static_cast<long long>(r.raw),
+              static_cast<long long>(r.samples), static_cast<long long>(r.raw_extra), static_cast<long long>(r.raw_budget));
+  EXPECT_EQ(static_cast<int64_t>(picked.size()), r.raw);
+  EXPECT_EQ(extra_sum, r.raw_extra);
+  // Exactly that many more bytes of members than the pack without a budget (the end blocks apart).
+  EXPECT_EQ(r.bytes_out - TarWriter::kEndBytes * static_cast<int64_t>(r.shards.size()),
+            plain_result.bytes_out - TarWriter::kEndBytes * static_cast<int64_t>(plain_result.shards.size()) + r.raw_extra);
+  // Greedy by pixels per extra byte: a sample left out that pays better than one taken did not
+  // fit what was left of the budget when its turn came (at least what is left at the end).
+  const auto score = [&](int64_t i) {
+    return static_cast<double>(models[static_cast<size_t>(i)].pixels) /
+           static_cast<double>(std::max<int64_t>(models[static_cast<size_t>(i)].extra, 1));
+  };
+  for (const int64_t u : unpicked)
+    for (const int64_t p : picked)
+      if (score(u) > score(p)) {
+        EXPECT_GT(models[static_cast<size_t>(u)].extra, r.raw_budget - r.raw_extra) << u;
+      }
+
+  o.num_workers = 3;
+  o.chunk_samples = 4;
+  const PackResult again = pack_dataset(folder, src, dir.path / "again", o);
+  ASSERT_EQ(again.shards.size(), r.shards.size());
+  for (const PackedShard& s : r.shards)
+    EXPECT_EQ(file_bytes(dir.path / "out" / s.file), file_bytes(dir.path / "again" / s.file)) << s.file;
+  const auto m = nlohmann::json::parse(gpufeed::test::read_text(dir.path / "out" / "manifest.json"));
+  EXPECT_EQ(m["totals"]["raw"], r.raw);
+  EXPECT_EQ(m["options"]["raw_budget_fraction"], 1.0);
+}

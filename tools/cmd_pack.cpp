@@ -31,11 +31,32 @@ int64_t parse_bytes(const std::string& text, const char* option) {
   return static_cast<int64_t>(v);
 }
 
+// --raw-budget: "2e9" bytes, "0.25" (a number below 1) or "25%" of the pack's JPEG bytes.
+void parse_raw_budget(const std::string& text, loader::PackOptions& o) {
+  if (text.empty() || text == "0") return;
+  const bool percent = text.back() == '%';
+  const std::string number = percent ? text.substr(0, text.size() - 1) : text;
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(number, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != number.size() || !(v >= 0) || !std::isfinite(v))
+    throw std::invalid_argument("--raw-budget " + text + ": expected bytes (2e9), a fraction (0.25) or a percentage (25%)");
+  if (percent || v < 1) {
+    o.raw_budget_fraction = percent ? v / 100 : v;
+  } else {
+    o.raw_budget = parse_bytes(number, "--raw-budget");
+  }
+}
+
 }  // namespace
 
 Run add_pack(CLI::App& app) {
   struct Args {
-    std::string src, out, shard_size = "1e9", on_error = "raise", index_cache, progress = "lines";
+    std::string src, out, shard_size = "1e9", on_error = "raise", index_cache, progress = "lines", raw_budget = "0";
     loader::PackOptions o;
   };
   auto a = std::make_shared<Args>();
@@ -63,6 +84,11 @@ Run add_pack(CLI::App& app) {
       ->capture_default_str()->check(CLI::IsMember({"raise", "skip"}));
   app.add_option("--max-skips", a->o.max_skips, "--on-error skip: more skipped files than this is an error")
       ->capture_default_str()->check(kAtLeastZero);
+  app.add_option("--raw-budget", a->raw_budget,
+                 "store some samples as raw PPM (KEY.ppm: no decode when loading) within this many extra bytes "
+                 "(2e9), or this share of the pack's JPEG bytes (0.25 or 25%): those with the most pixels per "
+                 "extra byte first")
+      ->capture_default_str();
   app.add_flag("--strict-decode", a->o.decode.strict, "treat every decoder warning as an error");
   app.add_flag("--overwrite", a->o.overwrite, "replace shards of this prefix and manifest.json already in out_dir");
   app.add_option("--index-cache", a->index_cache,
@@ -71,6 +97,7 @@ Run add_pack(CLI::App& app) {
       ->capture_default_str()->check(CLI::IsMember({"lines", "off"}));
   return [a] {
     a->o.shard_size = parse_bytes(a->shard_size, "--shard-size");
+    parse_raw_budget(a->raw_budget, a->o);
     a->o.error_policy = a->on_error == "skip" ? loader::ErrorPolicy::kSkip : loader::ErrorPolicy::kRaise;
     const std::shared_ptr<loader::Dataset> ds = loader::open_dataset(a->src, {.index_cache = a->index_cache});
     auto last = std::chrono::steady_clock::now();

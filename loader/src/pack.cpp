@@ -14,6 +14,7 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <fstream>
@@ -21,6 +22,8 @@
 #include <optional>
 #include <stdexcept>
 #include <system_error>
+#include <tuple>
+#include <utility>
 
 #include "gpufeed/json_text.h"
 #include "gpufeed/loader/resize.h"
@@ -181,7 +184,7 @@ std::string copied_extension(decode::ImageFormat format, std::string_view name) 
 struct Item {
   std::vector<uint8_t> bytes;  // the member's data
   std::string ext;
-  bool reencoded = false;
+  bool reencoded = false, raw = false;
   int64_t bytes_in = 0;
   std::exception_ptr error;
   std::string kind, reason;
@@ -202,10 +205,13 @@ std::pair<int, int> target_size(int w, int h, int max_side) {
   return w >= h ? std::pair{max_side, s} : std::pair{s, max_side};
 }
 
-void process(const Dataset& dataset, int64_t i, const PackOptions& o, WorkerState& st, Item& it) {
+std::string ppm_header(int w, int h) { return fmt::format("P6\n{} {}\n255\n", w, h); }
+
+// `raw`: store the sample as PPM (the raw budget chose it).
+void process(const Dataset& dataset, int64_t i, const PackOptions& o, bool raw, WorkerState& st, Item& it) {
   it.bytes.clear();
   it.ext.clear();
-  it.reencoded = false;
+  it.reencoded = it.raw = false;
   it.bytes_in = 0;
   it.error = nullptr;
   it.kind.clear();
@@ -221,7 +227,7 @@ void process(const Dataset& dataset, int64_t i, const PackOptions& o, WorkerStat
     d.crop = {};
     d.apply_exif_orientation = false;
     const bool resize = o.max_side > 0 && std::max(info.width, info.height) > o.max_side;
-    if (!resize) {
+    if (!resize && !raw) {
       // Validation only: at 1/8 a JPEG's entropy data is still decoded whole.
       d.scale = decode::ScaleFactor{info.format == decode::ImageFormat::kJpeg ? 1 : 8};
       st.decoder.decode(st.bytes, st.source, d, st.image);
@@ -231,12 +237,25 @@ void process(const Dataset& dataset, int64_t i, const PackOptions& o, WorkerStat
     }
     d.scale = decode::ScaleFactor{8};
     st.decoder.decode(st.bytes, st.source, d, st.image);
-    const auto [w, h] = target_size(st.image.width, st.image.height, o.max_side);
-    st.resized.resize(static_cast<size_t>(w) * h * 3);
-    st.resizer.resize(st.image.pixels.data(), st.image.width, st.image.height, static_cast<size_t>(st.image.width) * 3,
-                      BoxF{0, 0, static_cast<double>(st.image.width), static_cast<double>(st.image.height)},
-                      st.resized.data(), w, h, static_cast<size_t>(w) * 3);
-    it.bytes = decode::encode_jpeg(st.resized.data(), w, h, o.quality);
+    const uint8_t* pixels = st.image.pixels.data();
+    int w = st.image.width, h = st.image.height;
+    if (resize) {
+      std::tie(w, h) = target_size(st.image.width, st.image.height, o.max_side);
+      st.resized.resize(static_cast<size_t>(w) * h * 3);
+      st.resizer.resize(st.image.pixels.data(), st.image.width, st.image.height, static_cast<size_t>(st.image.width) * 3,
+                        BoxF{0, 0, static_cast<double>(st.image.width), static_cast<double>(st.image.height)},
+                        st.resized.data(), w, h, static_cast<size_t>(w) * 3);
+      pixels = st.resized.data();
+    }
+    if (raw) {
+      const std::string header = ppm_header(w, h);
+      it.bytes.assign(header.begin(), header.end());
+      it.bytes.insert(it.bytes.end(), pixels, pixels + static_cast<size_t>(w) * h * 3);
+      it.ext = "ppm";
+      it.raw = true;
+      return;
+    }
+    it.bytes = decode::encode_jpeg(pixels, w, h, o.quality);
     it.ext = "jpg";
     it.reencoded = true;
   } catch (const decode::DecodeError& e) {
@@ -248,6 +267,77 @@ void process(const Dataset& dataset, int64_t i, const PackOptions& o, WorkerStat
     it.reason = e.what();
     it.error = std::make_exception_ptr(std::runtime_error(st.source + ": " + e.what()));
   }
+}
+
+// The raw budget's choice (pack.h): which samples are stored as PPM.
+struct RawPlan {
+  std::vector<char> pick;  // per sample
+  int64_t budget = 0, extra = 0;
+};
+
+RawPlan plan_raw(const Dataset& dataset, const PackOptions& o, tbb::task_arena& arena,
+                 tbb::enumerable_thread_specific<WorkerState>& states) {
+  struct Model {
+    int64_t pixels = 0, jpeg = 0, extra = 0;
+    bool ok = false;
+  };
+  const int64_t n = dataset.size();
+  std::vector<Model> models(static_cast<size_t>(n));
+  arena.execute([&] {
+    detail::parallel_for_ordered(tbb::blocked_range<int64_t>(0, n, 1), [&](const tbb::blocked_range<int64_t>& range) {
+      std::vector<uint8_t> bytes;
+      std::string source;
+      Item encoded;
+      for (int64_t i = range.begin(); i < range.end(); ++i) {
+        Model& m = models[static_cast<size_t>(i)];
+        try {
+          const SampleRef s = dataset.at(i);
+          s.source(source);
+          read_sample(s, bytes);
+          const decode::ImageInfo info = decode::probe(bytes, source);
+          const bool resize = o.max_side > 0 && std::max(info.width, info.height) > o.max_side;
+          const auto [w, h] = resize ? target_size(info.width, info.height, o.max_side) : std::pair{info.width, info.height};
+          m.pixels = int64_t{w} * h;
+          m.jpeg = static_cast<int64_t>(bytes.size());
+          if (resize) {  // the re-encoded JPEG's size: encode it
+            process(dataset, i, o, /*raw=*/false, states.local(), encoded);
+            if (encoded.error) continue;
+            m.jpeg = static_cast<int64_t>(encoded.bytes.size());
+          }
+          const int64_t ppm = static_cast<int64_t>(ppm_header(w, h).size()) + 3 * m.pixels;
+          m.extra = TarWriter::member_bytes(ppm) - TarWriter::member_bytes(m.jpeg);
+          m.ok = true;
+        } catch (const std::exception&) {
+          m.ok = false;  // the main pass reports it (or skips it)
+        }
+      }
+    });
+  });
+  RawPlan plan;
+  plan.pick.assign(static_cast<size_t>(n), 0);
+  std::vector<int64_t> order;
+  double jpeg_total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!models[static_cast<size_t>(i)].ok) continue;
+    order.push_back(i);
+    jpeg_total += static_cast<double>(TarWriter::member_bytes(models[static_cast<size_t>(i)].jpeg));
+  }
+  plan.budget = o.raw_budget > 0 ? o.raw_budget : static_cast<int64_t>(std::llround(o.raw_budget_fraction * jpeg_total));
+  // Pixels per extra byte, highest first: a.pixels / a.extra > b.pixels / b.extra (extra >= 1).
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    const Model &ma = models[static_cast<size_t>(a)], &mb = models[static_cast<size_t>(b)];
+    return static_cast<__int128>(ma.pixels) * std::max<int64_t>(mb.extra, 1) >
+           static_cast<__int128>(mb.pixels) * std::max<int64_t>(ma.extra, 1);
+  });
+  int64_t left = plan.budget;
+  for (const int64_t i : order) {
+    const int64_t extra = std::max<int64_t>(models[static_cast<size_t>(i)].extra, 0);
+    if (extra > left) continue;
+    left -= extra;
+    plan.extra += extra;
+    plan.pick[static_cast<size_t>(i)] = 1;
+  }
+  return plan;
 }
 
 bool is_shard_name(const std::string& name, const std::string& prefix) {
@@ -293,6 +383,10 @@ nlohmann::json manifest(const PackResult& r, const PackOptions& o, const fs::pat
         {"bytes_in", r.bytes_in},
         {"reencoded", r.reencoded},
         {"copied", r.copied},
+        {"raw", r.raw},
+        {"raw_bytes", r.raw_bytes},
+        {"raw_budget", r.raw_budget},
+        {"raw_extra", r.raw_extra},
         {"skipped", r.skipped.size()}}},
       {"options",
        {{"prefix", o.prefix},
@@ -300,6 +394,8 @@ nlohmann::json manifest(const PackResult& r, const PackOptions& o, const fs::pat
         {"max_samples_per_shard", o.max_samples_per_shard},
         {"max_side", o.max_side},
         {"quality", o.quality},
+        {"raw_budget", o.raw_budget},
+        {"raw_budget_fraction", o.raw_budget_fraction},
         {"on_error", o.error_policy == ErrorPolicy::kSkip ? "skip" : "raise"},
         {"max_skips", o.max_skips},
         {"strict_decode", o.decode.strict}}},
@@ -315,9 +411,10 @@ std::string PackResult::summary() const {
   for (const auto& [kind, n] : skipped_by_kind) kinds += fmt::format("{}{} {}", kinds.empty() ? " (" : ", ", kind, n);
   if (!kinds.empty()) kinds += ")";
   return fmt::format(
-      "packed {} samples into {} shards: {:.1f} MB in -> {:.1f} MB out, {} re-encoded, {} copied, {} skipped{}, "
+      "packed {} samples into {} shards: {:.1f} MB in -> {:.1f} MB out, {} re-encoded, {} copied{}, {} skipped{}, "
       "{:.2f} s, {:.1f} images/s",
-      samples, shards.size(), bytes_in / 1e6, bytes_out / 1e6, reencoded, copied, skipped.size(), kinds, seconds,
+      samples, shards.size(), bytes_in / 1e6, bytes_out / 1e6, reencoded, copied,
+      raw_budget > 0 ? fmt::format(", {} raw ({:.1f} MB)", raw, raw_bytes / 1e6) : "", skipped.size(), kinds, seconds,
       seconds > 0 ? static_cast<double>(samples + static_cast<int64_t>(skipped.size())) / seconds : 0.0);
 }
 
@@ -333,6 +430,8 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
   if (o.quality < 1 || o.quality > 100) throw std::invalid_argument("pack: quality must be in 1..100");
   if (o.chunk_samples < 1) throw std::invalid_argument("pack: chunk_samples must be >= 1");
   if (o.max_skips < 0) throw std::invalid_argument("pack: max_skips must be >= 0");
+  if (o.raw_budget < 0 || !(o.raw_budget_fraction >= 0) || (o.raw_budget > 0 && o.raw_budget_fraction > 0))
+    throw std::invalid_argument("pack: give raw_budget (bytes >= 0) or raw_budget_fraction (>= 0), not both");
 
   std::error_code ec;
   fs::create_directories(out_dir, ec);
@@ -395,6 +494,10 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
                        static_cast<size_t>(workers)));
   tbb::task_arena arena(workers);
   tbb::enumerable_thread_specific<WorkerState> states;
+  const RawPlan raw_plan =
+      o.raw_budget > 0 || o.raw_budget_fraction > 0 ? plan_raw(dataset, o, arena, states) : RawPlan{std::vector<char>(static_cast<size_t>(n), 0)};
+  r.raw_budget = raw_plan.budget;
+  r.raw_extra = raw_plan.extra;
   std::vector<Item> items(static_cast<size_t>(std::min<int64_t>(o.chunk_samples, std::max<int64_t>(n, 1))));
   std::vector<uint8_t> cls;
   for (int64_t start = 0; start < n; start += o.chunk_samples) {
@@ -403,7 +506,7 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
       detail::parallel_for_ordered(tbb::blocked_range<int64_t>(start, end, 1), [&](const tbb::blocked_range<int64_t>& range) {
         WorkerState& st = states.local();
         for (int64_t i = range.begin(); i < range.end(); ++i)
-          process(dataset, i, o, st, items[static_cast<size_t>(i - start)]);
+          process(dataset, i, o, raw_plan.pick[static_cast<size_t>(i)] != 0, st, items[static_cast<size_t>(i - start)]);
       });
     });
     for (int64_t i = start; i < end; ++i) {
@@ -437,7 +540,12 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
       ++shard_samples;
       ++r.samples;
       r.bytes_in += it.bytes_in;
-      ++(it.reencoded ? r.reencoded : r.copied);
+      if (it.raw) {
+        ++r.raw;
+        r.raw_bytes += static_cast<int64_t>(it.bytes.size());
+      } else {
+        ++(it.reencoded ? r.reencoded : r.copied);
+      }
     }
     if (progress) {
       progress({end, n, static_cast<int64_t>(r.shards.size()) + (shard ? 1 : 0),

@@ -41,6 +41,21 @@
 // sample (so one larger than shard_size gets a shard of its own). Each shard is written to
 // "<name>.tmp" and renamed when complete; the manifest too.
 //
+// Raw pixels where they pay (raw_budget / raw_budget_fraction, `--raw-budget`): some samples are
+// stored as binary PPM (`KEY.ppm`: "P6\n<w> <h>\n255\n" + RGB rows; TarShards and the decoder read
+// it, a copy instead of a JPEG decode) within a budget of extra bytes. A first pass (in
+// parallel) reads and probes every file and finds, per sample: its packed JPEG bytes J (the
+// file's size when copied; when resized, the size of the re-encoded JPEG, which that pass
+// therefore computes: resized samples are encoded twice), its PPM bytes P (header + 3 x pixels
+// after the resize), the extra bytes E = tar size of P - tar size of J (exact), and the decode
+// work it saves, modelled as its pixel count N (JPEG decode time grows with the pixels). Samples
+// are taken in order of N / E, highest first (ties: lower index), each one whose E still fits
+// the budget, so the shards' members exceed those of the pack without a budget by at most the
+// budget; a budget fraction f means f x the sum of every sample's tar size of J. The choice
+// depends only on the files and the options. A raw sample is decoded whole, resized when it
+// exceeds max_side, and stored losslessly (its pixels are exactly the loader's decode, or that
+// decode resized).
+//
 // Determinism: the shards and the manifest depend only on the dataset's files and the options,
 // never on num_workers: samples are processed in chunks of `chunk_samples` (in parallel on a
 // oneTBB arena of num_workers threads) and written by one writer in dataset order, so memory holds
@@ -111,6 +126,10 @@ struct PackOptions {
   bool overwrite = false;                    ///< replace shards with this prefix and the manifest
   int64_t chunk_samples = 256;               ///< samples processed in parallel before being written; >= 1
   decode::DecodeOptions decode{};            ///< validation decode: pixel limit, strict (scale/crop ignored)
+  /// Raw pixels (see the top): extra bytes allowed for PPM samples; 0 = none. Either this or
+  /// raw_budget_fraction (> 0: that fraction of the JPEG members' bytes of the whole pack).
+  int64_t raw_budget = 0;
+  double raw_budget_fraction = 0;
   /// Where keys' relative paths start: "" = the source's folder (the source itself when it is a
   /// folder, a list file's folder).
   std::filesystem::path base;
@@ -149,13 +168,17 @@ struct PackResult {
   int64_t bytes_out = 0;              ///< shard bytes (= sum of shards' bytes)
   int64_t reencoded = 0;              ///< resized and re-encoded
   int64_t copied = 0;                 ///< copied byte for byte
+  int64_t raw = 0;                    ///< stored as PPM (raw budget)
+  int64_t raw_bytes = 0;              ///< their PPM bytes
+  int64_t raw_budget = 0;             ///< the budget in bytes (a fraction resolved); 0 = none
+  int64_t raw_extra = 0;              ///< the extra bytes of the samples chosen (<= raw_budget)
   std::vector<PackSkip> skipped;      ///< in dataset order
   std::map<std::string, int64_t> skipped_by_kind;
   double seconds = 0;                 ///< wall time of pack_dataset
   std::string pattern;                ///< the shards as a brace pattern: "train-{000000..000002}.tar"
 
-  /// "packed N samples into S shards: X MB in -> Y MB out, R re-encoded, C copied, K skipped
-  /// (kinds), T s, I images/s".
+  /// "packed N samples into S shards: X MB in -> Y MB out, R re-encoded, C copied[, P raw],
+  /// K skipped (kinds), T s, I images/s".
   std::string summary() const;
 };
 
