@@ -343,6 +343,9 @@ Run add_train(CLI::App& app) {
   app.add_flag("--channels-last", o->channels_last, "model and inputs in channels_last");
   app.add_flag("--zero-init-residual", o->zero_init_residual, "each block starts as the identity");
   app.add_flag("--freeze-bn", o->freeze_bn, "BatchNorm in eval mode (running statistics, not updated)");
+  app.add_flag("--sync-bn", o->sync_bn,
+               "SyncBatchNorm: BatchNorm statistics over all ranks' batches together (distributed runs; "
+               "not with --devices or --freeze-bn)");
   app.add_flag("--drop-last", o->drop_last,
                "drop each rank's last, shorter training batch (on by itself when it would hold 1 sample)");
   app.add_option("--seed", o->seed)->capture_default_str();

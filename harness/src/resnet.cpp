@@ -46,6 +46,17 @@ nn::BatchNorm2d batch_norm(int64_t features) {
 
 nn::ReLU relu_inplace() { return nn::ReLU(nn::ReLUOptions(/*inplace=*/true)); }
 
+// A BatchNorm2d's forward, through the model's BatchNormForward when one is set.
+at::Tensor norm(const BatchNormForward& f, nn::BatchNorm2dImpl& bn, const at::Tensor& x) {
+  return f ? f(bn, x) : bn.forward(x);
+}
+
+// The shortcut: downsample = Sequential(conv1x1, BatchNorm2d), or the identity.
+at::Tensor shortcut(const BatchNormForward& f, nn::Sequential& downsample, const at::Tensor& x) {
+  if (!downsample) return x;
+  return norm(f, *downsample->ptr(1)->as<nn::BatchNorm2dImpl>(), downsample->ptr(0)->as<nn::Conv2dImpl>()->forward(x));
+}
+
 template <typename Block>
 nn::Sequential build_layer(int64_t& inplanes, int64_t planes, int64_t blocks, int64_t stride) {
   constexpr int64_t expansion = Block::Impl::kExpansion;
@@ -95,9 +106,9 @@ BasicBlockImpl::BasicBlockImpl(int64_t inplanes, int64_t planes, int64_t stride,
 }
 
 torch::Tensor BasicBlockImpl::forward(const torch::Tensor& x) {
-  auto out = relu(bn1(conv1(x)));
-  out = bn2(conv2(out));
-  out += downsample ? downsample->forward(x) : x;
+  auto out = relu(norm(norm_forward_, *bn1, conv1(x)));
+  out = norm(norm_forward_, *bn2, conv2(out));
+  out += shortcut(norm_forward_, downsample, x);
   return relu(out);
 }
 
@@ -115,10 +126,10 @@ BottleneckImpl::BottleneckImpl(int64_t inplanes, int64_t planes, int64_t stride,
 }
 
 torch::Tensor BottleneckImpl::forward(const torch::Tensor& x) {
-  auto out = relu(bn1(conv1(x)));
-  out = relu(bn2(conv2(out)));
-  out = bn3(conv3(out));
-  out += downsample ? downsample->forward(x) : x;
+  auto out = relu(norm(norm_forward_, *bn1, conv1(x)));
+  out = relu(norm(norm_forward_, *bn2, conv2(out)));
+  out = norm(norm_forward_, *bn3, conv3(out));
+  out += shortcut(norm_forward_, downsample, x);
   return relu(out);
 }
 
@@ -171,12 +182,23 @@ nn::Sequential ResNetImpl::make_layer(int64_t planes, int64_t blocks, int64_t st
 
 torch::Tensor ResNetImpl::forward(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() == 4 && x.size(1) == 3, "ResNet expects input [N, 3, H, W], got ", x.sizes());
-  auto y = maxpool(relu(bn1(conv1(x))));
+  auto y = maxpool(relu(norm(norm_forward_, *bn1, conv1(x))));
   y = layer1->forward(y);
   y = layer2->forward(y);
   y = layer3->forward(y);
   y = layer4->forward(y);
   return fc(avgpool(y).flatten(1));
+}
+
+void ResNetImpl::set_batch_norm_forward(const BatchNormForward& f) {
+  norm_forward_ = f;
+  for (const auto& m : modules(/*include_self=*/false)) {
+    if (auto* b = m->as<BasicBlock>()) {
+      b->set_batch_norm_forward(f);
+    } else if (auto* b = m->as<Bottleneck>()) {
+      b->set_batch_norm_forward(f);
+    }
+  }
 }
 
 ResNet make_resnet(const ResNetOptions& options) { return ResNet(options); }

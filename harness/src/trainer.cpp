@@ -16,6 +16,7 @@
 
 #include "gpufeed/harness/checkpoint.h"
 #include "gpufeed/harness/recipe.h"
+#include "gpufeed/harness/sync_batch_norm.h"
 #include "gpufeed/harness/train_checkpoint.h"
 #include "gpufeed/log_text.h"
 #include "gpufeed/sampler/ra_sampler.h"
@@ -209,6 +210,14 @@ void Trainer::Impl::check_options() const {
         "Trainer: batch_size 1 cannot train BatchNorm (PyTorch: \"Expected more than 1 value per "
         "channel when training\"); use a larger batch or freeze_bn (--freeze-bn)");
   }
+  if (o.sync_bn && !o.dp_devices.empty()) {
+    throw std::invalid_argument("Trainer: --sync-bn (SyncBatchNorm) needs one process per device (gpufeed launch, "
+                                "torchrun or srun); it does not combine with DataParallel (--devices)");
+  }
+  if (o.sync_bn && o.freeze_bn) {
+    throw std::invalid_argument("Trainer: --sync-bn and --freeze-bn do not combine: frozen BatchNorm uses its "
+                                "running statistics, so there are no batch statistics to synchronise");
+  }
   if (!o.init_weights && (!o.init_weights_exclude.empty() || o.init_weights_skip_mismatched)) {
     throw std::invalid_argument("Trainer: init_weights_exclude / init_weights_skip_mismatched without init_weights");
   }
@@ -319,6 +328,12 @@ void Trainer::Impl::build_model() {
   }
   model->to(device);
   if (o.channels_last) to_channels_last(*model);
+  if (o.sync_bn) {
+    const int64_t layers = convert_sync_batchnorm(*model, world > 1 ? group : nullptr);
+    gpufeed::log_text(LogLevel::kInfo, "SyncBatchNorm: " + std::to_string(layers) + " layers" +
+                                           (world > 1 ? " synchronised over " + std::to_string(world) + " ranks"
+                                                      : " (one process: plain BatchNorm2d statistics)"));
+  }
   if (o.model_ema) {
     ema_model = make_resnet_keeping_rng(resnet_options, o.channels_last);
     ema_model->to(device);

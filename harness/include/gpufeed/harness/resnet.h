@@ -29,6 +29,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,15 @@ struct ResNetOptions {
   /// Goyal et al. 2017). Changes no random draw: the weights are the same either way otherwise.
   bool zero_init_residual = false;
 };
+
+/// How a ResNet's BatchNorm2d layers compute their output in forward: given the layer and its
+/// input [N, C, H, W], the normalised output (same shape, dtype and memory format). Empty: the
+/// layer's own forward (torch::nn::BatchNorm2d). The layers stay BatchNorm2d modules either way, so
+/// names, parameters, buffers and state_dict keys do not change; sync_batch_norm.h's
+/// convert_sync_batchnorm installs SyncBatchNorm this way (torch swaps the module class instead,
+/// which C++ modules' fixed member types do not allow).
+using BatchNormForward =
+    std::function<at::Tensor(torch::nn::BatchNorm2dImpl& bn, const at::Tensor& x)>;
 
 /// The residual block family of an architecture.
 enum class ResNetBlock {
@@ -88,12 +98,18 @@ class BasicBlockImpl : public torch::nn::Module {
   /// The residual branch's last norm: the one zero_init_residual zeroes.
   torch::nn::BatchNorm2d& last_bn() { return bn2; }
 
+  /// Routes bn1, bn2 and the shortcut's BatchNorm through `f` (BatchNormForward; empty: their own).
+  void set_batch_norm_forward(BatchNormForward f) { norm_forward_ = std::move(f); }
+
   torch::nn::Conv2d conv1{nullptr};           ///< 3x3, stride, no bias.
   torch::nn::BatchNorm2d bn1{nullptr};        ///< After conv1.
   torch::nn::ReLU relu{nullptr};              ///< In place; shared by both activations.
   torch::nn::Conv2d conv2{nullptr};           ///< 3x3, stride 1, no bias.
   torch::nn::BatchNorm2d bn2{nullptr};        ///< After conv2.
   torch::nn::Sequential downsample{nullptr};  ///< Shortcut projection, or empty.
+
+ private:
+  BatchNormForward norm_forward_;
 };
 TORCH_MODULE(BasicBlock);
 
@@ -117,6 +133,9 @@ class BottleneckImpl : public torch::nn::Module {
   /// The residual branch's last norm: the one zero_init_residual zeroes.
   torch::nn::BatchNorm2d& last_bn() { return bn3; }
 
+  /// Routes bn1..bn3 and the shortcut's BatchNorm through `f` (BatchNormForward; empty: their own).
+  void set_batch_norm_forward(BatchNormForward f) { norm_forward_ = std::move(f); }
+
   torch::nn::Conv2d conv1{nullptr};           ///< 1x1 reduce, no bias.
   torch::nn::BatchNorm2d bn1{nullptr};        ///< After conv1.
   torch::nn::Conv2d conv2{nullptr};           ///< 3x3, stride, no bias.
@@ -125,6 +144,9 @@ class BottleneckImpl : public torch::nn::Module {
   torch::nn::BatchNorm2d bn3{nullptr};        ///< After conv3.
   torch::nn::ReLU relu{nullptr};              ///< In place; shared by all three activations.
   torch::nn::Sequential downsample{nullptr};  ///< Shortcut projection, or empty.
+
+ private:
+  BatchNormForward norm_forward_;
 };
 TORCH_MODULE(Bottleneck);
 
@@ -146,6 +168,10 @@ class ResNetImpl : public torch::nn::Module {
   /// the running ones.
   /// Throws c10::Error when x is not 4-D with 3 channels (or train mode lacks values, as above).
   torch::Tensor forward(const torch::Tensor& x);
+
+  /// Routes every BatchNorm2d of the model (stem, blocks, shortcuts) through `f`
+  /// (BatchNormForward; empty: back to their own forward). Parameters and buffers are untouched.
+  void set_batch_norm_forward(const BatchNormForward& f);
 
   /// The options this model was built with.
   const ResNetOptions& options() const { return options_; }
@@ -169,6 +195,7 @@ class ResNetImpl : public torch::nn::Module {
   ResNetOptions options_;
   ResNetSpec spec_;
   int64_t inplanes_ = 64;
+  BatchNormForward norm_forward_;
 };
 TORCH_MODULE(ResNet);
 

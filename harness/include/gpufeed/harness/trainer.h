@@ -115,6 +115,12 @@ struct TrainOptions {
   /// BatchNorm layers stay in eval mode while training: they normalise with their running
   /// statistics and never update them (their weight and bias still train).
   bool freeze_bn = false;
+  /// SyncBatchNorm (the torchvision references' --sync-bn; sync_batch_norm.h): in a distributed
+  /// run every BatchNorm2d normalises with the batch statistics of all ranks' batches together
+  /// (as one BatchNorm2d on their concatenation), running statistics included; state_dict keys
+  /// are unchanged. One process: plain BatchNorm2d (a world of one). Not combinable with
+  /// dp_devices or freeze_bn (std::invalid_argument at construction).
+  bool sync_bn = false;
   bool channels_last = false;       ///< model and inputs in channels_last
   /// Load these weights (a state_dict file from Python or gpufeed, see checkpoint.h) after
   /// building the model, before training: fine-tuning.
