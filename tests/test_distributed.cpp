@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/serialize.h>
@@ -843,4 +844,58 @@ TEST(Train, SyncBnIsRefusedWithDataParallelOrFrozenBatchNorm) {
   EXPECT_NE(run(cmd + " --devices cpu,cpu", dir.path / "b.log"), 0);
   EXPECT_NE(read_text(dir.path / "b.log").find("does not combine with DataParallel (--devices)"), std::string::npos)
       << read_text(dir.path / "b.log");
+}
+
+TEST(ActivationCheckpointing, UnderDdpWithSyncBnEveryGradientArrivesOnceAndEqualsTheRunWithout) {
+  // Two in-process Gloo ranks, each a resnet18 under DistributedDataParallel with SyncBatchNorm,
+  // one step with and one without activation checkpointing: DDP's post-accumulate hooks see every
+  // gradient (finish_gradient_sync names any parameter whose hook never fired), and the
+  // all-reduced gradients (which a second accumulation would double) and the running statistics
+  // equal the run without. (test_harness counts those hooks: once per parameter.)
+  torch::manual_seed(11);
+  const at::Tensor X = at::randn({6, 3, 32, 32});
+  const at::Tensor Y = at::randint(0, 10, {6});
+  struct Result {
+    std::vector<at::Tensor> grads, buffers;
+  };
+  std::array<std::array<Result, 2>, 2> got;  // [checkpointing][rank]
+  // Built here, one after the other: the global generator is not for two threads at once.
+  std::vector<harness::ResNet> models;  // [checkpointing * 2 + rank]
+  for (int k = 0; k < 4; ++k) {
+    torch::manual_seed(0);
+    models.push_back(harness::make_resnet({"resnet18", 10, false}));
+  }
+  two_gloo_ranks([&](int rank, const std::shared_ptr<harness::ProcessGroup>& group) {
+    for (const bool checkpointing : {false, true}) {
+      harness::ResNet& model = models[static_cast<size_t>((checkpointing ? 2 : 0) + rank)];
+      model->set_activation_checkpointing(checkpointing);
+      EXPECT_EQ(harness::convert_sync_batchnorm(*model, group), 20);
+      harness::DistributedDataParallel ddp(model.ptr(), group);
+      Result& r = got[checkpointing ? 1 : 0][static_cast<size_t>(rank)];
+      const auto params = model->parameters();
+      model->train();
+      ddp.pre_forward();
+      const int64_t offset = rank == 0 ? 0 : 2, n = rank == 0 ? 2 : 4;  // uneven: 2 and 4 samples
+      const at::Tensor logits = model->forward(X.narrow(0, offset, n));
+      torch::nn::functional::cross_entropy(logits, Y.narrow(0, offset, n)).backward();
+      ddp.finish_gradient_sync();
+      for (const auto& p : params) r.grads.push_back(p.grad().clone());
+      for (const auto& b : model->buffers()) r.buffers.push_back(b.clone());
+    }
+  });
+  for (size_t rank = 0; rank < 2; ++rank) {
+    const Result& plain = got[0][rank];
+    const Result& ckpt = got[1][rank];
+    ASSERT_EQ(plain.grads.size(), ckpt.grads.size());
+    double worst = 0;
+    for (size_t i = 0; i < plain.grads.size(); ++i) {
+      worst = std::max(worst, max_abs_diff(plain.grads[i], ckpt.grads[i]));
+    }
+    std::cout << "rank " << rank << ": max |grad(checkpointed) - grad(plain)| under DDP + SyncBatchNorm = " << worst
+              << "\n";
+    EXPECT_LE(worst, 1e-6);
+    for (size_t i = 0; i < plain.buffers.size(); ++i) {
+      EXPECT_LE(max_abs_diff(plain.buffers[i], ckpt.buffers[i]), 1e-6) << "buffer " << i;
+    }
+  }
 }

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <sys/stat.h>
 
 #include <torch/torch.h>
@@ -14,7 +15,11 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <regex>
+
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include "golden.h"
 #include "gpufeed/harness/amp.h"
@@ -1192,5 +1197,137 @@ TEST(Trainer, StepHooksRunAtTheirPlacesInTheStep) {
   EXPECT_EQ(events, expected);
   for (const auto& p : t.model()->named_parameters()) {
     EXPECT_TRUE(torch::equal(p.value(), before[p.key()])) << p.key() << " moved although its gradient was zeroed";
+  }
+}
+
+// ---- activation checkpointing --------------------------------------------------------------------
+
+namespace {
+
+// Bytes glibc's malloc has handed out and not taken back (arena chunks in use + mmapped chunks):
+// LibTorch's CPU allocator allocates through it.
+size_t malloc_in_use() {
+  const struct mallinfo2 m = ::mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+// Counts its parameter's post-accumulate-grad calls: the hook DistributedDataParallel's buckets use.
+struct CountingHook : torch::autograd::PostAccumulateGradHook {
+  explicit CountingHook(int* count) : count(count) {}
+  void operator()(const torch::autograd::Variable& /*tensor*/) override { ++*count; }
+  int* count;
+};
+
+struct OneStep {
+  at::Tensor loss;
+  std::vector<int> accumulations;  // post-accumulate-grad hook calls per parameter
+  std::vector<std::pair<std::string, at::Tensor>> grads, buffers;
+  size_t held_after_forward = 0;  // malloc bytes the forward left held (the autograd graph's)
+};
+
+// One training forward + backward of a seeded resnet18 (BatchNorm training) on x, y.
+OneStep resnet18_step(bool checkpointing, bool bf16, const at::Tensor& x, const at::Tensor& y) {
+  torch::manual_seed(0);
+  auto model = harness::make_resnet({"resnet18", 10, false});
+  model->train();
+  model->set_activation_checkpointing(checkpointing);
+  OneStep r;
+  const auto params = model->parameters();
+  r.accumulations.assign(params.size(), 0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    torch::autograd::impl::set_post_acc_grad_hooks(params[i], std::make_unique<CountingHook>(&r.accumulations[i]));
+  }
+  const size_t before = malloc_in_use();
+  {
+    std::optional<harness::AutocastGuard> autocast;
+    if (bf16) autocast.emplace(c10::kCPU, c10::kBFloat16);
+    r.loss = torch::nn::functional::cross_entropy(model->forward(x).to(at::kFloat), y);
+  }
+  r.held_after_forward = malloc_in_use() - before;
+  r.loss.backward();
+  for (const auto& p : model->named_parameters()) r.grads.emplace_back(p.key(), p.value().grad().clone());
+  for (const auto& b : model->named_buffers()) r.buffers.emplace_back(b.key(), b.value().clone());
+  return r;
+}
+
+}  // namespace
+
+TEST(ActivationCheckpointing, Resnet18GradientsLossAndRunningStatisticsEqualTheRunWithout) {
+  // Memory: run this test alone to read the printed numbers (command in docs/PERFORMANCE.md).
+  torch::manual_seed(5);
+  const at::Tensor x = at::randn({8, 3, 64, 64});
+  const at::Tensor y = at::randint(0, 10, {8});
+  for (const bool bf16 : {false, true}) {
+    const OneStep plain = resnet18_step(false, bf16, x, y);
+    const OneStep ckpt = resnet18_step(true, bf16, x, y);
+    const char* what = bf16 ? "bf16 autocast" : "fp32";
+    EXPECT_TRUE(at::equal(plain.loss, ckpt.loss)) << what << ": " << plain.loss.item<double>() << " vs "
+                                                  << ckpt.loss.item<double>();
+    ASSERT_EQ(plain.grads.size(), ckpt.grads.size());
+    double worst = 0;
+    std::string worst_name;
+    for (size_t i = 0; i < plain.grads.size(); ++i) {
+      ASSERT_EQ(plain.grads[i].first, ckpt.grads[i].first);
+      ASSERT_TRUE(ckpt.grads[i].second.defined()) << ckpt.grads[i].first << " got no gradient";
+      const double d = (plain.grads[i].second - ckpt.grads[i].second).abs().max().item<double>();
+      if (d > worst) worst = d, worst_name = plain.grads[i].first;
+    }
+    EXPECT_LE(worst, 1e-6) << what << ": " << worst_name;
+    // Every parameter's gradient accumulated (and its post-accumulate hooks run) exactly once.
+    EXPECT_EQ(ckpt.accumulations, std::vector<int>(ckpt.grads.size(), 1)) << what;
+    EXPECT_EQ(plain.accumulations, std::vector<int>(plain.grads.size(), 1)) << what;
+    // Running statistics and num_batches_tracked: updated once, identically.
+    for (size_t i = 0; i < plain.buffers.size(); ++i) {
+      EXPECT_TRUE(at::equal(plain.buffers[i].second, ckpt.buffers[i].second)) << what << ": " << plain.buffers[i].first;
+    }
+    std::cout << what << ": max |grad(checkpointed) - grad(plain)| = " << worst << " (" << plain.grads.size()
+              << " parameters); malloc bytes held after the forward of resnet18, batch 8x3x64x64: without "
+              << plain.held_after_forward / 1024 << " KiB, with activation checkpointing "
+              << ckpt.held_after_forward / 1024 << " KiB\n";
+  }
+}
+
+TEST(ActivationCheckpointing, NoGradAndEvalForwardsAreTheUsualOnes) {
+  torch::manual_seed(0);
+  auto model = harness::make_resnet({"resnet18", 10, false});
+  const at::Tensor x = at::randn({2, 3, 32, 32});
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const at::Tensor plain = model->forward(x);
+  model->set_activation_checkpointing(true);
+  EXPECT_TRUE(at::equal(model->forward(x), plain));
+}
+
+TEST(Trainer, ActivationCheckpointingTrainsTheSameWeightsAndIsRefusedWithDataParallel) {
+  // BatchNorm trains here (not tiny_run's frozen BN): running statistics must match too.
+  TempDir dir("ckpt_act");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  harness::TrainOptions plain = tiny_run(data);
+  plain.freeze_bn = false;
+  plain.max_steps_per_epoch = 2;
+  harness::TrainOptions ckpt = plain;
+  ckpt.activation_checkpointing = true;
+  harness::Trainer a(plain), b(ckpt);
+  EXPECT_TRUE(b.model()->activation_checkpointing());
+  std::vector<double> la, lb;
+  a.set_step_callback([&](const harness::StepStats& s) { la.push_back(s.loss); });
+  b.set_step_callback([&](const harness::StepStats& s) { lb.push_back(s.loss); });
+  a.fit();
+  b.fit();
+  EXPECT_EQ(la, lb);
+  const double diff = max_param_diff(a.model(), b.model());
+  std::cout << "max |param(activation checkpointing) - param(without)| after 2 steps = " << diff << "\n";
+  EXPECT_LE(diff, 1e-6);
+  auto bb = b.model()->named_buffers();
+  for (const auto& kv : a.model()->named_buffers()) EXPECT_TRUE(at::equal(kv.value(), bb[kv.key()])) << kv.key();
+  harness::TrainOptions dp = ckpt;
+  dp.dp_devices = {"cpu", "cpu"};
+  try {
+    harness::Trainer t(dp);
+    ADD_FAILURE() << "DataParallel with activation checkpointing was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--activation-checkpointing does not combine with DataParallel"),
+              std::string::npos)
+        << e.what();
   }
 }

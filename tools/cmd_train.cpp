@@ -346,6 +346,9 @@ Run add_train(CLI::App& app) {
   app.add_flag("--sync-bn", o->sync_bn,
                "SyncBatchNorm: BatchNorm statistics over all ranks' batches together (distributed runs; "
                "not with --devices or --freeze-bn)");
+  app.add_flag("--activation-checkpointing", o->activation_checkpointing,
+               "recompute the ResNet stages' activations in backward instead of keeping them (less memory, "
+               "about one more forward of compute; not with --devices)");
   app.add_flag("--drop-last", o->drop_last,
                "drop each rank's last, shorter training batch (on by itself when it would hold 1 sample)");
   app.add_option("--seed", o->seed)->capture_default_str();

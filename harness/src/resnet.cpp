@@ -1,5 +1,7 @@
 #include "gpufeed/harness/resnet.h"
 
+#include "gpufeed/harness/activation_checkpoint.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -183,10 +185,14 @@ nn::Sequential ResNetImpl::make_layer(int64_t planes, int64_t blocks, int64_t st
 torch::Tensor ResNetImpl::forward(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() == 4 && x.size(1) == 3, "ResNet expects input [N, 3, H, W], got ", x.sizes());
   auto y = maxpool(relu(norm(norm_forward_, *bn1, conv1(x))));
-  y = layer1->forward(y);
-  y = layer2->forward(y);
-  y = layer3->forward(y);
-  y = layer4->forward(y);
+  for (nn::Sequential* stage : {&layer1, &layer2, &layer3, &layer4}) {
+    nn::SequentialImpl& layer = **stage;
+    if (checkpoint_stages_) {
+      y = checkpoint_module(layer, [&layer](const at::Tensor& in) { return layer.forward(in); }, y);
+    } else {
+      y = layer.forward(y);
+    }
+  }
   return fc(avgpool(y).flatten(1));
 }
 

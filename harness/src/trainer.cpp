@@ -214,6 +214,10 @@ void Trainer::Impl::check_options() const {
     throw std::invalid_argument("Trainer: --sync-bn (SyncBatchNorm) needs one process per device (gpufeed launch, "
                                 "torchrun or srun); it does not combine with DataParallel (--devices)");
   }
+  if (o.activation_checkpointing && !o.dp_devices.empty()) {
+    throw std::invalid_argument("Trainer: --activation-checkpointing does not combine with DataParallel (--devices): "
+                                "use one process per device (gpufeed launch, torchrun or srun)");
+  }
   if (o.sync_bn && o.freeze_bn) {
     throw std::invalid_argument("Trainer: --sync-bn and --freeze-bn do not combine: frozen BatchNorm uses its "
                                 "running statistics, so there are no batch statistics to synchronise");
@@ -328,6 +332,10 @@ void Trainer::Impl::build_model() {
   }
   model->to(device);
   if (o.channels_last) to_channels_last(*model);
+  if (o.activation_checkpointing) {
+    model->set_activation_checkpointing(true);
+    gpufeed::log_text(LogLevel::kInfo, "activation checkpointing: layer1..layer4 recompute their activations in backward");
+  }
   if (o.sync_bn) {
     const int64_t layers = convert_sync_batchnorm(*model, world > 1 ? group : nullptr);
     gpufeed::log_text(LogLevel::kInfo, "SyncBatchNorm: " + std::to_string(layers) + " layers" +

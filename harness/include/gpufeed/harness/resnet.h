@@ -173,6 +173,17 @@ class ResNetImpl : public torch::nn::Module {
   /// (BatchNormForward; empty: back to their own forward). Parameters and buffers are untouched.
   void set_batch_norm_forward(const BatchNormForward& f);
 
+  /// Activation checkpointing per stage (activation_checkpoint.h): while gradients are enabled,
+  /// layer1..layer4 each keep only their input during forward and run their forward again in
+  /// backward, trading one more forward of the four stages for their activations' memory (the
+  /// stem, pool and fc keep theirs). Gradients and outputs equal those without it (the same ops
+  /// on the same values); BatchNorm running statistics are updated once per forward, by the first
+  /// pass (the recomputation normalises with the same batch statistics and its buffer updates are
+  /// undone). Eval mode / no-grad forwards are unaffected. Off by default.
+  void set_activation_checkpointing(bool on) { checkpoint_stages_ = on; }
+  /// Whether set_activation_checkpointing(true) is in effect.
+  bool activation_checkpointing() const { return checkpoint_stages_; }
+
   /// The options this model was built with.
   const ResNetOptions& options() const { return options_; }
   /// The spec of options().arch.
@@ -196,6 +207,7 @@ class ResNetImpl : public torch::nn::Module {
   ResNetSpec spec_;
   int64_t inplanes_ = 64;
   BatchNormForward norm_forward_;
+  bool checkpoint_stages_ = false;
 };
 TORCH_MODULE(ResNet);
 

@@ -121,6 +121,12 @@ struct TrainOptions {
   /// are unchanged. One process: plain BatchNorm2d (a world of one). Not combinable with
   /// dp_devices or freeze_bn (std::invalid_argument at construction).
   bool sync_bn = false;
+  /// Activation checkpointing of the ResNet's stages (layer1..layer4; ResNetImpl::
+  /// set_activation_checkpointing, activation_checkpoint.h): their activations are recomputed in
+  /// backward instead of kept, for about one more forward pass of compute. Gradients, losses and
+  /// BatchNorm running statistics equal those without it; works with AMP, DDP and sync_bn.
+  /// Not combinable with dp_devices (std::invalid_argument at construction).
+  bool activation_checkpointing = false;
   bool channels_last = false;       ///< model and inputs in channels_last
   /// Load these weights (a state_dict file from Python or gpufeed, see checkpoint.h) after
   /// building the model, before training: fine-tuning.
