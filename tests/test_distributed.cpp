@@ -32,6 +32,7 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -42,6 +43,7 @@
 #include "gpufeed/harness/sync_batch_norm.h"
 #include "gpufeed/harness/torch_file.h"
 #include "gpufeed/loader/synthetic.h"
+#include "gpufeed/sampler/sampler.h"
 #include "test_util.h"
 
 using namespace gpufeed;
@@ -844,6 +846,83 @@ TEST(Train, SyncBnIsRefusedWithDataParallelOrFrozenBatchNorm) {
   EXPECT_NE(run(cmd + " --devices cpu,cpu", dir.path / "b.log"), 0);
   EXPECT_NE(read_text(dir.path / "b.log").find("does not combine with DataParallel (--devices)"), std::string::npos)
       << read_text(dir.path / "b.log");
+}
+
+TEST(Launch, TwoNodesOfOneRankEachSeeEverySampleOfTheShardsOnceInDistributedSamplerOrder) {
+  // Two "nodes" on this host (issue 15): two launchers with --nnodes 2 --node-rank 0|1
+  // --nproc-per-node 1 and one master address and port, Gloo, reading WebDataset shards written
+  // by GNU tar. Each rank logs the dataset indices of its steps (--log-samples); per epoch each
+  // rank's list must be torch's DistributedSampler's for its global rank, and together they must
+  // cover the 32 samples exactly once.
+  TempDir dir("nodes");
+  const std::vector<fs::path> files = test::list_files_of(tiny_dataset(dir.path / "images"));
+  ASSERT_EQ(files.size(), 32u);
+  const fs::path flat = dir.path / "flat";
+  fs::create_directories(flat);
+  std::string members[2];
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string cls = files[i].parent_path().filename().string();  // class_003
+    const std::string key = cls + "_" + files[i].stem().string();
+    fs::copy_file(files[i], flat / (key + ".jpg"));
+    std::ofstream(flat / (key + ".cls")) << std::stoi(cls.substr(6));
+    members[i / 16] += " " + key + ".jpg " + key + ".cls";
+  }
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_EQ(run("tar -cf " + (dir.path / ("shard-" + std::to_string(s) + ".tar")).string() + " -C " +
+                      flat.string() + members[s],
+                  dir.path / "tar.log"),
+              0)
+        << read_text(dir.path / "tar.log");
+  }
+  const int port = free_port();
+  const std::string train = " -- gpufeed train --data '" + (dir.path / "shard-{0..1}.tar").string() +
+                            "' --index-cache off --arch resnet18 --image-size 32 --num-workers 1 --progress off"
+                            " --batch-size 4 --epochs 2 --seed 7 --log-samples " +
+                            (dir.path / "samples{rank}.tsv").string();
+  auto node = [&](int node_rank) {
+    return run(kEnv + kGpufeed + " launch --nnodes 2 --node-rank " + std::to_string(node_rank) +
+                   " --nproc-per-node 1 --master-addr 127.0.0.1 --master-port " + std::to_string(port) + train,
+               dir.path / ("node" + std::to_string(node_rank) + ".log"));
+  };
+  int node1 = -1;
+  std::thread second([&] { node1 = node(1); });
+  const int node0 = node(0);
+  second.join();
+  const std::string log0 = read_text(dir.path / "node0.log"), log1 = read_text(dir.path / "node1.log");
+  ASSERT_EQ(node0, 0) << log0;
+  ASSERT_EQ(node1, 0) << log1;
+  EXPECT_NE(log0.find("ranks 0..0 of 2"), std::string::npos) << log0;
+  EXPECT_NE(log1.find("ranks 1..1 of 2"), std::string::npos) << log1;
+  EXPECT_NE(log0.find("world 2, global batch 8"), std::string::npos) << log0;
+  // seen[epoch][rank]: the indices in step order.
+  std::vector<int64_t> seen[2][2];
+  for (int rank = 0; rank < 2; ++rank) {
+    std::istringstream in(read_text(dir.path / ("samples" + std::to_string(rank) + ".tsv")));
+    std::string line;
+    int64_t lines = 0;
+    while (std::getline(in, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      int64_t epoch = -1, step = -1, index = -1;
+      std::istringstream(line) >> epoch >> step >> index;
+      ASSERT_TRUE(epoch == 0 || epoch == 1) << line;
+      seen[epoch][rank].push_back(index);
+      ++lines;
+    }
+    EXPECT_EQ(lines, 32) << "rank " << rank << ": 16 samples in each of 2 epochs";
+  }
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<int64_t> all;
+    for (int rank = 0; rank < 2; ++rank) {
+      sampler::DistributedSampler expected(32, {.num_replicas = 2, .rank = rank, .shuffle = true, .seed = 7});
+      expected.set_epoch(epoch);
+      EXPECT_EQ(seen[epoch][rank], expected.indices()) << "epoch " << epoch << ", rank " << rank;
+      all.insert(all.end(), seen[epoch][rank].begin(), seen[epoch][rank].end());
+    }
+    std::sort(all.begin(), all.end());
+    std::vector<int64_t> every(32);
+    std::iota(every.begin(), every.end(), 0);
+    EXPECT_EQ(all, every) << "epoch " << epoch << ": every sample exactly once across the two nodes";
+  }
 }
 
 TEST(ActivationCheckpointing, UnderDdpWithSyncBnEveryGradientArrivesOnceAndEqualsTheRunWithout) {

@@ -11,8 +11,10 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include "commands.h"
@@ -250,6 +252,19 @@ void apply_recipe(CLI::App& app, const std::string& name) {
   std::cout << "  not covered: " << it->not_covered << "\n" << std::flush;
 }
 
+// --log-samples: this rank's file ("{rank}" replaced), or none (no option, or a rank other than 0
+// when the path has no "{rank}"). A header line names the columns.
+std::shared_ptr<std::ofstream> open_sample_log(std::string path, int rank) {
+  if (path.empty()) return nullptr;
+  const auto pos = path.find("{rank}");
+  if (pos == std::string::npos && rank != 0) return nullptr;
+  if (pos != std::string::npos) path.replace(pos, 6, std::to_string(rank));
+  auto out = std::make_shared<std::ofstream>(path);
+  if (!*out) throw std::runtime_error("train: cannot write --log-samples file " + path);
+  *out << "# epoch\tstep\tindex (rank " << rank << ")\n";
+  return out;
+}
+
 }  // namespace
 
 Run add_train(CLI::App& app) {
@@ -379,6 +394,9 @@ Run add_train(CLI::App& app) {
                "with --init-weights: keys whose shape differs keep their fresh initialisation "
                "(a warning names them) instead of stopping");
   str("--checkpoint", "write the final state_dict here (torch.load-able); {rank}: every rank writes one");
+  str("--log-samples", "write the dataset index of every sample each optimizer step consumed, as "
+      "'epoch<TAB>step<TAB>index' lines ({rank} in the path: every rank writes its own file; without "
+      "it only rank 0 writes); for checking sharding and reproducing a run");
   str("--save-checkpoint", "training checkpoint (model, optimizer, schedule, sampler, RNG), written "
       "every epoch and on SIGINT/SIGTERM (without it, a stopped run writes <--checkpoint>.train.pt "
       "or ./gpufeed_train_checkpoint.pt)");
@@ -475,9 +493,14 @@ Run add_train(CLI::App& app) {
     };
     harness::Trainer trainer(*o);
     *main_rank = trainer.rank() == 0;
-    if (faults.any_step_hook(trainer.rank())) {
+    const std::shared_ptr<std::ofstream> sample_log = open_sample_log(get("--log-samples"), trainer.rank());
+    if (faults.any_step_hook(trainer.rank()) || sample_log) {
       const int rank = trainer.rank();
-      trainer.set_step_callback([faults, rank](const harness::StepStats& st) {
+      trainer.set_step_callback([faults, rank, sample_log](const harness::StepStats& st) {
+        if (sample_log) {
+          for (const int64_t index : st.indices) *sample_log << st.epoch << '\t' << st.step << '\t' << index << '\n';
+          sample_log->flush();
+        }
         if (faults.kill_rank == rank && st.step + 1 == faults.kill_step) ::kill(::getpid(), SIGKILL);
         for (const auto& r : faults.raises) {
           if ((r.rank < 0 || r.rank == rank) && st.step + 1 == r.step) {
