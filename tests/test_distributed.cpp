@@ -51,22 +51,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using test::code_of;
 using test::read_text;
+using test::run;
 using test::TempDir;
 using test::tiny_dataset;
-
-// How a process ended: its exit code, or 128 + the signal that killed it.
-int code_of(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return -1;
-}
-
-// Runs `cmd` with a shell, output (both streams) to `log`. Returns code_of(status).
-int run(const std::string& cmd, const fs::path& log) {
-  const std::string full = cmd + " > " + log.string() + " 2>&1";
-  return code_of(std::system(full.c_str()));
-}
 
 const std::string kGpufeed = GPUFEED_CLI;
 

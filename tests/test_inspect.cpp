@@ -3,7 +3,6 @@
 // decoder produced, the summary counts every kind, and nothing goes to stderr.
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "bugkinds.h"
+#include "process_util.h"
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/decode/error.h"
 
@@ -42,20 +42,12 @@ void write_file(const fs::path& p, const std::vector<uint8_t>& bytes) {
       .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-/// Runs `gpufeed <args>`; returns its exit status, stdout in `out`, stderr in `err`.
+/// Runs `gpufeed <args>` (process_util.h); returns its exit status, stdout in `out`, stderr in `err`.
 int gpufeed(const std::string& args, const fs::path& scratch, std::string& out, std::string& err) {
-  const fs::path o = scratch / "stdout.txt", e = scratch / "stderr.txt";
-  const std::string cmd = std::string("'") + GPUFEED_CLI + "' " + args + " >'" + o.string() +
-                          "' 2>'" + e.string() + "'";
-  const int status = std::system(cmd.c_str());
-  out = slurp(o);
-  err = slurp(e);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  gpufeed::test::Output r = gpufeed::test::run_captured(gpufeed::test::shell_quote(GPUFEED_CLI) + " " + args, scratch);
+  out = std::move(r.out);
+  err = std::move(r.err);
+  return r.code;
 }
 
 TEST(Inspect, JsonGivesEachKindsOutcomeAndPngsOfTheDecodedPixels) {
@@ -250,7 +242,7 @@ TEST(JsonOutput, NonUtf8FileNamesBecomeReplacementCharactersInEveryWriter) {
       << err;
   ASSERT_NO_THROW(j = nlohmann::json::parse(out)) << out;
   EXPECT_EQ(j["data"], dir);
-  ASSERT_NO_THROW(j = nlohmann::json::parse(slurp(dump.string() + ".json")));
+  ASSERT_NO_THROW(j = nlohmann::json::parse(gpufeed::test::read_text(dump.string() + ".json")));
   ASSERT_EQ(j["samples"].size(), 1u);
   EXPECT_EQ(j["samples"][0]["path"], dir + "/caf" + fffd + ".jpg");
 }

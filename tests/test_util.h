@@ -14,6 +14,7 @@
 
 #include "gpufeed/loader/host_allocator.h"
 #include "gpufeed/loader/synthetic.h"
+#include "process_util.h"
 
 namespace gpufeed::test {
 
@@ -52,14 +53,6 @@ inline std::vector<std::filesystem::path> list_files_of(const std::filesystem::p
     if (e.is_regular_file()) out.push_back(e.path());
   std::sort(out.begin(), out.end());
   return out;
-}
-
-/// The whole file as text ("" when it cannot be opened).
-inline std::string read_text(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 /// A HostAllocator that counts live and total allocations (slots must be allocated once and all
