@@ -66,8 +66,9 @@ std::string compare(const Image& in, const std::vector<uint8_t>& got, const std:
   return "";
 }
 
-void apply_named(const std::string& fn, AugmentOp op, double m, Image& img, AugmentScratch& scratch) {
-  if (fn.empty()) return apply_augment_op(op, m, img.pixels.data(), img.height, img.width, scratch);
+void apply_named(const std::string& fn, AugmentOp op, double m, InterpolationMode mode, Image& img,
+                 AugmentScratch& scratch) {
+  if (fn.empty()) return apply_augment_op(op, m, img.pixels.data(), img.height, img.width, mode, scratch);
   if (fn == "brightness") return adjust_brightness(img.pixels.data(), img.height, img.width, m);
   if (fn == "contrast") return adjust_contrast(img.pixels.data(), img.height, img.width, m);
   if (fn == "saturation") return adjust_saturation(img.pixels.data(), img.height, img.width, m);
@@ -80,6 +81,7 @@ AugmentOptions options_from(const nlohmann::json& j) {
   if (j.contains("auto_augment")) o.auto_augment = parse_auto_augment(j["auto_augment"].get<std::string>());
   if (j.contains("ra_num_ops")) o.ra_num_ops = j["ra_num_ops"];
   if (j.contains("ra_magnitude")) o.ra_magnitude = j["ra_magnitude"];
+  if (j.contains("interpolation")) o.interpolation = parse_interpolation(j["interpolation"].get<std::string>());
   if (j.contains("color_jitter")) {
     o.color_jitter = {j["color_jitter"][0], j["color_jitter"][1], j["color_jitter"][2], j["color_jitter"][3]};
   }
@@ -104,7 +106,7 @@ AugmentOptions options_from(const nlohmann::json& j) {
 TEST(Augment, EveryOpEqualsTorchvisionsInEveryPixel) {
   std::map<std::string, Image> inputs;
   AugmentScratch scratch;
-  std::map<std::string, int> checked, near_tie_cases;
+  std::map<std::string, int> checked;
   for (const auto& c : goldens()["ops"]) {
     const std::string name = c["image"];
     if (!inputs.count(name)) inputs[name] = input(name);
@@ -112,15 +114,17 @@ TEST(Augment, EveryOpEqualsTorchvisionsInEveryPixel) {
     const std::string op = c["op"];
     const std::string fn = c.value("fn", "");
     const double m = c["magnitude"];
-    apply_named(fn, fn.empty() ? op_named(op) : AugmentOp::kIdentity, m, img, scratch);
+    const InterpolationMode mode = parse_interpolation(c.value("interpolation", "nearest"));
+    apply_named(fn, fn.empty() ? op_named(op) : AugmentOp::kIdentity, m, mode, img, scratch);
     EXPECT_EQ(compare(inputs[name], img.pixels, read_bytes(c["output"])), "")
-        << op << " magnitude " << m << " on image " << name;
-    ++checked[op];
+        << op << " magnitude " << m << " " << to_string(mode) << " on image " << name;
+    ++checked[op + (mode == InterpolationMode::kBilinear ? " bilinear" : "")];
   }
   // Every op of the three policies and the four ColorJitter adjustments were checked.
   for (const char* op : {"Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
                          "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert",
-                         "brightness", "contrast", "saturation", "hue"}) {
+                         "brightness", "contrast", "saturation", "hue", "ShearX bilinear", "ShearY bilinear",
+                         "TranslateX bilinear", "TranslateY bilinear", "Rotate bilinear"}) {
     EXPECT_GT(checked[op], 0) << op;
   }
 }
@@ -170,7 +174,7 @@ TEST(Augment, PlansReplayTorchvisionsDrawsAndOutputs) {
         << c["config"] << " seed " << c["seed"] << " on image " << name;
     configs.insert(c["config"]);
   }
-  EXPECT_EQ(configs.size(), 10u);
+  EXPECT_EQ(configs.size(), 12u);
 }
 
 TEST(Augment, OptionsAreValidatedWithTheirNames) {
@@ -196,6 +200,8 @@ TEST(Augment, OptionsAreValidatedWithTheirNames) {
   o.random_erasing.p = 1.5f;
   EXPECT_NE(message(o).find("random_erase"), std::string::npos);
   EXPECT_THROW(parse_auto_augment("augmix"), std::invalid_argument);
+  EXPECT_THROW(parse_interpolation("bicubic"), std::invalid_argument);
+  EXPECT_EQ(parse_interpolation("bilinear"), InterpolationMode::kBilinear);
   EXPECT_EQ(parse_auto_augment("ta_wide"), AutoAugmentPolicy::kTrivialAugmentWide);
 }
 
@@ -235,6 +241,7 @@ TEST(Augment, AugmentedBatchesAreIdenticalAtOneAndFourThreads) {
     aug.color_jitter = {0.4f, 0.4f, 0.4f, 0.1f};
     aug.random_erasing.p = 0.5f;
     aug.random_erasing.random_value = policy == AutoAugmentPolicy::kRandAugment;
+    if (policy == AutoAugmentPolicy::kImageNet) aug.interpolation = InterpolationMode::kBilinear;
     const auto one = epoch_images(root, 1, aug);
     const auto four = epoch_images(root, 4, aug);
     EXPECT_EQ(one, four) << to_string(policy);

@@ -41,6 +41,11 @@ std::function<void()> add_augment_options(CLI::App& app, loader::AugmentOptions&
                  "ta_wide (TrivialAugmentWide), ra (RandAugment) or imagenet (AutoAugment's ImageNet policy)")
       ->check(CLI::IsMember({"none", "ta_wide", "ra", "imagenet"}))
       ->group(group);
+  app.add_option("--augment-interpolation", (*text)["augment_interpolation"],
+                 "the policy's interpolation for its geometric ops: nearest (torchvision's default) or "
+                 "bilinear (the references' --interpolation)")
+      ->check(CLI::IsMember({"nearest", "bilinear"}))
+      ->group(group);
   app.add_option("--ra-magnitude", o.ra_magnitude, "RandAugment magnitude bin, 0..30")->capture_default_str()->group(group);
   app.add_option("--ra-num-ops", o.ra_num_ops, "RandAugment ops per sample")->capture_default_str()->group(group);
   app.add_option("--color-jitter", (*text)["color_jitter"],
@@ -55,6 +60,7 @@ std::function<void()> add_augment_options(CLI::App& app, loader::AugmentOptions&
   return [&o, text] {
     if (const auto& p = (*text)["auto_augment"]; !p.empty()) o.auto_augment = loader::parse_auto_augment(p);
     if (const auto& j = (*text)["color_jitter"]; !j.empty()) o.color_jitter = parse_color_jitter(j);
+    if (const auto& m = (*text)["augment_interpolation"]; !m.empty()) o.interpolation = loader::parse_interpolation(m);
     if (const auto& v = (*text)["random_erase_value"]; !v.empty()) {
       if (v == "random") {
         o.random_erasing.random_value = true;

@@ -203,8 +203,10 @@ const std::vector<Recipe>& recipes() {
         {"--label-smoothing", "0.1"}, {"--mixup-alpha", "0.2"}, {"--cutmix-alpha", "1.0"},
         {"--train-crop-size", "176"}, {"--val-resize-size", "232"}, {"--val-crop-size", "224"},
         {"--ra-sampler", ""}, {"--ra-reps", "4"}, {"--model-ema", ""}, {"--model-ema-steps", "32"},
-        {"--model-ema-decay", "0.99998"}, {"--auto-augment", "ta_wide"}, {"--random-erase", "0.1"}},
-       "the references' --interpolation bilinear for the augmentations' geometric ops (gpufeed's use NEAREST)"},
+        {"--model-ema-decay", "0.99998"}, {"--auto-augment", "ta_wide"}, {"--augment-interpolation", "bilinear"},
+        {"--random-erase", "0.1"}},
+       "nothing of the recipe's flags (the references' --interpolation bilinear is gpufeed's antialiased "
+       "bilinear resize and --augment-interpolation bilinear); AMP is not part of a preset (pass --precision)"},
       {"ffcv-rn50",
        "FFCV's ImageNet ResNet-50 (ffcv-imagenet rn50_88_epochs.yaml): 8 GPUs x batch 512, lr 1.7",
        {{"--arch", "resnet50"}, {"--epochs", "88"}, {"--batch-size", "512"}, {"--lr", "0.10625"},

@@ -182,15 +182,13 @@ std::array<double, 6> inverse_affine_matrix(double cx, double cy, double angle, 
   return m;
 }
 
-// _affine_grid + grid_sample(mode="nearest", padding_mode="zeros", align_corners=False) + round,
-// in float32: the grid point of output (x, y) is base (x - (W-1)/2, y - (H-1)/2, 1) times
-// theta^T / (W/2, H/2); the source pixel is round-half-even((g + 1) * size/2 - 0.5).
-void grid_nearest(uint8_t* image, int height, int width, const std::array<double, 6>& matrix,
-                  AugmentScratch& scratch) {
-  copy_into(scratch, image, height, width);
-  const size_t zero_pixel = scratch.copy.size();  // a black pixel after the copy: out-of-image taps
-  scratch.copy.resize(zero_pixel + 3, 0);
-  const uint8_t* src = scratch.copy.data();
+// The affine grid of torchvision's _affine_grid in float32: the grid point of output (x, y) is
+// base (x - (W-1)/2, y - (H-1)/2, 1) times theta^T / (W/2, H/2), the bmm's products summed
+// unfused, (bx * a + by * b) + c (ATen's result, checked against _affine_grid's output). Calls
+// sample(out, gx, gy) for every output pixel in row-major order.
+template <typename Sample>
+[[gnu::always_inline]] inline void for_each_grid_point(uint8_t* image, int height, int width,
+                                                       const std::array<double, 6>& matrix, Sample&& sample) {
   std::array<float, 6> t{};
   for (size_t k = 0; k < 6; ++k) t[k] = static_cast<float>(matrix[k]);
   const float half_w = static_cast<float>(0.5 * width);
@@ -198,7 +196,6 @@ void grid_nearest(uint8_t* image, int height, int width, const std::array<double
   // rescaled_theta = theta.transpose(1, 2) / [0.5 w, 0.5 h]
   const float xa = t[0] / half_w, xb = t[1] / half_w, xc = t[2] / half_w;
   const float ya = t[3] / half_h, yb = t[4] / half_h, yc = t[5] / half_h;
-  const float sx = static_cast<float>(width) / 2, sy = static_cast<float>(height) / 2;
   const float x0 = (1.0f - static_cast<float>(width)) * 0.5f;
   const float y0 = (1.0f - static_cast<float>(height)) * 0.5f;
   const size_t row = static_cast<size_t>(width) * 3;
@@ -218,20 +215,90 @@ void grid_nearest(uint8_t* image, int height, int width, const std::array<double
     const float row_x = by * xb, row_y = by * yb;
     uint8_t* out = image + static_cast<size_t>(y) * row;
     for (int x = 0; x < width; ++x, out += 3) {
-      // bmm of the base grid with the rescaled theta: (bx * a + by * b) + c, unfused (ATen's
-      // result, checked against _affine_grid's output)
       const float gx = (col_x[static_cast<size_t>(x)] + row_x) + xc;
       const float gy = (col_y[static_cast<size_t>(x)] + row_y) + yc;
-      const int32_t ix = round_to_int((gx + 1.0f) * sx - 0.5f);
-      const int32_t iy = round_to_int((gy + 1.0f) * sy - 0.5f);
-      const bool inside = static_cast<uint32_t>(ix) < static_cast<uint32_t>(width) &&
-                          static_cast<uint32_t>(iy) < static_cast<uint32_t>(height);
-      const size_t at = inside ? static_cast<size_t>(iy) * row + static_cast<size_t>(ix) * 3 : zero_pixel;
-      out[0] = src[at];
-      out[1] = src[at + 1];
-      out[2] = src[at + 2];
+      sample(out, gx, gy);
     }
   }
+}
+
+// grid_sample(mode="nearest", padding_mode="zeros", align_corners=False) + round: the source
+// pixel is round-half-even((g + 1) * size/2 - 0.5), black outside the image.
+void grid_nearest(uint8_t* image, int height, int width, const std::array<double, 6>& matrix,
+                  AugmentScratch& scratch) {
+  copy_into(scratch, image, height, width);
+  const size_t zero_pixel = scratch.copy.size();  // a black pixel after the copy: out-of-image taps
+  scratch.copy.resize(zero_pixel + 3, 0);
+  const uint8_t* src = scratch.copy.data();
+  const float sx = static_cast<float>(width) / 2, sy = static_cast<float>(height) / 2;
+  const size_t row = static_cast<size_t>(width) * 3;
+  for_each_grid_point(image, height, width, matrix, [&](uint8_t* out, float gx, float gy) {
+    const int32_t ix = round_to_int((gx + 1.0f) * sx - 0.5f);
+    const int32_t iy = round_to_int((gy + 1.0f) * sy - 0.5f);
+    const bool inside = static_cast<uint32_t>(ix) < static_cast<uint32_t>(width) &&
+                        static_cast<uint32_t>(iy) < static_cast<uint32_t>(height);
+    const size_t at = inside ? static_cast<size_t>(iy) * row + static_cast<size_t>(ix) * 3 : zero_pixel;
+    out[0] = src[at];
+    out[1] = src[at + 1];
+    out[2] = src[at + 2];
+  });
+}
+
+// grid_sample(mode="bilinear", padding_mode="zeros", align_corners=False) on the image as float32,
+// then round-half-even to uint8, as ATen's vectorised CPU kernel (ApplyGridSample<Bilinear>)
+// computes it on AVX2: the location fma(g + 1, size/2, -0.5), the weights from floor, and the
+// four taps accumulated as fma(se_v, se, fma(sw_v, sw, fma(ne_v, ne, nw_v * nw))), where the
+// compiler fused ATen's `a * b + c`. Taps outside the image are 0. std::fma is exact everywhere;
+// grid_bilinear_fma below is the same body compiled for CPUs with the FMA instruction.
+[[gnu::always_inline]] inline void grid_bilinear_body(uint8_t* image, int height, int width,
+                                                      const std::array<double, 6>& matrix,
+                                                      const uint8_t* src) {
+  const float sx = static_cast<float>(width) / 2, sy = static_cast<float>(height) / 2;
+  const size_t row = static_cast<size_t>(width) * 3;
+  for_each_grid_point(image, height, width, matrix, [&](uint8_t* out, float gx, float gy) {
+    const float x = std::fma(gx + 1.0f, sx, -0.5f);
+    const float y = std::fma(gy + 1.0f, sy, -0.5f);
+    const float x_w = std::floor(x), y_n = std::floor(y);
+    const float w = x - x_w, e = 1.0f - w;
+    const float n = y - y_n, s = 1.0f - n;
+    const float nw = s * e, ne = s * w, sw = n * e, se = n * w;
+    const auto ix = static_cast<int64_t>(x_w), iy = static_cast<int64_t>(y_n);
+    const bool west = ix >= 0 && ix < width, east = ix + 1 >= 0 && ix + 1 < width;
+    const bool north = iy >= 0 && iy < height, south = iy + 1 >= 0 && iy + 1 < height;
+    const int64_t at_nw = iy * static_cast<int64_t>(row) + ix * 3;  // read only when inside
+    const int64_t at_sw = at_nw + static_cast<int64_t>(row);
+    for (int64_t c = 0; c < 3; ++c) {
+      const float v_nw = north && west ? src[at_nw + c] : 0.0f;
+      const float v_ne = north && east ? src[at_nw + 3 + c] : 0.0f;
+      const float v_sw = south && west ? src[at_sw + c] : 0.0f;
+      const float v_se = south && east ? src[at_sw + 3 + c] : 0.0f;
+      const float v = std::fma(v_se, se, std::fma(v_sw, sw, std::fma(v_ne, ne, v_nw * nw)));
+      out[c] = static_cast<uint8_t>(std::clamp(round_to_int(v), 0, 255));
+    }
+  });
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("fma"))) void grid_bilinear_fma(uint8_t* image, int height, int width,
+                                                      const std::array<double, 6>& matrix, const uint8_t* src) {
+  grid_bilinear_body(image, height, width, matrix, src);
+}
+#endif
+
+void grid_bilinear(uint8_t* image, int height, int width, const std::array<double, 6>& matrix,
+                   AugmentScratch& scratch) {
+  const uint8_t* src = copy_into(scratch, image, height, width);
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has_fma = __builtin_cpu_supports("fma") != 0;
+  if (has_fma) return grid_bilinear_fma(image, height, width, matrix, src);
+#endif
+  grid_bilinear_body(image, height, width, matrix, src);
+}
+
+void grid_sample(uint8_t* image, int height, int width, const std::array<double, 6>& matrix,
+                 InterpolationMode interpolation, AugmentScratch& scratch) {
+  if (interpolation == InterpolationMode::kBilinear) return grid_bilinear(image, height, width, matrix, scratch);
+  grid_nearest(image, height, width, matrix, scratch);
 }
 
 // out(y, x) = in(y - dy, x - dx), 0 outside.
@@ -420,6 +487,17 @@ AutoAugmentPolicy parse_auto_augment(std::string_view name) {
       name));
 }
 
+std::string_view to_string(InterpolationMode mode) {
+  return mode == InterpolationMode::kBilinear ? "bilinear" : "nearest";
+}
+
+InterpolationMode parse_interpolation(std::string_view name) {
+  for (auto m : {InterpolationMode::kNearest, InterpolationMode::kBilinear}) {
+    if (name == to_string(m)) return m;
+  }
+  throw std::invalid_argument(fmt::format("interpolation: unknown mode '{}' (expected nearest or bilinear)", name));
+}
+
 std::string to_string(const AugmentOptions& o) {
   std::string s;
   const auto add = [&s](const std::string& part) { s += (s.empty() ? "" : " ") + part; };
@@ -429,6 +507,9 @@ std::string to_string(const AugmentOptions& o) {
   }
   if (o.auto_augment == AutoAugmentPolicy::kRandAugment || o.auto_augment == AutoAugmentPolicy::kTrivialAugmentWide) {
     if (o.num_magnitude_bins != 31) add(fmt::format("num_magnitude_bins={}", o.num_magnitude_bins));
+  }
+  if (o.auto_augment != AutoAugmentPolicy::kNone && o.interpolation != InterpolationMode::kNearest) {
+    add(fmt::format("interpolation={}", to_string(o.interpolation)));
   }
   const ColorJitterOptions& j = o.color_jitter;
   if (j.enabled()) add(fmt::format("color_jitter={},{},{},{}", j.brightness, j.contrast, j.saturation, j.hue));
@@ -742,23 +823,25 @@ void invert(uint8_t* image, int height, int width) {
   for (size_t k = 0; k < n; ++k) image[k] = static_cast<uint8_t>(255 - image[k]);
 }
 
-void affine_nearest(uint8_t* image, int height, int width, double angle, double translate_x,
-                    double translate_y, double shear_x, double shear_y, bool center_top_left,
-                    AugmentScratch& scratch) {
+void affine(uint8_t* image, int height, int width, double angle, double translate_x, double translate_y,
+            double shear_x, double shear_y, bool center_top_left, InterpolationMode interpolation,
+            AugmentScratch& scratch) {
   if (angle == 0 && shear_x == 0 && shear_y == 0 && translate_x == std::trunc(translate_x) &&
       translate_y == std::trunc(translate_y) && std::abs(translate_x) < 1 << 20 && std::abs(translate_y) < 1 << 20) {
     // A whole-pixel translation: the float32 grid lands within rounding of the shifted pixel
-    // centres, far from any tie, so nearest sampling is the shift itself (the goldens check it).
+    // centres, far from any tie, so nearest sampling is the shift itself, and bilinear weights
+    // are within rounding of 1 and 0, which round to the same pixel (the goldens check both).
     return shift(image, height, width, static_cast<int>(translate_x), static_cast<int>(translate_y), scratch);
   }
   // affine_image: center [0, 0] becomes (0 - w/2, 0 - h/2) relative to the image centre.
   const double cx = center_top_left ? 0.0 - width * 0.5 : 0.0;
   const double cy = center_top_left ? 0.0 - height * 0.5 : 0.0;
-  grid_nearest(image, height, width,
-               inverse_affine_matrix(cx, cy, angle, translate_x, translate_y, shear_x, shear_y), scratch);
+  grid_sample(image, height, width, inverse_affine_matrix(cx, cy, angle, translate_x, translate_y, shear_x, shear_y),
+              interpolation, scratch);
 }
 
-void rotate_nearest(uint8_t* image, int height, int width, double angle, AugmentScratch& scratch) {
+void rotate(uint8_t* image, int height, int width, double angle, InterpolationMode interpolation,
+            AugmentScratch& scratch) {
   // rotate_image: angle % 360 (Python's modulo), transposes for the right angles, else the affine
   // grid with -angle.
   double a = std::fmod(angle, 360.0);
@@ -767,24 +850,25 @@ void rotate_nearest(uint8_t* image, int height, int width, double angle, Augment
   if (a == 180) return rot90(image, height, width, 2, scratch);
   if (height == width && a == 90) return rot90(image, height, width, 1, scratch);
   if (height == width && a == 270) return rot90(image, height, width, 3, scratch);
-  grid_nearest(image, height, width, inverse_affine_matrix(0, 0, -a, 0, 0, 0, 0), scratch);
+  grid_sample(image, height, width, inverse_affine_matrix(0, 0, -a, 0, 0, 0, 0), interpolation, scratch);
 }
 
 void apply_augment_op(AugmentOp op, double m, uint8_t* image, int height, int width,
-                      AugmentScratch& scratch) {
+                      InterpolationMode interpolation, AugmentScratch& scratch) {
+  const InterpolationMode mode = interpolation;
   switch (op) {
     case Op::kIdentity:
       return;
     case Op::kShearX:  // shear = degrees(atan(magnitude)), about the top-left corner
-      return affine_nearest(image, height, width, 0.0, 0, 0, degrees(std::atan(m)), 0.0, true, scratch);
+      return affine(image, height, width, 0.0, 0, 0, degrees(std::atan(m)), 0.0, true, mode, scratch);
     case Op::kShearY:
-      return affine_nearest(image, height, width, 0.0, 0, 0, 0.0, degrees(std::atan(m)), true, scratch);
+      return affine(image, height, width, 0.0, 0, 0, 0.0, degrees(std::atan(m)), true, mode, scratch);
     case Op::kTranslateX:  // translate = [int(magnitude), 0]
-      return affine_nearest(image, height, width, 0.0, std::trunc(m), 0, 0, 0, false, scratch);
+      return affine(image, height, width, 0.0, std::trunc(m), 0, 0, 0, false, mode, scratch);
     case Op::kTranslateY:
-      return affine_nearest(image, height, width, 0.0, 0, std::trunc(m), 0, 0, false, scratch);
+      return affine(image, height, width, 0.0, 0, std::trunc(m), 0, 0, false, mode, scratch);
     case Op::kRotate:
-      return rotate_nearest(image, height, width, m, scratch);
+      return rotate(image, height, width, m, mode, scratch);
     case Op::kBrightness:
       return adjust_brightness(image, height, width, 1.0 + m);
     case Op::kColor:
@@ -808,6 +892,7 @@ void apply_augment_op(AugmentOp op, double m, uint8_t* image, int height, int wi
 
 void plan_augment(const AugmentOptions& options, int height, int width, DrawSource& draws,
                   AugmentPlan& plan) {
+  plan.interpolation = options.interpolation;
   plan_color_jitter(options.color_jitter, draws, plan);
   plan_policy(options, height, width, draws, plan);
   plan_erasing(options, height, width, draws, plan);
@@ -834,7 +919,9 @@ void apply_augment(const AugmentPlan& plan, uint8_t* image, int height, int widt
       }
     }
   }
-  for (const AugmentStep& s : plan.steps) apply_augment_op(s.op, s.magnitude, image, height, width, scratch);
+  for (const AugmentStep& s : plan.steps) {
+    apply_augment_op(s.op, s.magnitude, image, height, width, plan.interpolation, scratch);
+  }
   if (plan.erase) {
     const size_t row = static_cast<size_t>(width) * 3;
     const size_t box_row = static_cast<size_t>(plan.erase_width) * 3;

@@ -71,7 +71,9 @@ class DataLoader:
             (seed, epoch, index), whatever the thread count.
         train: True: RandomResizedCrop(image_size, scale, ratio) + RandomHorizontalFlip()
             (torchvision's semantics); False: Resize(resize_size) + CenterCrop(image_size).
-        image_size: output height = width, pixels.
+        image_size: output height = width, pixels (train: of the first epoch; see set_image_size).
+        max_image_size: train only: the largest side ``set_image_size`` may set later
+            (progressive resizing); slots are allocated once for it. Default: image_size.
         scale, ratio: RandomResizedCrop's area fraction and aspect-ratio ranges.
         resize_size: eval only; default round(image_size * 256 / 224) (256 at 224), torchvision's
             ImageNet recipe.
@@ -97,8 +99,12 @@ class DataLoader:
         auto_augment: train only, per sample after the flip, with torchvision.transforms.v2's
             semantics and pixels: ``"ta_wide"`` (TrivialAugmentWide()), ``"ra"``
             (RandAugment(ra_num_ops, ra_magnitude)) or ``"imagenet"`` (AutoAugment's ImageNet
-            policy); NEAREST interpolation, fill 0 (the transforms' defaults). The names are
-            torchvision's references' ``--auto-augment`` values.
+            policy); fill 0 (the transforms' default). The names are torchvision's references'
+            ``--auto-augment`` values.
+        augment_interpolation: the policy's ``interpolation`` for its geometric ops (shears,
+            translations, rotations): ``"nearest"`` (torchvision's default) or ``"bilinear"``
+            (what the classification references pass, their ``--interpolation`` default); both
+            give torchvision's pixels exactly.
         ra_magnitude, ra_num_ops: RandAugment's magnitude (bin 0..30) and ops per sample.
         color_jitter: ColorJitter(brightness, contrast, saturation, hue) before the policy: one
             number b (= ColorJitter(b, b, b)) or four.
@@ -144,8 +150,8 @@ class DataLoader:
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  auto_augment: Optional[str] = None, ra_magnitude: int = 9, ra_num_ops: int = 2,
                  color_jitter: "float | Sequence[float] | None" = None, random_erase: float = 0.0,
-                 random_erase_value: "float | str" = 0.0,
-                 index_cache: Optional[str] = None):
+                 random_erase_value: "float | str" = 0.0, augment_interpolation: str = "nearest",
+                 max_image_size: Optional[int] = None, index_cache: Optional[str] = None):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {list(_DTYPES)}, not {dtype}")
         if memory_format not in (torch.contiguous_format, torch.channels_last):
@@ -190,7 +196,7 @@ class DataLoader:
             resize_size or 0, str(self.device), _DTYPES[dtype], memory_format == torch.channels_last,
             [float(m) for m in mean], [float(s) for s in std], on_error, max_skips, prefetch_depth,
             rank, world_size, auto_augment or "none", ra_num_ops, ra_magnitude, jitter,
-            float(random_erase), str(random_erase_value),
+            float(random_erase), str(random_erase_value), augment_interpolation, max_image_size or 0,
             "" if index_cache is None else os.fspath(index_cache))
         self._next_epoch = 0
         self._epoch = 0
@@ -206,6 +212,16 @@ class DataLoader:
     def __len__(self) -> int:
         """Batches per epoch for this rank (len(DataLoader))."""
         return self._c.num_batches()
+
+    def set_image_size(self, size: int) -> None:
+        """Progressive resizing (FFCV's ResNet recipe): the train crop side, pixels, of the epochs
+        started from the next ``iter(loader)`` on; batches become ``[N, 3, size, size]`` (or
+        ``[N, size, size, 3]`` for uint8). A resumed epoch gets the size set before its iter, so
+        set the schedule's size for that epoch before iterating (e.g. FFCV's train_imagenet.py
+        ``get_resolution(epoch)``; ``gpufeed train --min-res/--max-res`` implements it). Raises ValueError when size exceeds ``max_image_size`` (naming both),
+        when size < 1, or on an eval loader."""
+        self._c.set_image_size(int(size))
+        self.image_size = int(size)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration runs (DistributedSampler.set_epoch): its order and its

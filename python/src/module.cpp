@@ -150,10 +150,12 @@ loader::ErrorPolicy parse_policy(const std::string& name) {
 // std::invalid_argument, which nanobind raises as ValueError).
 loader::AugmentOptions augment_options(const std::string& auto_augment, int ra_num_ops, int ra_magnitude,
                                        std::array<float, 4> color_jitter, float random_erase,
-                                       const std::string& random_erase_value, std::array<float, 3> mean,
+                                       const std::string& random_erase_value,
+                                       const std::string& augment_interpolation, std::array<float, 3> mean,
                                        std::array<float, 3> std) {
   loader::AugmentOptions a;
   a.auto_augment = loader::parse_auto_augment(auto_augment);
+  a.interpolation = loader::parse_interpolation(augment_interpolation);
   a.ra_num_ops = ra_num_ops;
   a.ra_magnitude = ra_magnitude;
   a.color_jitter = {color_jitter[0], color_jitter[1], color_jitter[2], color_jitter[3]};
@@ -178,7 +180,8 @@ class PyLoader {
            std::array<float, 3> std, const std::string& on_error, int64_t max_skips,
            int prefetch_depth, int64_t rank, int64_t world_size, const std::string& auto_augment,
            int ra_num_ops, int ra_magnitude, std::array<float, 4> color_jitter, float random_erase,
-           const std::string& random_erase_value, const std::string& index_cache) {
+           const std::string& random_erase_value, const std::string& augment_interpolation,
+           int max_image_size, const std::string& index_cache) {
     device_ = c10::Device(device);
     if (!device_.is_cpu() && !device_.is_cuda())
       throw nb::value_error(("device must be 'cpu' or 'cuda[:N]', not '" + device + "'").c_str());
@@ -199,8 +202,10 @@ class PyLoader {
     o.transform.rrc.ratio_max = ratio.second;
     o.transform.flip_probability = flip_p;
     if (resize_size > 0) o.transform.eval.resize = resize_size;
+    o.max_image_size = max_image_size;
     if (train) o.transform.augment = augment_options(auto_augment, ra_num_ops, ra_magnitude, color_jitter,
-                                                     random_erase, random_erase_value, mean, std);
+                                                     random_erase, random_erase_value, augment_interpolation,
+                                                     mean, std);
     nb::gil_scoped_release nogil;  // listing a large tree and allocating slots take a while
     dataset_ = loader::open_dataset(path, {.index_cache = index_cache});
     sampler::DistributedSamplerOptions so;
@@ -301,6 +306,8 @@ class PyLoader {
   }
 
   int64_t num_batches() { return loader().num_batches(); }
+  void set_image_size(int size) { loader().set_image_size(size); }
+  int image_size() { return loader().image_size(); }
   std::pair<int64_t, int64_t> state() {
     const sampler::SamplerState s = loader().state();
     return {s.epoch, s.batches_consumed};
@@ -419,16 +426,19 @@ NB_MODULE(_C, m) {
       .def(nb::init<const std::string&, int64_t, bool, bool, int, uint64_t, bool, int, std::pair<float, float>,
                     std::pair<float, float>, float, int, const std::string&, const std::string&, bool,
                     std::array<float, 3>, std::array<float, 3>, const std::string&, int64_t, int, int64_t,
-                    int64_t, const std::string&, int, int, std::array<float, 4>, float, const std::string&, const std::string&>(),
+                    int64_t, const std::string&, int, int, std::array<float, 4>, float, const std::string&,
+                    const std::string&, int, const std::string&>(),
            "path"_a, "batch_size"_a, "shuffle"_a, "drop_last"_a, "num_workers"_a, "seed"_a, "train"_a,
            "image_size"_a, "scale"_a, "ratio"_a, "flip_p"_a, "resize_size"_a, "device"_a, "dtype"_a,
            "channels_last"_a, "mean"_a, "std"_a, "on_error"_a, "max_skips"_a, "prefetch_depth"_a, "rank"_a,
            "world_size"_a, "auto_augment"_a, "ra_num_ops"_a, "ra_magnitude"_a, "color_jitter"_a, "random_erase"_a,
-           "random_erase_value"_a, "index_cache"_a)
+           "random_erase_value"_a, "augment_interpolation"_a, "max_image_size"_a, "index_cache"_a)
       .def("close", &PyLoader::close)
       .def("start_epoch", &PyLoader::start_epoch, "epoch"_a, "start_batch"_a)
       .def("next", &PyLoader::next, "slice_s"_a)
       .def("num_batches", &PyLoader::num_batches)
+      .def("set_image_size", &PyLoader::set_image_size, "size"_a)
+      .def("image_size", &PyLoader::image_size)
       .def("state", &PyLoader::state)
       .def("sampler_indices", &PyLoader::sampler_indices, "epoch"_a)
       .def("sampler_size", &PyLoader::sampler_size)

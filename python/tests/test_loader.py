@@ -52,7 +52,8 @@ def test_batches_equal_cli_loader_byte_for_byte(tmp_path, folder, gpufeed_cli, t
       "--random-erase", "1", "--random-erase-value", "random"],
      dict(auto_augment="ra", ra_magnitude=15, ra_num_ops=3, color_jitter=(0.3, 0.2, 0.4, 0.1), random_erase=1.0,
           random_erase_value="random")),
-    (["--auto-augment", "imagenet", "--color-jitter", "0.4"], dict(auto_augment="imagenet", color_jitter=0.4)),
+    (["--auto-augment", "imagenet", "--augment-interpolation", "bilinear", "--color-jitter", "0.4"],
+     dict(auto_augment="imagenet", augment_interpolation="bilinear", color_jitter=0.4)),
 ])
 def test_augmented_batches_equal_cli_loader_byte_for_byte(tmp_path, folder, gpufeed_cli, flags, kwargs):
     """The augmentation keywords mean what the CLI's flags of the same names mean: the same bytes
@@ -71,9 +72,31 @@ def test_augmented_batches_equal_cli_loader_byte_for_byte(tmp_path, folder, gpuf
     assert not np.array_equal(torch.cat([b[0] for b in epoch_batches(plain)]).numpy(), cpp)
 
 
+def test_set_image_size_gives_the_next_epochs_the_loader_of_that_size(folder):
+    """Progressive resizing: after set_image_size(48) the next epoch equals, byte for byte, the
+    same epoch of a loader built at 48 (the crop draws do not depend on the size); the epoch
+    before it keeps 32. Above max_image_size is a ValueError naming both sizes."""
+    common = dict(batch_size=5, num_workers=2, shuffle=True, seed=7, dtype=torch.uint8, auto_augment="ta_wide")
+    ramp = gpufeed.DataLoader(folder, image_size=32, max_image_size=48, **common)
+    first = epoch_batches(ramp)
+    assert first[0][0].shape == (5, 32, 32, 3)
+    ramp.set_image_size(48)
+    second = torch.cat([b[0] for b in epoch_batches(ramp)])
+    fixed = gpufeed.DataLoader(folder, image_size=48, **common)
+    fixed.set_epoch(1)
+    assert second.shape == (27, 48, 48, 3)
+    assert torch.equal(second, torch.cat([b[0] for b in epoch_batches(fixed)]))
+    with pytest.raises(ValueError, match="64.*48|48.*64"):
+        ramp.set_image_size(64)
+    with pytest.raises(ValueError):
+        gpufeed.DataLoader(folder, train=False, image_size=32).set_image_size(40)
+
+
 def test_bad_augmentation_options_raise_naming_them(folder, gpufeed_cli):
     with pytest.raises(ValueError, match="auto_augment"):
         gpufeed.DataLoader(folder, auto_augment="augmix")
+    with pytest.raises(ValueError, match="interpolation.*bicubic"):
+        gpufeed.DataLoader(folder, auto_augment="ta_wide", augment_interpolation="bicubic")
     with pytest.raises(ValueError, match="ra_magnitude"):
         gpufeed.DataLoader(folder, auto_augment="ra", ra_magnitude=31)
     with pytest.raises(ValueError, match="color_jitter"):

@@ -2,7 +2,8 @@
 
 - ops: every op of the auto-augment family through torchvision's own
   _AutoAugmentBase._apply_image_or_video_transform (NEAREST, fill None = 0, as
-  TrivialAugmentWide/RandAugment/AutoAugment call it) over a grid of magnitudes, plus the
+  TrivialAugmentWide/RandAugment/AutoAugment call it, and BILINEAR for the geometric ops, as
+  the classification references call them) over a grid of magnitudes, plus the
   functional colour ops at ColorJitter-like factors, on uint8 [3, H, W] tensors made here.
   Inputs and outputs are written as raw [H, W, 3] uint8 files.
 - magnitudes: each policy's _AUGMENTATION_SPACE tables as torch computes them (float32).
@@ -22,6 +23,8 @@ from torchvision.transforms.v2 import _augment, _auto_augment, _color, _transfor
 from draw_recorder import DrawRecorder
 
 NEAREST = T.InterpolationMode.NEAREST
+BILINEAR = T.InterpolationMode.BILINEAR
+GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 
@@ -58,13 +61,15 @@ def _op_cases(out, images):
     cases = []
     k = 0
 
-    def add(name, img, op, magnitude, result, fn=None):
+    def add(name, img, op, magnitude, result, fn=None, interpolation=None):
         nonlocal k
         path = out / f"op{k}.rgb"
         path.write_bytes(_hwc(result))
         case = {"image": name, "op": op, "magnitude": magnitude, "output": str(path)}
         if fn is not None:
             case["fn"] = fn
+        if interpolation is not None:
+            case["interpolation"] = interpolation
         cases.append(case)
         k += 1
 
@@ -92,6 +97,9 @@ def _op_cases(out, images):
             for m in sorted(mags):
                 res = ta._apply_image_or_video_transform(img, op, m, interpolation=NEAREST, fill=ta._fill)
                 add(name, img, op, m, res)
+                if op in GEOMETRIC:  # the references' interpolation=BILINEAR
+                    res = ta._apply_image_or_video_transform(img, op, m, interpolation=BILINEAR, fill=ta._fill)
+                    add(name, img, op, m, res, interpolation="bilinear")
         # ColorJitter's functional ops at factors of its ranges (brightness/contrast/saturation
         # 0.4 -> [0.6, 1.4], hue 0.1 -> [-0.1, 0.1]) and the extremes.
         for f in (0.0, 0.6, 0.8123, 1.0, 1.2345, 1.4, 2.5):
@@ -139,6 +147,10 @@ def _replays(out, images):
         ("ra3_m15", {"auto_augment": "ra", "ra_num_ops": 3, "ra_magnitude": 15},
          T.RandAugment(num_ops=3, magnitude=15)),
         ("imagenet", {"auto_augment": "imagenet"}, T.AutoAugment(T.AutoAugmentPolicy.IMAGENET)),
+        ("ta_wide_bilinear", {"auto_augment": "ta_wide", "interpolation": "bilinear"},
+         T.TrivialAugmentWide(interpolation=BILINEAR)),
+        ("imagenet_bilinear", {"auto_augment": "imagenet", "interpolation": "bilinear"},
+         T.AutoAugment(T.AutoAugmentPolicy.IMAGENET, interpolation=BILINEAR)),
         ("jitter", {"color_jitter": [0.4, 0.4, 0.4, 0.0]}, T.ColorJitter(0.4, 0.4, 0.4)),
         ("jitter_hue", {"color_jitter": [0.3, 0.0, 0.5, 0.1]}, T.ColorJitter(0.3, 0.0, 0.5, 0.1)),
     ]

@@ -8,7 +8,8 @@
 // torchvision.transforms.v2.functional's uint8 tensor kernel (torchvision 0.26 on torch 2.11's CPU
 // kernels), including its float32 arithmetic where it has some: the same float32 operations in
 // the same order, fused multiply-adds where ATen's vectorised kernels fuse (blends, linspace),
-// the affine grid's unfused (x a + y b) + c, grid_sample's round-half-even. The golden test
+// the affine grid's unfused (x a + y b) + c, grid_sample's round-half-even (and, for bilinear,
+// its fused location and tap accumulation). The golden test
 // (tests/test_augment.cpp, goldens made at test time by tests/goldens/gen_augment.py) holds every
 // op to torchvision's output with no tolerance, every pixel, over a grid of magnitudes and images
 // (non-square, 224x224, low-contrast), and the whole transforms replayed on torchvision's draws.
@@ -92,6 +93,7 @@ struct AugmentStep {
 /// Everything drawn for one sample's augmentations; apply_augment replays it. Buffers keep their
 /// capacity across samples (the loader keeps one plan per thread).
 struct AugmentPlan {
+  InterpolationMode interpolation = InterpolationMode::kNearest;  ///< the policy's geometric ops
   bool color_jitter = false;
   std::array<int, 4> jitter_order{0, 1, 2, 3};  ///< 0 brightness, 1 contrast, 2 saturation, 3 hue
   std::array<double, 4> jitter_factor{};         ///< per adjustment; unused when switched off
@@ -145,20 +147,22 @@ void autocontrast(uint8_t* image, int height, int width);
 void equalize(uint8_t* image, int height, int width);
 /// invert: 255 - x.
 void invert(uint8_t* image, int height, int width);
-/// F.affine(image, angle, [translate_x, translate_y], scale=1, [shear_x, shear_y], NEAREST,
-/// fill=0, center) with angle and shears in degrees, translations in pixels, and center = [0, 0]
+/// F.affine(image, angle, [translate_x, translate_y], scale=1, [shear_x, shear_y], interpolation,
+/// fill=None, center) with angle and shears in degrees, translations in pixels, and center = [0, 0]
 /// (the top-left corner, as the auto-augment shears use) when `center_top_left`, else None (the
-/// image centre).
-void affine_nearest(uint8_t* image, int height, int width, double angle, double translate_x,
-                    double translate_y, double shear_x, double shear_y, bool center_top_left,
-                    AugmentScratch& scratch);
-/// rotate(image, angle, NEAREST, expand=False, fill=0) about the centre, angle in degrees,
-/// counter-clockwise; 0/180 (and 90/270 on square images) are exact transposes as in torchvision.
-void rotate_nearest(uint8_t* image, int height, int width, double angle, AugmentScratch& scratch);
+/// image centre). Pixels mapped from outside the image are 0 (bilinear blends them in as 0).
+void affine(uint8_t* image, int height, int width, double angle, double translate_x, double translate_y,
+            double shear_x, double shear_y, bool center_top_left, InterpolationMode interpolation,
+            AugmentScratch& scratch);
+/// rotate(image, angle, interpolation, expand=False, fill=None) about the centre, angle in
+/// degrees, counter-clockwise; 0/180 (and 90/270 on square images) are exact transposes as in
+/// torchvision.
+void rotate(uint8_t* image, int height, int width, double angle, InterpolationMode interpolation,
+            AugmentScratch& scratch);
 
-/// torchvision's _AutoAugmentBase._apply_image_or_video_transform(op, magnitude) with
-/// interpolation NEAREST and fill 0 (the defaults of TrivialAugmentWide/RandAugment/AutoAugment).
+/// torchvision's _AutoAugmentBase._apply_image_or_video_transform(op, magnitude, interpolation,
+/// fill=None) (fill None: 0, the default of TrivialAugmentWide/RandAugment/AutoAugment).
 void apply_augment_op(AugmentOp op, double magnitude, uint8_t* image, int height, int width,
-                      AugmentScratch& scratch);
+                      InterpolationMode interpolation, AugmentScratch& scratch);
 
 }  // namespace gpufeed::loader

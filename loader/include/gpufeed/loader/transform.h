@@ -98,6 +98,19 @@ std::string_view to_string(AutoAugmentPolicy policy);
 /// ("augmix", "cifar10" and "svhn" of the references are not provided).
 AutoAugmentPolicy parse_auto_augment(std::string_view name);
 
+/// How the auto-augment policies' geometric ops (ShearX/Y, TranslateX/Y, Rotate) sample:
+/// torchvision's InterpolationMode. NEAREST is the policies' default; the classification
+/// references pass --interpolation (default bilinear) to them.
+enum class InterpolationMode : uint8_t {
+  kNearest,   ///< "nearest": exact to torchvision's pixels
+  kBilinear,  ///< "bilinear": grid_sample(bilinear) in float32, rounded (augment.h)
+};
+
+/// "nearest", "bilinear".
+std::string_view to_string(InterpolationMode mode);
+/// Parses the names above; throws std::invalid_argument naming the accepted values otherwise.
+InterpolationMode parse_interpolation(std::string_view name);
+
 /// torchvision.transforms.v2.ColorJitter(brightness, contrast, saturation, hue) with single
 /// numbers: brightness/contrast/saturation factors uniform in [max(0, 1 - v), 1 + v], hue in
 /// [-hue, hue]. 0 switches a factor off (no draw), as in torchvision.
@@ -133,6 +146,8 @@ struct AugmentOptions {
   int ra_num_ops = 2;              ///< RandAugment num_ops, >= 0
   int ra_magnitude = 9;            ///< RandAugment magnitude, the bin in [0, num_magnitude_bins)
   int num_magnitude_bins = 31;     ///< RandAugment/TrivialAugmentWide num_magnitude_bins, >= 2
+  /// The policies' `interpolation` (their geometric ops); torchvision's default NEAREST.
+  InterpolationMode interpolation = InterpolationMode::kNearest;
   ColorJitterOptions color_jitter{};
   RandomErasingOptions random_erasing{};
   /// The Normalize that follows in the prefetcher (ImageNet's by default); only RandomErasing's
