@@ -614,6 +614,52 @@ TEST(Train, ProgressiveResizingLogsEachEpochsImageSize) {
       << read_text(dir.path / "both.log");
 }
 
+// Both presets train on the CPU: each expands to its documented flags (printed), runs two short
+// epochs of a synthetic ImageFolder at a small size (the sizes and the schedule's length given
+// explicitly, which the presets keep), validates, and ends with finite losses. torchvision-v2
+// runs TrivialAugmentWide with bilinear geometric ops, RandomErasing, MixUp/CutMix, the RA
+// sampler and EMA (its EMA line); ffcv-rn50 its resolution ramp and flip-averaged validation.
+TEST(Train, BothRecipesTrainTwoEpochsOfASyntheticFolderOnTheCpu) {
+  TempDir dir("recipes");
+  // 264 training images: the RA sampler keeps n // 256 * 256 per epoch, so at least 256.
+  loader::SyntheticOptions so;
+  so.num_classes = 4;
+  so.images_per_class = 66;
+  so.min_size = 36;
+  so.max_size = 56;
+  const fs::path data = dir.path / "train";
+  loader::write_synthetic_image_folder(data, so);
+  const fs::path val = tiny_dataset(dir.path / "val");
+  const std::string common = " --data " + data.string() + " --val-data " + val.string() +
+                             " --arch resnet18 --epochs 2 --batch-size 8 --num-workers 1 --progress off "
+                             "--distributed off --max-steps-per-epoch 2";
+  const fs::path v2 = dir.path / "v2.log";
+  ASSERT_EQ(run(kEnv + kGpufeed + " train --recipe torchvision-v2" + common +
+                    " --warmup-epochs 1 --train-crop-size 32 --val-resize-size 37 --val-crop-size 32 --model-ema-steps 1",
+                v2),
+            0)
+      << read_text(v2);
+  std::string log = read_text(v2);
+  for (const char* want : {"recipe torchvision-v2 (", " --auto-augment ta_wide --augment-interpolation bilinear "
+                           "--random-erase 0.1", " --mixup-alpha 0.2 --cutmix-alpha 1.0", " --ra-sampler --ra-reps 4",
+                           "epoch 1/2  image size 32  loss", "epoch 2/2  image size 32  loss", "epoch 2/2  EMA  val_loss"}) {
+    EXPECT_NE(log.find(want), std::string::npos) << want << "\n" << log;
+  }
+  EXPECT_EQ(log.find("nan"), std::string::npos) << log;
+  const fs::path ffcv = dir.path / "ffcv.log";
+  ASSERT_EQ(run(kEnv + kGpufeed + " train --recipe ffcv-rn50" + common +
+                    " --min-res 32 --max-res 64 --start-ramp 0 --end-ramp 1 --val-crop-size 32 --lr-peak-epoch 1",
+                ffcv),
+            0)
+      << read_text(ffcv);
+  log = read_text(ffcv);
+  for (const char* want : {"recipe ffcv-rn50 (", " --lr-schedule triangular", " --val-flip-average",
+                           "epoch 1/2  image size 32  loss", "epoch 2/2  image size 64  loss", "val_top1"}) {
+    EXPECT_NE(log.find(want), std::string::npos) << want << "\n" << log;
+  }
+  EXPECT_EQ(log.find("nan"), std::string::npos) << log;
+}
+
 namespace {
 
 // Two Gloo ranks in this process (threads), each running `body(rank, group)`; failures in

@@ -15,6 +15,16 @@ same recipe: RandomResizedCrop + RandomHorizontalFlip for training, Resize + Cen
 validation, ImageNet mean/std, DistributedSampler(shuffle=True, seed) with set_epoch. Both run
 under gpufeed.profile, so every epoch prints throughput and data wait like `gpufeed train`, and
 the run ends with its step breakdown and verdict (--metrics/--trace write the files).
+
+The torchvision references' recipe flags, same names: --auto-augment ta_wide|ra|imagenet (with
+--interpolation for its geometric ops), --random-erase P, --label-smoothing, --mixup-alpha and
+--cutmix-alpha (torchvision.transforms.v2.MixUp/CutMix, one of them per batch, on the device
+batch). With --loader gpufeed the per-sample ones run on gpufeed's threads (DataLoader keywords
+auto_augment, augment_interpolation, random_erase); with --loader torch in torchvision's
+transforms. E.g. the V2 recipe's data side:
+
+    .venv/bin/python examples/python/train_imagenet.py --data DIR --auto-augment ta_wide \
+        --random-erase 0.1 --label-smoothing 0.1 --mixup-alpha 0.2 --cutmix-alpha 1.0 --image-size 176
 """
 import argparse
 import math
@@ -53,6 +63,14 @@ def parse_args():
     p.add_argument("--trace", help="gpufeed.profile's Chrome trace")
     p.add_argument("--checkpoint", help="write the final model state_dict here (rank 0)")
     p.add_argument("--no-val", action="store_true", help="skip validation")
+    # torchvision's classification references' recipe flags
+    p.add_argument("--auto-augment", choices=("ta_wide", "ra", "imagenet"), help="per-sample policy after the flip")
+    p.add_argument("--interpolation", choices=("nearest", "bilinear"), default="bilinear",
+                   help="the policy's geometric ops (the references' default: bilinear)")
+    p.add_argument("--random-erase", type=float, default=0.0, help="RandomErasing probability")
+    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--mixup-alpha", type=float, default=0.0)
+    p.add_argument("--cutmix-alpha", type=float, default=0.0)
     return p.parse_args()
 
 
@@ -80,12 +98,23 @@ def make_loaders(args, device, rank, world_size):
         common = dict(batch_size=args.batch_size, num_workers=args.workers, image_size=args.image_size,
                       device=device, dtype=torch.float32, memory_format=memory_format, seed=args.seed,
                       rank=rank, world_size=world_size)
-        train = gpufeed.DataLoader(train_dir, shuffle=True, train=True, **common)
+        train = gpufeed.DataLoader(train_dir, shuffle=True, train=True, auto_augment=args.auto_augment,
+                                   augment_interpolation=args.interpolation, random_erase=args.random_erase,
+                                   **common)
         val = None if args.no_val else gpufeed.DataLoader(val_dir, shuffle=False, train=False, **common)
         return train, val, len(train.classes)
     normalize = T.Normalize(mean=gpufeed._loader.IMAGENET_MEAN, std=gpufeed._loader.IMAGENET_STD)
-    train_set = torchvision.datasets.ImageFolder(train_dir, T.Compose([
-        T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip(), T.ToTensor(), normalize]))
+    train_tf = [T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip()]
+    if args.auto_augment:  # as the references' ClassificationPresetTrain
+        mode = T.InterpolationMode(args.interpolation)
+        train_tf.append({"ta_wide": lambda: T.TrivialAugmentWide(interpolation=mode),
+                         "ra": lambda: T.RandAugment(interpolation=mode),
+                         "imagenet": lambda: T.AutoAugment(T.AutoAugmentPolicy.IMAGENET, interpolation=mode)}
+                        [args.auto_augment]())
+    train_tf += [T.ToTensor(), normalize]
+    if args.random_erase > 0:
+        train_tf.append(T.RandomErasing(p=args.random_erase))
+    train_set = torchvision.datasets.ImageFolder(train_dir, T.Compose(train_tf))
     sampler = torch.utils.data.DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                                   seed=args.seed)
     pin = device.type == "cuda"
@@ -132,15 +161,28 @@ def all_sum(values, device):
     return t.tolist()
 
 
-def train_one_epoch(prof, model, criterion, optimizer, scaler, args, device, epoch):
+def batch_mix(args, num_classes):
+    """The references' MixUp/CutMix: one of them per batch (RandomChoice) with soft targets."""
+    from torchvision.transforms import v2
+    mixes = []
+    if args.mixup_alpha > 0:
+        mixes.append(v2.MixUp(alpha=args.mixup_alpha, num_classes=num_classes))
+    if args.cutmix_alpha > 0:
+        mixes.append(v2.CutMix(alpha=args.cutmix_alpha, num_classes=num_classes))
+    return v2.RandomChoice(mixes) if mixes else None
+
+
+def train_one_epoch(prof, model, criterion, optimizer, scaler, args, device, epoch, mix):
     model.train()
     amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
     loss_sum = correct = seen = 0.0
     for step, (images, labels) in enumerate(prof):
         images, labels = to_device(images, labels, device, args.channels_last)
+        # soft targets [N, classes] when mixing; accuracy stays on the hard labels
+        images, targets = mix(images, labels) if mix is not None else (images, labels)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=args.amp):
             output = model(images)
-            loss = criterion(output, labels)
+            loss = criterion(output, targets)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         prof.phase("forward_backward")  # DDP's all-reduce overlaps backward; it ends in here
@@ -182,7 +224,8 @@ def main():
         model = model.to(memory_format=torch.channels_last)
     if world_size > 1:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    criterion = nn.CrossEntropyLoss().to(device)
+    criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing).to(device)
+    mix = batch_mix(args, num_classes)
     lr = args.lr * args.batch_size * world_size / 256
     optimizer = torch.optim.SGD(model.parameters(), lr, momentum=args.momentum, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
@@ -197,7 +240,7 @@ def main():
     for epoch in range(args.epochs):
         set_epoch(train_loader, epoch)
         t0 = time.perf_counter()
-        loss_sum, correct, seen = train_one_epoch(prof, model, criterion, optimizer, scaler, args, device, epoch)
+        loss_sum, correct, seen = train_one_epoch(prof, model, criterion, optimizer, scaler, args, device, epoch, mix)
         seconds = time.perf_counter() - t0
         lr_now = scheduler.get_last_lr()[0]
         scheduler.step()

@@ -17,13 +17,17 @@ def imagenet_like(tmp_path_factory):
     return root
 
 
+# gpufeed's run also turns on the references' recipe flags (augmentation on gpufeed's threads,
+# MixUp/CutMix and label smoothing in the loop); torch's runs the plain recipe.
 @pytest.mark.parametrize("loader", ["gpufeed", "torch"])
 def test_example_torchrun_gloo(tmp_path, imagenet_like, loader):
+    recipe = ["--auto-augment", "ta_wide", "--random-erase", "0.5", "--label-smoothing", "0.1", "--mixup-alpha",
+              "0.2", "--cutmix-alpha", "1.0"] if loader == "gpufeed" else []
     metrics = tmp_path / "metrics.jsonl"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(ROOT / "examples" / "python" / "train_imagenet.py"), "--data", str(imagenet_like), "--device", "cpu",
            "--loader", loader, "--arch", "resnet18", "--epochs", "2", "--batch-size", "4", "--image-size", "32",
-           "--workers", "1", "--metrics", str(metrics), "--checkpoint", str(tmp_path / "model.pt")]
+           "--workers", "1", "--metrics", str(metrics), "--checkpoint", str(tmp_path / "model.pt")] + recipe
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
