@@ -1406,6 +1406,39 @@ TEST(Fallback, BmpWebpPnmTiffDecodeToRgb) {
   EXPECT_EQ(max_abs_diff(out, rgb), 0);
 }
 
+// Binary 8-bit PPM (what `gpufeed pack --raw-budget` stores) is read by copying the crop's rows
+// straight from the input: the same pixels as the whole image, any crop, and a short file is
+// kTruncated; P6 with another maxval still goes through the scaling path.
+TEST(Fallback, BinaryPpmCropsCopyTheRowsExactly) {
+  const int w = 37, h = 23;
+  const Bytes px = test_pattern(w, h, 7);
+  const std::string header = "P6\n# comment\n" + std::to_string(w) + " " + std::to_string(h) + "\n255\n";
+  Bytes ppm(header.begin(), header.end());
+  ppm.insert(ppm.end(), px.begin(), px.end());
+  ImageBuffer out;
+  decode(ppm, out);
+  EXPECT_EQ(max_abs_diff(out, from_rgb(px, w, h)), 0);
+  DecodeOptions o;
+  o.crop = {5, 3, 20, 11};
+  decode(ppm, out, o);
+  ASSERT_EQ(out.width, 20);
+  ASSERT_EQ(out.height, 11);
+  for (int y = 0; y < 11; ++y)
+    EXPECT_EQ(std::memcmp(out.row(y), &px[(static_cast<size_t>(y + 3) * w + 5) * 3], 20 * 3), 0) << y;
+  Bytes cut(ppm.begin(), ppm.end() - 1);
+  const auto e = error_of([&] { decode(cut, out); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::kTruncated);
+  // maxval 127: scaled (v * 255 / 127, rounded), not copied.
+  const std::string h127 = "P6\n1 1\n127\n";
+  Bytes small(h127.begin(), h127.end());
+  small.insert(small.end(), {127, 0, 64});
+  decode(small, out);
+  EXPECT_EQ(out.pixels[0], 255);
+  EXPECT_EQ(out.pixels[1], 0);
+  EXPECT_EQ(out.pixels[2], 129);  // 64 * 255 / 127 = 128.5..., rounds to 129
+}
+
 TEST(Fallback, TopDownBmpDecodesUpright) {
   const int w = 12, h = 9;
   const Bytes px = test_pattern(w, h);

@@ -223,6 +223,17 @@ void WholeImageDecoder::decode_pnm(std::span<const uint8_t> b, std::string_view 
   const bool bits = header.kind == '1' || header.kind == '4';
   const uint32_t maxval = header.maxval;
   const size_t full_stride = static_cast<size_t>(w) * 3;
+  if (header.kind == '6' && maxval == 255) {
+    // Binary RGB at 8 bits (what `gpufeed pack --raw-budget` stores): the samples are the pixels,
+    // so the crop's rows are copied straight from the input, no scratch image, no per-byte work.
+    const size_t pos = header.data_offset;
+    if (pos > b.size() || full_stride * static_cast<size_t>(h) > b.size() - pos)
+      fail(ErrorKind::kTruncated, source,
+           fmt::format("PNM pixel data needs {} bytes, the input has {}", pos + full_stride * static_cast<size_t>(h),
+                       b.size()));
+    copy_region(b.data() + pos, full_stride, crop, out);
+    return;
+  }
   if (scratch_.size() < full_stride * static_cast<size_t>(h)) scratch_.resize(full_stride * static_cast<size_t>(h));
   uint8_t* image = scratch_.data();
   const auto scale = [&](uint32_t v) {
