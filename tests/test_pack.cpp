@@ -377,6 +377,50 @@ TEST(Pack, ManifestRecordsShardsTotalsAndOptions) {
   EXPECT_EQ(m["totals"]["shards"], r.shards.size());
 }
 
+// --reencode (FFCV's write_mode="jpg"): every image becomes a JPEG at the quality, resized only
+// above max_side, same size otherwise, close to the source's pixels; recorded in the manifest.
+TEST(Pack, ReencodeMakesEveryImageAJpeg) {
+  TempDir dir("pack_reencode");
+  const fs::path src = make_folder(dir.path / "src");
+  const ImageFolder folder(src, {.index_cache = "off"});
+  PackOptions o = small_shards();
+  o.reencode = true;
+  const PackResult r = pack_dataset(folder, src, dir.path / "out", o);
+  EXPECT_EQ(r.reencoded, folder.size());
+  EXPECT_EQ(r.copied, 0);
+  const TarShards shards(shard_files(dir.path / "out", r), dir.path / "out", {.index_cache = "off"});
+  ASSERT_EQ(shards.size(), folder.size());
+  decode::Decoder decoder;
+  int64_t kept_size = 0;
+  for (int64_t i = 0; i < folder.size(); ++i) {
+    const std::string member(shards.at(i).member);
+    EXPECT_EQ(member.substr(member.size() - 4), ".jpg") << member;
+    Bytes packed, source;
+    read_sample(shards.at(i), packed);
+    read_sample(folder.at(i), source);
+    EXPECT_EQ(decode::probe(packed, member).format, decode::ImageFormat::kJpeg) << member;
+    EXPECT_NE(packed, source) << member;
+    decode::ImageBuffer got, whole;
+    decoder.decode(packed, member, {}, got);
+    decoder.decode(source, folder.at(i).path, {}, whole);
+    if (std::max(whole.width, whole.height) > o.max_side) {
+      EXPECT_EQ(std::max(got.width, got.height), o.max_side) << member;
+      continue;
+    }
+    ASSERT_EQ(got.width, whole.width) << member;
+    ASSERT_EQ(got.height, whole.height) << member;
+    double diff = 0;
+    for (size_t k = 0; k < got.pixels.size(); ++k) diff += std::abs(int{got.pixels[k]} - int{whole.pixels[k]});
+    const bool is_png = decode::probe(source, folder.at(i).path).format == decode::ImageFormat::kPng;
+    EXPECT_LT(diff / static_cast<double>(got.pixels.size()), is_png ? 12.0 : 6.0) << member;
+    ++kept_size;
+  }
+  EXPECT_GE(kept_size, 3);
+  const auto m = nlohmann::json::parse(gpufeed::test::read_text(dir.path / "out" / "manifest.json"));
+  EXPECT_EQ(m["options"]["reencode"], true);
+  EXPECT_EQ(m["totals"]["reencoded"], folder.size());
+}
+
 // Test 6: existing output is refused without overwrite; with it, an older longer set is replaced.
 TEST(Pack, ExistingShardsRefusedUnlessOverwrite) {
   TempDir dir("pack_refuse");
@@ -501,6 +545,19 @@ TEST(Pack, RawBudgetStoresTheBestPayingSamplesAsPpm) {
       if (score(u) > score(p)) {
         EXPECT_GT(models[static_cast<size_t>(u)].extra, r.raw_budget - r.raw_extra) << u;
       }
+
+  // A sample not stored raw is the member the pack without a budget writes (the JPEG the first
+  // pass encoded and kept, or a fresh encode: the same bytes), resized ones included.
+  int64_t unpicked_resized = 0;
+  for (const int64_t u : unpicked) {
+    Bytes a, b, source;
+    read_sample(shards.at(u), a);
+    read_sample(plain.at(u), b);
+    read_sample(folder.at(u), source);
+    EXPECT_EQ(a, b) << u;
+    unpicked_resized += a != source;
+  }
+  EXPECT_GE(unpicked_resized, 1);
 
   o.num_workers = 3;
   o.chunk_samples = 4;

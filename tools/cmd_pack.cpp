@@ -76,6 +76,9 @@ Run add_pack(CLI::App& app) {
       ->capture_default_str()->check(kAtLeastZero);
   app.add_option("--quality", a->o.quality, "JPEG quality of re-encoded images")
       ->capture_default_str()->check(CLI::Range(1, 100));
+  app.add_flag("--reencode", a->o.reencode,
+               "re-encode every image as JPEG at --quality, resized or not (FFCV's write_mode=\"jpg\"); "
+               "without it, images within --max-side are copied byte for byte");
   app.add_option("--num-workers", a->o.num_workers, "decode/resize/encode threads (0 = all); the output is the same for any count")
       ->capture_default_str()->check(kAtLeastZero);
   app.add_option("--on-error", a->on_error,

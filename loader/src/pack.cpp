@@ -11,6 +11,7 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -18,6 +19,7 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
@@ -227,7 +229,7 @@ void process(const Dataset& dataset, int64_t i, const PackOptions& o, bool raw, 
     d.crop = {};
     d.apply_exif_orientation = false;
     const bool resize = o.max_side > 0 && std::max(info.width, info.height) > o.max_side;
-    if (!resize && !raw) {
+    if (!resize && !raw && !o.reencode) {
       // Validation only: at 1/8 a JPEG's entropy data is still decoded whole.
       d.scale = decode::ScaleFactor{info.format == decode::ImageFormat::kJpeg ? 1 : 8};
       st.decoder.decode(st.bytes, st.source, d, st.image);
@@ -273,7 +275,14 @@ void process(const Dataset& dataset, int64_t i, const PackOptions& o, bool raw, 
 struct RawPlan {
   std::vector<char> pick;  // per sample
   int64_t budget = 0, extra = 0;
+  // What the first pass made of the samples it encoded to learn their JPEG size (resized ones;
+  // every one with reencode): the JPEG (`encoded`) and the PPM of the same pixels (`ppm`), kept
+  // up to kPlanKeepBytes in all, so that the main pass writes the one the plan chose instead of
+  // decoding, resizing and encoding again (the same bytes: both are deterministic). Once the
+  // choice is made only the chosen form is kept; empty where not kept.
+  std::vector<std::unique_ptr<Item>> encoded, ppm;
 };
+constexpr int64_t kPlanKeepBytes = int64_t{512} << 20;
 
 RawPlan plan_raw(const Dataset& dataset, const PackOptions& o, tbb::task_arena& arena,
                  tbb::enumerable_thread_specific<WorkerState>& states) {
@@ -283,6 +292,8 @@ RawPlan plan_raw(const Dataset& dataset, const PackOptions& o, tbb::task_arena& 
   };
   const int64_t n = dataset.size();
   std::vector<Model> models(static_cast<size_t>(n));
+  std::vector<std::unique_ptr<Item>> kept(static_cast<size_t>(n)), kept_ppm(static_cast<size_t>(n));
+  std::atomic<int64_t> kept_bytes{0};
   arena.execute([&] {
     detail::parallel_for_ordered(tbb::blocked_range<int64_t>(0, n, 1), [&](const tbb::blocked_range<int64_t>& range) {
       std::vector<uint8_t> bytes;
@@ -299,12 +310,27 @@ RawPlan plan_raw(const Dataset& dataset, const PackOptions& o, tbb::task_arena& 
           const auto [w, h] = resize ? target_size(info.width, info.height, o.max_side) : std::pair{info.width, info.height};
           m.pixels = int64_t{w} * h;
           m.jpeg = static_cast<int64_t>(bytes.size());
-          if (resize) {  // the re-encoded JPEG's size: encode it
-            process(dataset, i, o, /*raw=*/false, states.local(), encoded);
+          const std::string header = ppm_header(w, h);
+          const int64_t ppm = static_cast<int64_t>(header.size()) + 3 * m.pixels;
+          if (resize || o.reencode) {  // the re-encoded JPEG's size: encode it
+            WorkerState& st = states.local();
+            process(dataset, i, o, /*raw=*/false, st, encoded);
             if (encoded.error) continue;
             m.jpeg = static_cast<int64_t>(encoded.bytes.size());
+            if (kept_bytes.fetch_add(m.jpeg + ppm) + m.jpeg + ppm <= kPlanKeepBytes) {
+              // The pixels process() encoded: the resize's output, or the whole decode.
+              const uint8_t* pixels = resize ? st.resized.data() : st.image.pixels.data();
+              auto raw = std::make_unique<Item>();
+              raw->bytes.reserve(static_cast<size_t>(ppm));
+              raw->bytes.assign(header.begin(), header.end());
+              raw->bytes.insert(raw->bytes.end(), pixels, pixels + 3 * m.pixels);
+              raw->ext = "ppm";
+              raw->raw = true;
+              raw->bytes_in = encoded.bytes_in;
+              kept_ppm[static_cast<size_t>(i)] = std::move(raw);
+              kept[static_cast<size_t>(i)] = std::make_unique<Item>(std::move(encoded));
+            }
           }
-          const int64_t ppm = static_cast<int64_t>(ppm_header(w, h).size()) + 3 * m.pixels;
           m.extra = TarWriter::member_bytes(ppm) - TarWriter::member_bytes(m.jpeg);
           m.ok = true;
         } catch (const std::exception&) {
@@ -315,6 +341,8 @@ RawPlan plan_raw(const Dataset& dataset, const PackOptions& o, tbb::task_arena& 
   });
   RawPlan plan;
   plan.pick.assign(static_cast<size_t>(n), 0);
+  plan.encoded = std::move(kept);
+  plan.ppm = std::move(kept_ppm);
   std::vector<int64_t> order;
   double jpeg_total = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -337,6 +365,7 @@ RawPlan plan_raw(const Dataset& dataset, const PackOptions& o, tbb::task_arena& 
     plan.extra += extra;
     plan.pick[static_cast<size_t>(i)] = 1;
   }
+  for (int64_t i = 0; i < n; ++i) (plan.pick[static_cast<size_t>(i)] ? plan.encoded : plan.ppm)[static_cast<size_t>(i)].reset();
   return plan;
 }
 
@@ -394,6 +423,7 @@ nlohmann::json manifest(const PackResult& r, const PackOptions& o, const fs::pat
         {"max_samples_per_shard", o.max_samples_per_shard},
         {"max_side", o.max_side},
         {"quality", o.quality},
+        {"reencode", o.reencode},
         {"raw_budget", o.raw_budget},
         {"raw_budget_fraction", o.raw_budget_fraction},
         {"on_error", o.error_policy == ErrorPolicy::kSkip ? "skip" : "raise"},
@@ -494,8 +524,8 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
                        static_cast<size_t>(workers)));
   tbb::task_arena arena(workers);
   tbb::enumerable_thread_specific<WorkerState> states;
-  const RawPlan raw_plan =
-      o.raw_budget > 0 || o.raw_budget_fraction > 0 ? plan_raw(dataset, o, arena, states) : RawPlan{std::vector<char>(static_cast<size_t>(n), 0)};
+  RawPlan raw_plan =
+      o.raw_budget > 0 || o.raw_budget_fraction > 0 ? plan_raw(dataset, o, arena, states) : RawPlan{std::vector<char>(static_cast<size_t>(n), 0), 0, 0, {}, {}};
   r.raw_budget = raw_plan.budget;
   r.raw_extra = raw_plan.extra;
   std::vector<Item> items(static_cast<size_t>(std::min<int64_t>(o.chunk_samples, std::max<int64_t>(n, 1))));
@@ -505,8 +535,18 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
     arena.execute([&] {
       detail::parallel_for_ordered(tbb::blocked_range<int64_t>(start, end, 1), [&](const tbb::blocked_range<int64_t>& range) {
         WorkerState& st = states.local();
-        for (int64_t i = range.begin(); i < range.end(); ++i)
-          process(dataset, i, o, raw_plan.pick[static_cast<size_t>(i)] != 0, st, items[static_cast<size_t>(i - start)]);
+        for (int64_t i = range.begin(); i < range.end(); ++i) {
+          const bool raw = raw_plan.pick[static_cast<size_t>(i)] != 0;
+          Item& it = items[static_cast<size_t>(i - start)];
+          std::unique_ptr<Item>* kept =
+              raw_plan.encoded.empty() ? nullptr : &(raw ? raw_plan.ppm : raw_plan.encoded)[static_cast<size_t>(i)];
+          if (kept && *kept) {  // made (and so validated) by the first pass
+            it = std::move(**kept);
+            kept->reset();
+          } else {
+            process(dataset, i, o, raw, st, it);
+          }
+        }
       });
     });
     for (int64_t i = start; i < end; ++i) {

@@ -22,7 +22,8 @@
 // Resize(antialias=True)) over the whole image to a longer side of exactly max_side and a shorter
 // side of round(shorter * max_side / longer) (half up, at least 1), and encoded by libjpeg-turbo
 // (decode::encode_jpeg, 4:2:0, `quality`); never upscaled. Every other image is copied byte for
-// byte. EXIF orientation is not applied, as the loader (DecodeOptions::apply_exif_orientation off)
+// byte (with `reencode`, every image is decoded whole and re-encoded, resized or not). EXIF
+// orientation is not applied, as the loader (DecodeOptions::apply_exif_orientation off)
 // and torchvision's ImageFolder read images: pixels as stored, "longer side" as stored. A copied
 // file keeps its EXIF segment; a re-encoded one has none (so a reader that applies EXIF
 // orientation sees it as stored, as gpufeed does).
@@ -45,8 +46,10 @@
 // stored as binary PPM (`KEY.ppm`: "P6\n<w> <h>\n255\n" + RGB rows; TarShards and the decoder read
 // it, a copy instead of a JPEG decode) within a budget of extra bytes. A first pass (in
 // parallel) reads and probes every file and finds, per sample: its packed JPEG bytes J (the
-// file's size when copied; when resized, the size of the re-encoded JPEG, which that pass
-// therefore computes: resized samples are encoded twice), its PPM bytes P (header + 3 x pixels
+// file's size when copied; when re-encoded, the size of the new JPEG, which that pass
+// therefore computes; up to 512 MiB of those JPEGs and of their pixels as PPM are kept for the
+// main pass, which writes the form chosen; beyond that they are decoded, resized and encoded
+// again), its PPM bytes P (header + 3 x pixels
 // after the resize), the extra bytes E = tar size of P - tar size of J (exact), and the decode
 // work it saves, modelled as its pixel count N (JPEG decode time grows with the pixels). Samples
 // are taken in order of N / E, highest first (ties: lower index), each one whose E still fits
@@ -120,6 +123,9 @@ struct PackOptions {
   int64_t max_samples_per_shard = 0;         ///< samples per shard at most (WebDataset's maxcount); 0: no limit
   int max_side = 0;                          ///< resize images whose longer side exceeds this; 0: never
   int quality = 90;                          ///< JPEG quality of re-encoded images, 1..100
+  /// Re-encode every image (not stored raw) as a JPEG at `quality`, resized or not: FFCV's
+  /// write_mode="jpg" (smaller files than high-quality originals, at a generation of loss).
+  bool reencode = false;
   int num_workers = 0;                       ///< decode/resize/encode threads; 0 = all hardware threads
   ErrorPolicy error_policy = ErrorPolicy::kRaise;  ///< a file that cannot be read or decoded
   int64_t max_skips = 100;                   ///< kSkip: more skipped files than this is an error
