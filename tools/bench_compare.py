@@ -37,7 +37,9 @@ torchvision's on every file.
   .venv/bin/python tools/bench_compare.py --json bench.json
   .venv/bin/python tools/bench_compare.py --threads 2 --rounds 1 --skip dali,libtorch
 
-Prints a table; --json writes everything measured.
+Prints a table; --json writes everything measured. --ffcv then runs tools/bench_ffcv.py (gpufeed
+on its tar shards, beside FFCV 1.0.2 and WebDataset + DataLoader; issue 15 part 4) with the same
+data, the largest thread count, rounds and passes (its JSON beside --json as *-ffcv.json).
 """
 import argparse
 import json
@@ -370,6 +372,9 @@ def main():
     ap.add_argument("--skip", default="", help="methods to leave out: pytorch,dali,libtorch,...")
     ap.add_argument("--no-quality", action="store_true", help="skip the pixel-difference report")
     ap.add_argument("--json", help="write everything measured here")
+    ap.add_argument("--ffcv", action="store_true",
+                    help="then run tools/bench_ffcv.py: shards, FFCV 1.0.2 (its own venv) and WebDataset side by side")
+    ap.add_argument("--ffcv-python", help="bench_ffcv.py --ffcv-python (default .venv-ffcv/bin/python)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--transform", default="train", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -585,6 +590,16 @@ def main():
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
         print(f"\nwrote {args.json}")
+    if args.ffcv:
+        cmd = [sys.executable, str(ROOT / "tools" / "bench_ffcv.py"), "--data", args.data, "--threads", str(t2),
+               "--batch-size", str(args.batch_size), "--image-size", str(args.image_size), "--epochs",
+               str(args.epochs), "--warmup", str(args.warmup), "--rounds", str(args.rounds), "--build", args.build]
+        if args.ffcv_python:
+            cmd += ["--ffcv-python", args.ffcv_python]
+        if args.json:
+            cmd += ["--json", str(pathlib.Path(args.json).with_suffix("")) + "-ffcv.json"]
+        print("\n" + " ".join(cmd), flush=True)
+        return subprocess.run(cmd, cwd=ROOT).returncode
     return 0
 
 
