@@ -17,6 +17,9 @@
 #if defined(__SSE__)
 #include <xmmintrin.h>
 #endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace gpufeed::loader {
 namespace {
@@ -184,39 +187,50 @@ std::array<double, 6> inverse_affine_matrix(double cx, double cy, double angle, 
 
 // The affine grid of torchvision's _affine_grid in float32: the grid point of output (x, y) is
 // base (x - (W-1)/2, y - (H-1)/2, 1) times theta^T / (W/2, H/2), the bmm's products summed
-// unfused, (bx * a + by * b) + c (ATen's result, checked against _affine_grid's output). Calls
-// sample(out, gx, gy) for every output pixel in row-major order.
-template <typename Sample>
-[[gnu::always_inline]] inline void for_each_grid_point(uint8_t* image, int height, int width,
-                                                       const std::array<double, 6>& matrix, Sample&& sample) {
-  std::array<float, 6> t{};
-  for (size_t k = 0; k < 6; ++k) t[k] = static_cast<float>(matrix[k]);
-  const float half_w = static_cast<float>(0.5 * width);
-  const float half_h = static_cast<float>(0.5 * height);
-  // rescaled_theta = theta.transpose(1, 2) / [0.5 w, 0.5 h]
-  const float xa = t[0] / half_w, xb = t[1] / half_w, xc = t[2] / half_w;
-  const float ya = t[3] / half_h, yb = t[4] / half_h, yc = t[5] / half_h;
-  const float x0 = (1.0f - static_cast<float>(width)) * 0.5f;
-  const float y0 = (1.0f - static_cast<float>(height)) * 0.5f;
-  const size_t row = static_cast<size_t>(width) * 3;
-  // The column products bx * a, computed once (the same float products per pixel).
-  thread_local std::vector<float> col_xs, col_ys;
-  col_xs.resize(static_cast<size_t>(width));
-  col_ys.resize(static_cast<size_t>(width));
-  float* const col_x = col_xs.data();  // local pointers: the uint8 stores may alias anything
-  float* const col_y = col_ys.data();
-  for (int x = 0; x < width; ++x) {
-    const float bx = x0 + static_cast<float>(x);
-    col_x[static_cast<size_t>(x)] = bx * xa;
-    col_y[static_cast<size_t>(x)] = bx * ya;
+// unfused, (bx * a + by * b) + c (ATen's result, checked against _affine_grid's output):
+// gx = (col_x[x] + row_x(y)) + xc, gy = (col_y[x] + row_y(y)) + yc.
+struct AffineGrid {
+  float xb, xc, yb, yc, y0;
+  const float* col_x;  // bx * a per column, computed once (the same float products per pixel)
+  const float* col_y;
+
+  AffineGrid(int height, int width, const std::array<double, 6>& matrix) {
+    std::array<float, 6> t{};
+    for (size_t k = 0; k < 6; ++k) t[k] = static_cast<float>(matrix[k]);
+    const float half_w = static_cast<float>(0.5 * width);
+    const float half_h = static_cast<float>(0.5 * height);
+    // rescaled_theta = theta.transpose(1, 2) / [0.5 w, 0.5 h]
+    const float xa = t[0] / half_w, ya = t[3] / half_h;
+    xb = t[1] / half_w, xc = t[2] / half_w;
+    yb = t[4] / half_h, yc = t[5] / half_h;
+    const float x0 = (1.0f - static_cast<float>(width)) * 0.5f;
+    y0 = (1.0f - static_cast<float>(height)) * 0.5f;
+    thread_local std::vector<float> col_xs, col_ys;
+    col_xs.resize(static_cast<size_t>(width));
+    col_ys.resize(static_cast<size_t>(width));
+    for (int x = 0; x < width; ++x) {
+      const float bx = x0 + static_cast<float>(x);
+      col_xs[static_cast<size_t>(x)] = bx * xa;
+      col_ys[static_cast<size_t>(x)] = bx * ya;
+    }
+    col_x = col_xs.data();  // plain pointers: the uint8 stores may alias anything
+    col_y = col_ys.data();
   }
+  float row_x(int y) const { return (y0 + static_cast<float>(y)) * xb; }
+  float row_y(int y) const { return (y0 + static_cast<float>(y)) * yb; }
+};
+
+// Calls sample(out, gx, gy) for the output pixels x in [x_begin, width) of every row.
+template <typename Sample>
+[[gnu::always_inline]] inline void for_each_grid_point(uint8_t* image, int height, int width, const AffineGrid& g,
+                                                       int x_begin, Sample&& sample) {
+  const size_t row = static_cast<size_t>(width) * 3;
   for (int y = 0; y < height; ++y) {
-    const float by = y0 + static_cast<float>(y);
-    const float row_x = by * xb, row_y = by * yb;
-    uint8_t* out = image + static_cast<size_t>(y) * row;
-    for (int x = 0; x < width; ++x, out += 3) {
-      const float gx = (col_x[static_cast<size_t>(x)] + row_x) + xc;
-      const float gy = (col_y[static_cast<size_t>(x)] + row_y) + yc;
+    const float row_x = g.row_x(y), row_y = g.row_y(y);
+    uint8_t* out = image + static_cast<size_t>(y) * row + static_cast<size_t>(x_begin) * 3;
+    for (int x = x_begin; x < width; ++x, out += 3) {
+      const float gx = (g.col_x[static_cast<size_t>(x)] + row_x) + g.xc;
+      const float gy = (g.col_y[static_cast<size_t>(x)] + row_y) + g.yc;
       sample(out, gx, gy);
     }
   }
@@ -232,7 +246,7 @@ void grid_nearest(uint8_t* image, int height, int width, const std::array<double
   const uint8_t* src = scratch.copy.data();
   const float sx = static_cast<float>(width) / 2, sy = static_cast<float>(height) / 2;
   const size_t row = static_cast<size_t>(width) * 3;
-  for_each_grid_point(image, height, width, matrix, [&](uint8_t* out, float gx, float gy) {
+  for_each_grid_point(image, height, width, AffineGrid(height, width, matrix), 0, [&](uint8_t* out, float gx, float gy) {
     const int32_t ix = round_to_int((gx + 1.0f) * sx - 0.5f);
     const int32_t iy = round_to_int((gy + 1.0f) * sy - 0.5f);
     const bool inside = static_cast<uint32_t>(ix) < static_cast<uint32_t>(width) &&
@@ -248,51 +262,125 @@ void grid_nearest(uint8_t* image, int height, int width, const std::array<double
 // then round-half-even to uint8, as ATen's vectorised CPU kernel (ApplyGridSample<Bilinear>)
 // computes it on AVX2: the location fma(g + 1, size/2, -0.5), the weights from floor, and the
 // four taps accumulated as fma(se_v, se, fma(sw_v, sw, fma(ne_v, ne, nw_v * nw))), where the
-// compiler fused ATen's `a * b + c`. Taps outside the image are 0. std::fma is exact everywhere;
-// grid_bilinear_fma below is the same body compiled for CPUs with the FMA instruction.
-[[gnu::always_inline]] inline void grid_bilinear_body(uint8_t* image, int height, int width,
-                                                      const std::array<double, 6>& matrix,
-                                                      const uint8_t* src) {
+// compiler fused ATen's `a * b + c`. Taps outside the image are 0: `padded` is the image with a
+// one-pixel black border ([height + 2, width + 2, 3]), so every tap of a point whose
+// north-west tap is in [-1, width - 1] x [-1, height - 1] is a plain read, and a point beyond
+// that has four black taps (0). std::fma is exact everywhere; grid_bilinear_fma below is the
+// same body compiled for CPUs with the FMA instruction.
+[[gnu::always_inline]] inline void grid_bilinear_body(uint8_t* image, int height, int width, const AffineGrid& g,
+                                                      int x_begin, const uint8_t* padded) {
   const float sx = static_cast<float>(width) / 2, sy = static_cast<float>(height) / 2;
-  const size_t row = static_cast<size_t>(width) * 3;
-  for_each_grid_point(image, height, width, matrix, [&](uint8_t* out, float gx, float gy) {
+  const int64_t prow = (static_cast<int64_t>(width) + 2) * 3;
+  for_each_grid_point(image, height, width, g, x_begin, [&](uint8_t* out, float gx, float gy) {
     const float x = std::fma(gx + 1.0f, sx, -0.5f);
     const float y = std::fma(gy + 1.0f, sy, -0.5f);
     const float x_w = std::floor(x), y_n = std::floor(y);
+    if (!(x_w >= -1.0f && x_w <= static_cast<float>(width - 1) && y_n >= -1.0f &&
+          y_n <= static_cast<float>(height - 1))) {
+      out[0] = out[1] = out[2] = 0;
+      return;
+    }
     const float w = x - x_w, e = 1.0f - w;
     const float n = y - y_n, s = 1.0f - n;
     const float nw = s * e, ne = s * w, sw = n * e, se = n * w;
-    const auto ix = static_cast<int64_t>(x_w), iy = static_cast<int64_t>(y_n);
-    const bool west = ix >= 0 && ix < width, east = ix + 1 >= 0 && ix + 1 < width;
-    const bool north = iy >= 0 && iy < height, south = iy + 1 >= 0 && iy + 1 < height;
-    const int64_t at_nw = iy * static_cast<int64_t>(row) + ix * 3;  // read only when inside
-    const int64_t at_sw = at_nw + static_cast<int64_t>(row);
-    for (int64_t c = 0; c < 3; ++c) {
-      const float v_nw = north && west ? src[at_nw + c] : 0.0f;
-      const float v_ne = north && east ? src[at_nw + 3 + c] : 0.0f;
-      const float v_sw = south && west ? src[at_sw + c] : 0.0f;
-      const float v_se = south && east ? src[at_sw + 3 + c] : 0.0f;
-      const float v = std::fma(v_se, se, std::fma(v_sw, sw, std::fma(v_ne, ne, v_nw * nw)));
-      out[c] = static_cast<uint8_t>(std::clamp(round_to_int(v), 0, 255));
+    const uint8_t* p = padded + (static_cast<int64_t>(y_n) + 1) * prow + (static_cast<int64_t>(x_w) + 1) * 3;
+    for (int c = 0; c < 3; ++c) {
+      const float v = std::fma(static_cast<float>(p[prow + 3 + c]), se,
+                               std::fma(static_cast<float>(p[prow + c]), sw,
+                                        std::fma(static_cast<float>(p[3 + c]), ne, static_cast<float>(p[c]) * nw)));
+      out[c] = static_cast<uint8_t>(std::min(round_to_int(v), 255));
     }
   });
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("fma"))) void grid_bilinear_fma(uint8_t* image, int height, int width,
-                                                      const std::array<double, 6>& matrix, const uint8_t* src) {
-  grid_bilinear_body(image, height, width, matrix, src);
+__attribute__((target("fma"))) void grid_bilinear_fma(uint8_t* image, int height, int width, const AffineGrid& g,
+                                                      const uint8_t* padded) {
+  grid_bilinear_body(image, height, width, g, 0, padded);
+}
+
+// Channel c (byte c) of each lane's 32-bit tap, as float.
+__attribute__((target("avx2"))) [[gnu::always_inline]] inline __m256 tap_channel(__m256i t, int c, __m256i byte) {
+  return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(t, 8 * c), byte));
+}
+
+// The same arithmetic, 8 output pixels per step in AVX2 lanes (each lane does the scalar body's
+// float32 operations in the same order, so the results are the same bits), the columns left
+// over by the scalar body. The taps are 32-bit gathers from the padded image (R, G, B and a
+// byte more; `padded` has 4 spare bytes at its end); points outside get index 0 and output 0.
+__attribute__((target("avx2,fma"))) void grid_bilinear_avx2(uint8_t* image, int height, int width,
+                                                            const AffineGrid& g, const uint8_t* padded) {
+  const int32_t prow = (width + 2) * 3;
+  const __m256 one = _mm256_set1_ps(1.0f), minus_half = _mm256_set1_ps(-0.5f), minus_one = _mm256_set1_ps(-1.0f);
+  const __m256 sx = _mm256_set1_ps(static_cast<float>(width) / 2), sy = _mm256_set1_ps(static_cast<float>(height) / 2);
+  const __m256 x_max = _mm256_set1_ps(static_cast<float>(width - 1)), y_max = _mm256_set1_ps(static_cast<float>(height - 1));
+  const __m256 xc = _mm256_set1_ps(g.xc), yc = _mm256_set1_ps(g.yc);
+  const __m256i byte = _mm256_set1_epi32(0xff), max255 = _mm256_set1_epi32(255);
+  const __m256i v_prow = _mm256_set1_epi32(prow), three = _mm256_set1_epi32(3);
+  const auto* base_ptr = reinterpret_cast<const int*>(padded);
+  const int vector_end = width / 8 * 8;
+  const size_t row = static_cast<size_t>(width) * 3;
+  alignas(32) int32_t res[3][8];
+  for (int y = 0; y < height; ++y) {
+    const __m256 row_x = _mm256_set1_ps(g.row_x(y)), row_y = _mm256_set1_ps(g.row_y(y));
+    uint8_t* out = image + static_cast<size_t>(y) * row;
+    for (int x = 0; x < vector_end; x += 8, out += 24) {
+      const __m256 gx = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(g.col_x + x), row_x), xc);
+      const __m256 gy = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(g.col_y + x), row_y), yc);
+      const __m256 fx = _mm256_fmadd_ps(_mm256_add_ps(gx, one), sx, minus_half);
+      const __m256 fy = _mm256_fmadd_ps(_mm256_add_ps(gy, one), sy, minus_half);
+      const __m256 x_w = _mm256_floor_ps(fx), y_n = _mm256_floor_ps(fy);
+      const __m256 inside = _mm256_and_ps(
+          _mm256_and_ps(_mm256_cmp_ps(x_w, minus_one, _CMP_GE_OQ), _mm256_cmp_ps(x_w, x_max, _CMP_LE_OQ)),
+          _mm256_and_ps(_mm256_cmp_ps(y_n, minus_one, _CMP_GE_OQ), _mm256_cmp_ps(y_n, y_max, _CMP_LE_OQ)));
+      const __m256 w = _mm256_sub_ps(fx, x_w), e = _mm256_sub_ps(one, w);
+      const __m256 n = _mm256_sub_ps(fy, y_n), s = _mm256_sub_ps(one, n);
+      const __m256 nw = _mm256_mul_ps(s, e), ne = _mm256_mul_ps(s, w), sw = _mm256_mul_ps(n, e),
+                   se = _mm256_mul_ps(n, w);
+      const __m256i ix = _mm256_cvttps_epi32(_mm256_and_ps(inside, _mm256_add_ps(x_w, one)));  // 0 outside
+      const __m256i iy = _mm256_cvttps_epi32(_mm256_and_ps(inside, _mm256_add_ps(y_n, one)));
+      const __m256i at = _mm256_add_epi32(_mm256_mullo_epi32(iy, v_prow), _mm256_mullo_epi32(ix, three));
+      const __m256i t_nw = _mm256_i32gather_epi32(base_ptr, at, 1);
+      const __m256i t_ne = _mm256_i32gather_epi32(base_ptr, _mm256_add_epi32(at, three), 1);
+      const __m256i at_s = _mm256_add_epi32(at, v_prow);
+      const __m256i t_sw = _mm256_i32gather_epi32(base_ptr, at_s, 1);
+      const __m256i t_se = _mm256_i32gather_epi32(base_ptr, _mm256_add_epi32(at_s, three), 1);
+      const __m256i inside_i = _mm256_castps_si256(inside);
+      for (int c = 0; c < 3; ++c) {
+        const __m256 v = _mm256_fmadd_ps(
+            tap_channel(t_se, c, byte), se,
+            _mm256_fmadd_ps(tap_channel(t_sw, c, byte), sw,
+                            _mm256_fmadd_ps(tap_channel(t_ne, c, byte), ne, _mm256_mul_ps(tap_channel(t_nw, c, byte), nw))));
+        const __m256i r = _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(res[c]), _mm256_and_si256(_mm256_min_epi32(r, max255), inside_i));
+      }
+      for (int k = 0; k < 8; ++k) {
+        out[3 * k] = static_cast<uint8_t>(res[0][k]);
+        out[3 * k + 1] = static_cast<uint8_t>(res[1][k]);
+        out[3 * k + 2] = static_cast<uint8_t>(res[2][k]);
+      }
+    }
+  }
+  if (vector_end < width) grid_bilinear_body(image, height, width, g, vector_end, padded);
 }
 #endif
 
 void grid_bilinear(uint8_t* image, int height, int width, const std::array<double, 6>& matrix,
                    AugmentScratch& scratch) {
-  const uint8_t* src = copy_into(scratch, image, height, width);
+  const size_t row = static_cast<size_t>(width) * 3, prow = row + 6;
+  scratch.copy.assign(prow * (static_cast<size_t>(height) + 2) + 4, 0);  // + 4: the gathers' spare bytes
+  for (int y = 0; y < height; ++y) {
+    std::copy_n(image + static_cast<size_t>(y) * row, row, scratch.copy.data() + (static_cast<size_t>(y) + 1) * prow + 3);
+  }
+  const uint8_t* padded = scratch.copy.data();
+  const AffineGrid g(height, width, matrix);
 #if defined(__x86_64__) || defined(__i386__)
   static const bool has_fma = __builtin_cpu_supports("fma") != 0;
-  if (has_fma) return grid_bilinear_fma(image, height, width, matrix, src);
+  static const bool has_avx2 = has_fma && __builtin_cpu_supports("avx2") != 0;
+  if (has_avx2) return grid_bilinear_avx2(image, height, width, g, padded);
+  if (has_fma) return grid_bilinear_fma(image, height, width, g, padded);
 #endif
-  grid_bilinear_body(image, height, width, matrix, src);
+  grid_bilinear_body(image, height, width, g, 0, padded);
 }
 
 void grid_sample(uint8_t* image, int height, int width, const std::array<double, 6>& matrix,
