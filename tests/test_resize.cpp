@@ -112,6 +112,55 @@ TEST(Resizer, AllKernelsGiveIdenticalBytes) {
   }
 }
 
+// The SIMD kernels specialise by tap count (AVX2: horizontal taps padded to two, fixed loops for
+// 1-5 vertical taps and for 2, 4, 6, 8 horizontal taps) and finish rows of any width (four
+// pixels per step, a 16-byte store only where the row has room): every scale from a 4x upscale
+// to a 6x downscale, on both axes, and output widths 1..13, against the scalar kernel.
+TEST(Resizer, EveryTapCountAndRowTailGivesTheScalarBytes) {
+  const auto ks = kernels();
+  std::mt19937 rng(5);
+  const int w = 160, h = 150;
+  std::vector<uint8_t> src(static_cast<size_t>(w) * h * 3);
+  for (auto& v : src) v = static_cast<uint8_t>(rng());
+  int cases = 0;
+  for (const double scale : {0.25, 0.6, 1.0, 1.3, 1.5, 1.8, 2.2, 2.7, 3.5, 4.5, 6.0}) {
+    for (int ow = 1; ow <= 13; ++ow) {
+      const int oh = 1 + (ow * 5) % 11;
+      const double bw = std::min(ow * scale, w - 1.5), bh = std::min(oh * scale, h - 1.5);
+      const BoxF box{0.75, 1.25, 0.75 + bw, 1.25 + bh};
+      std::vector<uint8_t> first;
+      for (const ResizeKernel kernel : ks) {
+        Resizer r(kernel);
+        const size_t stride = static_cast<size_t>(ow) * 3 + 7;
+        std::vector<uint8_t> out(stride * oh, 0xCD);
+        r.resize(src.data(), w, h, static_cast<size_t>(w) * 3, box, out.data(), ow, oh, stride, ow % 2 == 0);
+        for (int y = 0; y < oh; ++y)
+          for (size_t k = static_cast<size_t>(ow) * 3; k < stride; ++k)
+            ASSERT_EQ(out[y * stride + k], 0xCD) << "wrote past row " << y << " at scale " << scale << ", width " << ow;
+        if (first.empty()) first = out;
+        ASSERT_EQ(out, first) << "kernel " << static_cast<int>(kernel) << " scale " << scale << " width " << ow;
+      }
+      ++cases;
+    }
+  }
+  // Wide rows too (the vertical pass's 32- and 64-byte steps and tails), for each tap count.
+  for (const double scale : {0.5, 1.2, 1.7, 2.4, 3.1}) {
+    for (const int ow : {37, 64, 101}) {
+      const BoxF box{0.5, 0.5, 0.5 + std::min(ow * scale, w - 1.0), 0.5 + std::min(20 * scale, h - 1.0)};
+      std::vector<uint8_t> first;
+      for (const ResizeKernel kernel : ks) {
+        Resizer r(kernel);
+        std::vector<uint8_t> out(static_cast<size_t>(ow) * 20 * 3);
+        r.resize(src.data(), w, h, static_cast<size_t>(w) * 3, box, out.data(), ow, 20, static_cast<size_t>(ow) * 3);
+        if (first.empty()) first = out;
+        ASSERT_EQ(out, first) << "kernel " << static_cast<int>(kernel) << " scale " << scale << " width " << ow;
+      }
+      ++cases;
+    }
+  }
+  EXPECT_EQ(cases, 11 * 13 + 5 * 3);
+}
+
 TEST(Resizer, FlipMirrorsTheUnflippedOutput) {
   std::vector<uint8_t> src(97 * 61 * 3);
   for (size_t k = 0; k < src.size(); ++k) src[k] = static_cast<uint8_t>(k * 37 + k / 7);

@@ -1,7 +1,7 @@
 // PIL's antialiased bilinear resample (Pillow's libImaging/Resample.c: precompute_coeffs,
 // normalize_coeffs_8bpc, ImagingResampleHorizontal/Vertical_8bpc), for packed RGB, with AVX2 and
-// AVX-512 paths that process two or four output pixels (horizontal pass) or 32 or 64 bytes
-// (vertical pass) per step.
+// AVX-512 paths that process four output pixels (horizontal pass; two or four per vector) or 32
+// or 64 bytes (vertical pass) per step.
 //
 // Fixed point: weights are int16 with 14 fractional bits, so pmaddwd can multiply-add pairs of
 // them with pixels widened to 16 bits; the largest weight (1.0) is 16384 and a sum of 255 * weights
@@ -110,10 +110,13 @@ void horizontal_scalar(const uint8_t* row, const int* first, const int16_t* coef
 
 #if GPUFEED_RESIZE_X86
 
-// 32 bytes of output from `count` rows starting at byte offset i.
+// 32 bytes of output from `count` rows starting at byte offset i; `w[k / 2]` holds the weights of
+// taps (k, k + 1) in every int32 (pair_weights). kCount > 0 fixes the count at compile time.
+template <int kCount>
 __attribute__((target("avx2"))) inline void vertical_chunk_avx2(const uint8_t* const* rows,
-                                                                 const int32_t* pairs, int count,
+                                                                 const __m256i* w, int count,
                                                                  size_t i, uint8_t* out) {
+  if constexpr (kCount > 0) count = kCount;
   const __m256i zero = _mm256_setzero_si256();
   __m256i acc0 = _mm256_set1_epi32(kRound), acc1 = acc0, acc2 = acc0, acc3 = acc0;
   for (int k = 0; k < count; k += 2) {
@@ -121,13 +124,12 @@ __attribute__((target("avx2"))) inline void vertical_chunk_avx2(const uint8_t* c
     // An odd last tap pairs its row with itself and a zero weight.
     const __m256i b =
         k + 1 < count ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[k + 1] + i)) : a;
-    const __m256i w = _mm256_set1_epi32(pairs[k / 2]);
     const __m256i lo = _mm256_unpacklo_epi8(a, b);  // a0 b0 a1 b1 ... per 128-bit lane
     const __m256i hi = _mm256_unpackhi_epi8(a, b);
-    acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), w));
-    acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), w));
-    acc2 = _mm256_add_epi32(acc2, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi, zero), w));
-    acc3 = _mm256_add_epi32(acc3, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi, zero), w));
+    acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), w[k / 2]));
+    acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), w[k / 2]));
+    acc2 = _mm256_add_epi32(acc2, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi, zero), w[k / 2]));
+    acc3 = _mm256_add_epi32(acc3, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi, zero), w[k / 2]));
   }
   acc0 = _mm256_srai_epi32(acc0, kPrecisionBits);
   acc1 = _mm256_srai_epi32(acc1, kPrecisionBits);
@@ -140,6 +142,27 @@ __attribute__((target("avx2"))) inline void vertical_chunk_avx2(const uint8_t* c
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_packus_epi16(w01, w23));
 }
 
+// The row loop for kCount taps (> 0), or `count` (kCount = 0, at most kMaxVerticalTaps). The row
+// pointers and weights are copied into locals, which the stores to `out` cannot alias, so with
+// a fixed count they stay in registers.
+constexpr int kMaxVerticalTaps = 64;
+
+template <int kCount>
+__attribute__((target("avx2"))) void vertical_rows_avx2(const uint8_t* const* rows_in,
+                                                        const int32_t* pairs, int count, size_t n,
+                                                        uint8_t* out) {
+  constexpr int kRows = kCount > 0 ? kCount : kMaxVerticalTaps;
+  const uint8_t* rows[kRows];
+  __m256i w[(kRows + 1) / 2];
+  if constexpr (kCount > 0) count = kCount;
+  for (int k = 0; k < count; ++k) rows[k] = rows_in[k];
+  for (int k = 0; k < (count + 1) / 2; ++k) w[k] = _mm256_set1_epi32(pairs[k]);
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) vertical_chunk_avx2<kCount>(rows, w, count, i, out);
+  // The tail: recompute the last 32 bytes (overlapping writes of identical values).
+  if (i < n) vertical_chunk_avx2<kCount>(rows, w, count, n - 32, out);
+}
+
 // The weights of taps (k, k + 1) as one int32 (low word: tap k), for pmaddwd; an odd last tap
 // pairs with a zero weight. `pairs` has room for (count + 1) / 2 entries.
 void pair_weights(const int16_t* c, int count, int32_t* pairs) {
@@ -150,27 +173,47 @@ void pair_weights(const int16_t* c, int count, int32_t* pairs) {
   }
 }
 
-// `pairs` from pair_weights.
+// `pairs` from pair_weights. An upscale has two taps per output row, a downscale up to 2x three
+// to five: those counts get loops of their own.
 __attribute__((target("avx2"))) void vertical_avx2(const uint8_t* const* rows, const int16_t* c,
                                                    int count, size_t n, uint8_t* out,
                                                    int32_t* scratch, const int32_t* pairs) {
-  if (n < 32) {
+  if (n < 32 || count > kMaxVerticalTaps) {
     vertical_scalar(rows, c, count, n, out, scratch);
     return;
   }
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) vertical_chunk_avx2(rows, pairs, count, i, out);
-  // The tail: recompute the last 32 bytes (overlapping writes of identical values).
-  if (i < n) vertical_chunk_avx2(rows, pairs, count, n - 32, out);
+  switch (count) {
+    case 1: return vertical_rows_avx2<1>(rows, pairs, count, n, out);
+    case 2: return vertical_rows_avx2<2>(rows, pairs, count, n, out);
+    case 3: return vertical_rows_avx2<3>(rows, pairs, count, n, out);
+    case 4: return vertical_rows_avx2<4>(rows, pairs, count, n, out);
+    case 5: return vertical_rows_avx2<5>(rows, pairs, count, n, out);
+    default: return vertical_rows_avx2<0>(rows, pairs, count, n, out);
+  }
 }
 
-// One output row, two pixels per step, reading from byte offsets[j] for pixel j (padded to an even
-// count). `pair_coeffs` holds, per pixel pair and per group of four
-// taps, two 16-word vectors: taps (4g, 4g+1) and (4g+2, 4g+3), each lane laid out as
-// [c0 c1 c0 c1 c0 c1 0 0] for the lane's pixel (lane 0: pixel 2p, lane 1: pixel 2p+1).
-__attribute__((target("avx2"))) void horizontal_avx2(const uint8_t* row, const int* offsets,
-                                                     const int16_t* pair_coeffs, int taps,
-                                                     int width, uint8_t* out) {
+// 16 bytes from `a` in the low lane, 16 from `b` in the high one.
+__attribute__((target("avx2"))) inline __m256i load_2x128(const uint8_t* a, const uint8_t* b) {
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+}
+
+// One output row, four pixels per step (two per 256-bit vector, one per 128-bit lane), reading
+// from byte offsets[j] for pixel j (padded to a multiple of four). `pair_coeffs` holds, per block
+// of two pixels, per group of four taps, two 16-word vectors: taps (4g, 4g+1) and (4g+2, 4g+3),
+// each lane laid out as [c0 c1 c0 c1 c0 c1 0 0] for the lane's pixel (lane 0: pixel 2b, lane 1:
+// pixel 2b+1); then, when the taps are padded to 4 * groups + 2 (`pair`), one more such vector
+// for the last two taps. Blocks come in twos (the last pixel repeated past the end).
+//
+// The AVX2 kernel is the one x86 CPUs without AVX-512 run, where 256-bit operations may cost two
+// 128-bit ones (AMD Zen 1): hence taps padded to two, not four (an upscale has two taps per
+// output pixel, so half the multiplies were zeros) and four pixels per step, whose 12 bytes leave
+// in one store. kGroups >= 0 fixes the group count at compile time for the common tap counts.
+template <int kGroups, bool kPair>
+__attribute__((target("avx2"))) void horizontal_avx2_t(const uint8_t* row, const int* offsets,
+                                                       const int16_t* pair_coeffs, int groups,
+                                                       int width, uint8_t* out) {
+  if constexpr (kGroups >= 0) groups = kGroups;
   // Bytes of two RGB pixels (0-2, 3-5) into 16-bit words r0 r1 g0 g1 b0 b1 0 0; likewise pixels
   // 2 and 3 (bytes 6-11).
   const __m256i mask01 = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
@@ -178,37 +221,64 @@ __attribute__((target("avx2"))) void horizontal_avx2(const uint8_t* row, const i
   const __m256i mask23 =
       _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1, 6, -1, 9, -1, 7,
                        -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
-  const int groups = taps / 4;
+  // [r g b 0] x 4 -> 12 packed bytes.
+  const __m128i compact = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+  const __m256i round = _mm256_set1_epi32(kRound);
+  const size_t block_vectors = static_cast<size_t>(2 * groups + (kPair ? 1 : 0));
   const auto* w = reinterpret_cast<const __m256i*>(pair_coeffs);
-  for (int j0 = 0; j0 < width; j0 += 2) {
-    const int j1 = std::min(j0 + 1, width - 1);
+  for (int j0 = 0; j0 < width; j0 += 4, w += 2 * block_vectors) {
     const uint8_t* p0 = row + offsets[j0];
     const uint8_t* p1 = row + offsets[j0 + 1];
-    __m256i acc = _mm256_set1_epi32(kRound);
-    for (int g = 0; g < groups; ++g, p0 += 12, p1 += 12, w += 2) {
-      const __m256i v = _mm256_inserti128_si256(
-          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p0))),
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1)), 1);
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(v, mask01),
-                                                    _mm256_load_si256(w)));
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(v, mask23),
-                                                    _mm256_load_si256(w + 1)));
+    const uint8_t* p2 = row + offsets[j0 + 2];
+    const uint8_t* p3 = row + offsets[j0 + 3];
+    const __m256i* wa = w;                   // pixels j0, j0 + 1
+    const __m256i* wb = w + block_vectors;   // pixels j0 + 2, j0 + 3
+    __m256i acc_a = round, acc_b = round;
+    for (int g = 0; g < groups; ++g, p0 += 12, p1 += 12, p2 += 12, p3 += 12, wa += 2, wb += 2) {
+      const __m256i va = load_2x128(p0, p1), vb = load_2x128(p2, p3);
+      acc_a = _mm256_add_epi32(acc_a, _mm256_madd_epi16(_mm256_shuffle_epi8(va, mask01), _mm256_load_si256(wa)));
+      acc_b = _mm256_add_epi32(acc_b, _mm256_madd_epi16(_mm256_shuffle_epi8(vb, mask01), _mm256_load_si256(wb)));
+      acc_a = _mm256_add_epi32(acc_a, _mm256_madd_epi16(_mm256_shuffle_epi8(va, mask23), _mm256_load_si256(wa + 1)));
+      acc_b = _mm256_add_epi32(acc_b, _mm256_madd_epi16(_mm256_shuffle_epi8(vb, mask23), _mm256_load_si256(wb + 1)));
     }
-    acc = _mm256_srai_epi32(acc, kPrecisionBits);
-    const __m256i words = _mm256_packs_epi32(acc, acc);
+    if constexpr (kPair) {
+      const __m256i va = load_2x128(p0, p1), vb = load_2x128(p2, p3);
+      acc_a = _mm256_add_epi32(acc_a, _mm256_madd_epi16(_mm256_shuffle_epi8(va, mask01), _mm256_load_si256(wa)));
+      acc_b = _mm256_add_epi32(acc_b, _mm256_madd_epi16(_mm256_shuffle_epi8(vb, mask01), _mm256_load_si256(wb)));
+    }
+    // Words, then bytes (saturating like clip8): lane 0 holds pixels j0 and j0 + 2, lane 1
+    // pixels j0 + 1 and j0 + 3, each as [r g b 0].
+    const __m256i words = _mm256_packs_epi32(_mm256_srai_epi32(acc_a, kPrecisionBits),
+                                             _mm256_srai_epi32(acc_b, kPrecisionBits));
     const __m256i bytes = _mm256_packus_epi16(words, words);
-    const auto px0 = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_castsi256_si128(bytes)));
-    const auto px1 = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_extracti128_si256(bytes, 1)));
+    const __m128i px = _mm_shuffle_epi8(
+        _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1)), compact);
     uint8_t* d = out + static_cast<size_t>(j0) * 3;
-    if (j1 + 1 < width) {
-      // Four-byte stores; each one's fourth byte is overwritten by the next pixel's store.
-      std::memcpy(d, &px0, 4);
-      std::memcpy(d + 3, &px1, 4);
+    if (j0 + 6 <= width) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d), px);  // 4 bytes spill into the next pixels
     } else {
-      std::memcpy(d, &px0, 3);
-      if (j1 != j0) std::memcpy(d + 3, &px1, 3);
+      alignas(16) uint8_t tmp[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(tmp), px);
+      std::memcpy(d, tmp, static_cast<size_t>(std::min(4, width - j0)) * 3);
     }
   }
+}
+
+// `taps` is a multiple of two (see Resizer::resize); the tap counts of upscales and downscales
+// up to 2x get a kernel of their own.
+__attribute__((target("avx2"))) void horizontal_avx2(const uint8_t* row, const int* offsets,
+                                                     const int16_t* pair_coeffs, int taps,
+                                                     int width, uint8_t* out) {
+  const int groups = taps / 4;
+  const bool pair = taps % 4 != 0;
+  if (pair) {
+    if (groups == 0) return horizontal_avx2_t<0, true>(row, offsets, pair_coeffs, groups, width, out);
+    if (groups == 1) return horizontal_avx2_t<1, true>(row, offsets, pair_coeffs, groups, width, out);
+    return horizontal_avx2_t<-1, true>(row, offsets, pair_coeffs, groups, width, out);
+  }
+  if (groups == 1) return horizontal_avx2_t<1, false>(row, offsets, pair_coeffs, groups, width, out);
+  if (groups == 2) return horizontal_avx2_t<2, false>(row, offsets, pair_coeffs, groups, width, out);
+  return horizontal_avx2_t<-1, false>(row, offsets, pair_coeffs, groups, width, out);
 }
 
 // --- AVX-512 kernels: the AVX2 ones at twice the width (pack/unpack/shuffle work per 128-bit
@@ -379,7 +449,10 @@ void Resizer::resize(const uint8_t* src, int src_width, int src_height, size_t s
         std::to_string(box.y0) + ", " + std::to_string(box.y1) + ") is empty or outside the " +
         std::to_string(src_width) + "x" + std::to_string(src_height) + " source");
 
-  compute_axis(src_width, box.x0, box.x1, dst_width, 4, flip, horizontal_);
+  // Horizontal taps padded to four (two pmaddwd pairs per 16-byte load), or to two for the AVX2
+  // kernel, which has a last-pair step (an upscale's two taps would otherwise be half zeros).
+  compute_axis(src_width, box.x0, box.x1, dst_width, kernel_ == ResizeKernel::kAvx2 ? 2 : 4, flip,
+               horizontal_);
   compute_axis(src_height, box.y0, box.y1, dst_height, 1, false, vertical_);
   if (rows_.size() < static_cast<size_t>(vertical_.taps)) {
     rows_.resize(static_cast<size_t>(vertical_.taps));
@@ -410,29 +483,30 @@ void Resizer::resize(const uint8_t* src, int src_width, int src_height, size_t s
   // The SIMD kernels read the horizontal weights rearranged per block of `lanes` output pixels
   // and per group of four taps: two vectors, taps (4g, 4g+1) and (4g+2, 4g+3), whose 128-bit lane
   // l holds [c0 c1 c0 c1 c0 c1 0 0] for pixel (block * lanes + l) (the last pixel repeated past
-  // the end), to multiply words r0 r1 g0 g1 b0 b1 0 0 of two source pixels.
+  // the end), to multiply words r0 r1 g0 g1 b0 b1 0 0 of two source pixels; when the taps end in
+  // a pair (AVX2 only: 4 * groups + 2 taps), one more vector for it. AVX2 reads blocks of two
+  // pixels two at a time, so their count is made even.
   const int lanes = kernel_ == ResizeKernel::kAvx512 ? 4 : kernel_ == ResizeKernel::kAvx2 ? 2 : 0;
   int16_t* lane_coeffs = nullptr;
   if (lanes > 0) {
     const int groups = horizontal_.taps / 4;
-    const size_t blocks = static_cast<size_t>(dst_width + lanes - 1) / lanes;
-    const size_t words = static_cast<size_t>(lanes) * 16;  // two vectors of lanes * 8 words
-    lane_coeffs_.resize(blocks * groups * words + 32);  // + room to align to 64 bytes
+    const int vectors = 2 * groups + (horizontal_.taps % 4 != 0 ? 1 : 0);  // per block
+    size_t blocks = static_cast<size_t>(dst_width + lanes - 1) / lanes;
+    if (kernel_ == ResizeKernel::kAvx2) blocks = (blocks + 1) / 2 * 2;
+    const size_t words = static_cast<size_t>(lanes) * 8;  // one vector: lanes * 8 words
+    lane_coeffs_.resize(blocks * vectors * words + 32);  // + room to align to 64 bytes
     lane_coeffs = reinterpret_cast<int16_t*>(
         (reinterpret_cast<uintptr_t>(lane_coeffs_.data()) + 63) & ~uintptr_t{63});
     for (size_t b = 0; b < blocks; ++b) {
       for (int lane = 0; lane < lanes; ++lane) {
         const int j = std::min(static_cast<int>(b * lanes) + lane, dst_width - 1);
         const int16_t* c = &horizontal_.coeffs[static_cast<size_t>(j) * horizontal_.taps];
-        for (int g = 0; g < groups; ++g) {
-          int16_t* v = lane_coeffs + (b * groups + g) * words;
-          for (int half = 0; half < 2; ++half) {
-            int16_t* l = v + half * (words / 2) + lane * 8;
-            const int16_t c0 = c[4 * g + 2 * half], c1 = c[4 * g + 2 * half + 1];
-            l[0] = l[2] = l[4] = c0;
-            l[1] = l[3] = l[5] = c1;
-            l[6] = l[7] = 0;
-          }
+        for (int k = 0; k < vectors; ++k) {  // vector k: taps 2k, 2k + 1
+          int16_t* l = lane_coeffs + (b * vectors + k) * words + lane * 8;
+          const int16_t c0 = c[2 * k], c1 = c[2 * k + 1];
+          l[0] = l[2] = l[4] = c0;
+          l[1] = l[3] = l[5] = c1;
+          l[6] = l[7] = 0;
         }
       }
     }

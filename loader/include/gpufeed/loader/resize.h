@@ -26,7 +26,7 @@ struct BoxF {
 enum class ResizeKernel {
   kAuto,    ///< the widest the CPU runs (checked once at run time): kAvx512, kAvx2 or kScalar
   kScalar,  ///< portable C++
-  kAvx2,    ///< x86 AVX2: two output pixels (or 32 bytes of a row) per step
+  kAvx2,    ///< x86 AVX2: four output pixels (two per vector; or 32 bytes of a row) per step
   kAvx512,  ///< x86 AVX-512 F+BW: four output pixels (or 64 bytes) per step
 };
 
