@@ -215,7 +215,10 @@ void read_file(const std::filesystem::path& path, std::vector<uint8_t>& out) {
   read_file(path.c_str(), out);
 }
 
-void read_file(const char* path, std::vector<uint8_t>& out) {
+namespace {
+
+template <class Bytes>
+void read_whole_file(const char* path, Bytes& out) {
   const auto os_error = [&](std::string_view what) {
     const int err = errno;
     detail::fail(
@@ -260,6 +263,11 @@ void read_file(const char* path, std::vector<uint8_t>& out) {
   }
   out.resize(total);
 }
+
+}  // namespace
+
+void read_file(const char* path, std::vector<uint8_t>& out) { read_whole_file(path, out); }
+void read_file(const char* path, ByteBuffer& out) { read_whole_file(path, out); }
 
 struct Decoder::Impl {
   detail::JpegDecoder jpeg;

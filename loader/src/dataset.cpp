@@ -225,7 +225,10 @@ std::string SampleRef::source() const {
   return s;
 }
 
-void read_sample(const SampleRef& s, std::vector<uint8_t>& out) {
+namespace {
+
+template <class Bytes>
+void read_sample_into(const SampleRef& s, Bytes& out) {
   if (s.size < 0) {
     decode::read_file(s.path.data(), out);  // NUL-terminated in the dataset's table
     return;
@@ -252,6 +255,11 @@ void read_sample(const SampleRef& s, std::vector<uint8_t>& out) {
     got += static_cast<size_t>(n);
   }
 }
+
+}  // namespace
+
+void read_sample(const SampleRef& s, std::vector<uint8_t>& out) { read_sample_into(s, out); }
+void read_sample(const SampleRef& s, decode::ByteBuffer& out) { read_sample_into(s, out); }
 
 // ---- SampleTable
 

@@ -42,7 +42,7 @@ std::mutex& tbb_handoff_mutex() {
 // Buffers grow to the largest file/image seen and are then reused: no per-sample allocation.
 struct Worker {
   decode::Decoder decoder;
-  std::vector<uint8_t> bytes;
+  decode::ByteBuffer bytes;  // the file, grown without zero-filling
   decode::ImageBuffer image;
   Resizer resizer;     // filter tables and one row, reused
   AugmentPlan augment;  // the sample's augmentation draws, reused

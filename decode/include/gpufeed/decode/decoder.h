@@ -43,6 +43,8 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gpufeed/decode/error.h"
@@ -201,6 +203,30 @@ class Decoder {
   std::unique_ptr<Impl> impl_;
 };
 
+/// An allocator whose construct() default-initialises: std::vector<uint8_t>::resize
+/// value-initialises (zero-fills) the bytes it adds, a wasted pass over a buffer that a read is
+/// about to overwrite.
+template <class T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  using std::allocator<T>::allocator;
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
+/// A byte vector whose resize() leaves the bytes it adds uninitialised: the loader's per-thread
+/// file buffer (read_file, loader::read_sample), which a read then fills.
+using ByteBuffer = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
+
 /// Reads a whole file into `out` (reusing its capacity). Throws DecodeError kIo naming the path
 /// and the OS reason when the file is missing or unreadable, and for anything but a regular file
 /// (a folder, a FIFO that could block forever, a device that never ends).
@@ -208,6 +234,8 @@ void read_file(const std::filesystem::path& path, std::vector<uint8_t>& out);
 /// The same for a NUL-terminated path (the loader's sample table holds its paths so, and this
 /// overload makes no per-sample path object).
 void read_file(const char* path, std::vector<uint8_t>& out);
+/// The same into a ByteBuffer: the buffer is grown without zero-filling it first.
+void read_file(const char* path, ByteBuffer& out);
 
 /// Encodes [height, width, 3] RGB uint8 rows (stride width*3) as a baseline JPEG through
 /// TurboJPEG. quality 1..100; subsampling k444, k422 or k420 (also k440, k411 and kGray, which

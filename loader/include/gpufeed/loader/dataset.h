@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "gpufeed/decode/decoder.h"  // decode::ByteBuffer
+
 namespace gpufeed::loader {
 
 /// One sample, as a view into its dataset's table: valid while the dataset lives (datasets are
@@ -37,6 +39,8 @@ struct SampleRef {
 /// the file cannot be opened or read, or ends before the range does (an archive cut short since
 /// it was indexed).
 void read_sample(const SampleRef& s, std::vector<uint8_t>& out);
+/// The same into a decode::ByteBuffer, grown without zero-filling (the loader's workers use it).
+void read_sample(const SampleRef& s, decode::ByteBuffer& out);
 
 /// A fixed, ordered list of samples. Implementations are immutable after construction, so any
 /// thread may read them.
