@@ -517,6 +517,36 @@ ErrorKind kind_for_error(int code) {
   fail(kind, source, "libjpeg: " + reason);
 }
 
+// Whether the stream defines Huffman tables (DHT) before its first scan. Motion-JPEG (AVI1)
+// frames leave them out and rely on the standard tables, which libjpeg installs only into table
+// slots still empty: a reused decompressor still holds the previous image's tables there. True
+// when the header cannot be walked (libjpeg then judges the stream as before).
+bool defines_huffman_tables(std::span<const uint8_t> b) {
+  size_t i = 2;
+  while (i + 4 <= b.size()) {
+    if (b[i] != 0xFF) return true;
+    const uint8_t m = b[i + 1];
+    if (m == 0xFF) {  // fill byte
+      ++i;
+      continue;
+    }
+    if (m == 0xC4) return true;
+    if (m == 0xDA) return false;
+    if (m == 0x01 || (m >= 0xD0 && m <= 0xD8)) {  // markers without a length
+      i += 2;
+      continue;
+    }
+    i += 2 + ((static_cast<size_t>(b[i + 2]) << 8) | b[i + 3]);
+  }
+  return true;
+}
+
+bool holds_huffman_tables(const jpeg_decompress_struct& cinfo) {
+  for (int k = 0; k < NUM_HUFF_TBLS; ++k)
+    if (cinfo.dc_huff_tbl_ptrs[k] != nullptr || cinfo.ac_huff_tbl_ptrs[k] != nullptr) return true;
+  return false;
+}
+
 }  // namespace
 
 JpegDecoder::JpegDecoder() : state_(std::make_unique<JpegState>()) {
@@ -564,6 +594,13 @@ JpegDecoder::~JpegDecoder() {
 void JpegDecoder::decode(std::span<const uint8_t> bytes, std::string_view source,
                          const ImageInfo& info, const DecodeOptions& options, const CropRect& crop,
                          ImageBuffer& out, DecodeResult& result) {
+  if (holds_huffman_tables(state_->cinfo) && !defines_huffman_tables(bytes)) {
+    // A stream without DHT gets a fresh decompressor, so that libjpeg gives it the standard
+    // tables rather than whatever an earlier image on this decoder defined (which made such
+    // frames decode differently depending on the image decoded before, i.e. on the thread).
+    JpegDecoder fresh;
+    std::swap(state_, fresh.state_);  // fresh's destructor frees the old decompressor
+  }
   State& s = *state_;
   ErrorManager& err = s.err;
   jpeg_decompress_struct& cinfo = s.cinfo;
