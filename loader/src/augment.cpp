@@ -300,7 +300,7 @@ __attribute__((target("fma"))) void grid_bilinear_fma(uint8_t* image, int height
 }
 
 // Channel c (byte c) of each lane's 32-bit tap, as float.
-__attribute__((target("avx2"))) [[gnu::always_inline]] inline __m256 tap_channel(__m256i t, int c, __m256i byte) {
+__attribute__((target("avx2"), always_inline)) inline __m256 tap_channel(__m256i t, int c, __m256i byte) {
   return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(t, 8 * c), byte));
 }
 
