@@ -79,8 +79,10 @@ EpochStats Trainer::Impl::train_epoch(int64_t epoch_index, Profiler& profiler, S
   // The epoch's crop side (progressive resizing), a resumed epoch's included, before its first batch.
   ep.stats.image_size = train_image_size(epoch_index);
   train_loader->set_image_size(ep.stats.image_size);
-  prefetcher->start_epoch(epoch_index, ep.batch_index);
+  // The profiler's epoch snapshot of the loader's counters first: start_epoch sets the workers
+  // going at once, and a sample they finish before the snapshot would drop out of the epoch's count.
   profiler.begin_epoch(epoch_index);
+  prefetcher->start_epoch(epoch_index, ep.batch_index);
   ep.stats.epoch = epoch_index;
   ep.loss_sum = at::zeros({1}, stat_options.dtype(at::kDouble));
   ep.correct = at::zeros({1}, stat_options.dtype(at::kLong));

@@ -169,7 +169,8 @@ class Profiler {
   Profiler(const Profiler&) = delete;
   Profiler& operator=(const Profiler&) = delete;
 
-  /// An epoch starts (before its first step).
+  /// An epoch starts: call it before the loader's start_epoch (it snapshots the loader's counters,
+  /// and the workers start loading at once), and before the epoch's first step.
   void begin_epoch(int64_t epoch);
   /// A step starts: the host is about to ask the prefetcher for the next batch.
   void step_begin();
