@@ -197,6 +197,57 @@ TEST(BenchCli, OnErrorSkipCountsTheBadFileAndRaiseStopsNamingIt) {
 
 
 
+TEST(BenchCli, ResizeKernelVariableGivesTheSameSamplesAndRefusesAnUnknownKernel) {
+  // GPUFEED_RESIZE_KERNEL (loader/resize.h) narrows the loader's automatic kernel choice, so an
+  // AVX2-only CPU's path can be measured on an AVX-512 machine: every kernel this CPU runs gives
+  // the same bytes, and a value it cannot run or does not know stops the run naming the variable.
+  TempDir tmp;
+  fs::create_directories(tmp.path / "data" / "a");
+  kinds::JpegSpec s;
+  s.width = 120;
+  s.height = 90;
+  for (int i = 0; i < 6; ++i)
+    write_file(tmp.path / "data" / "a" / ("img" + std::to_string(i) + ".jpg"),
+               kinds::make_jpeg(s, kinds::pattern(120, 90, 3, static_cast<uint32_t>(i + 1))));
+  const auto bench = [&](const std::string& kernel, const std::string& dump, std::string& out,
+                         std::string& err) {
+    const std::string env = kernel.empty() ? "" : "GPUFEED_RESIZE_KERNEL=" + kernel + " ";
+    const std::string cmd = env + gpufeed::test::shell_quote(GPUFEED_CLI) + " bench --data '" +
+                            (tmp.path / "data").string() +
+                            "' --num-workers 1 --batch-size 3 --image-size 40 --index-cache off "
+                            "--json --dump '" + (tmp.path / dump).string() + "'";
+    gpufeed::test::Output r = gpufeed::test::run_captured(cmd, tmp.path);
+    out = std::move(r.out);
+    err = std::move(r.err);
+    return r.code;
+  };
+  std::string out, err;
+  ASSERT_EQ(bench("", "auto.raw", out, err), 0) << err;
+  const std::string reference = gpufeed::test::read_text(tmp.path / "auto.raw");
+  ASSERT_EQ(reference.size(), 6u * 40 * 40 * 3);
+  std::vector<std::string> kernels = {"scalar"};
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) kernels.push_back("avx2");
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) kernels.push_back("avx512");
+#endif
+  for (const std::string& k : kernels) {
+    ASSERT_EQ(bench(k, k + ".raw", out, err), 0) << k << ": " << err;
+    EXPECT_TRUE(gpufeed::test::read_text(tmp.path / (k + ".raw")) == reference) << k;
+  }
+  EXPECT_NE(bench("avx1024", "bad.raw", out, err), 0);
+  EXPECT_NE(err.find("GPUFEED_RESIZE_KERNEL=avx1024: expected auto, scalar, avx2 or avx512"),
+            std::string::npos) << err;
+#if defined(__x86_64__) || defined(__i386__)
+  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))) {
+    EXPECT_NE(bench("avx512", "bad.raw", out, err), 0);
+    EXPECT_NE(err.find("GPUFEED_RESIZE_KERNEL=avx512: this CPU does not run that kernel"),
+              std::string::npos) << err;
+  }
+#endif
+}
+
+
 /// A small valid JPEG (gradient), through the decoder's encoder.
 std::vector<uint8_t> small_jpeg(int w = 24, int h = 16) {
   std::vector<uint8_t> rgb(static_cast<size_t>(w) * h * 3);

@@ -350,7 +350,21 @@ def machine():
                     os_name = line.split("=", 1)[1].strip().strip('"')
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "os": os_name,
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    simd = "avx512" if {"avx512f", "avx512bw"} <= flags else "avx2" if "avx2" in flags else "scalar"
+    # The resize kernel gpufeed's loader runs: the widest this CPU has, or the narrower one
+    # GPUFEED_RESIZE_KERNEL names (to measure an AVX2-only CPU's path on an AVX-512 machine).
+    kernel = os.environ.get("GPUFEED_RESIZE_KERNEL", "") or "auto"
+    return {"cpu": cpu, "cores": os.cpu_count(), "os": os_name, "simd": simd,
+            "resize_kernel": simd if kernel == "auto" else kernel,
             "load_average_at_start": list(os.getloadavg())}
 
 
@@ -506,7 +520,8 @@ def main():
     # --- the table ---
     t2 = max(threads)
     mach = report["machine"]
-    print(f"\n{mach['cpu']}, {mach['cores']} cores, load average {mach['load_average_at_start'][0]:.1f}"
+    print(f"\n{mach['cpu']} ({mach['simd']}; gpufeed resize kernel {mach['resize_kernel']}), "
+          f"{mach['cores']} cores, load average {mach['load_average_at_start'][0]:.1f}"
           f" -> {mach['load_average_at_end'][0]:.1f}; {args.data}; batch {args.batch_size}, "
           f"{args.image_size}px; {args.warmup} warm-up + {args.epochs} timed passes; median of "
           f"{args.rounds} rounds")

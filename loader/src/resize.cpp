@@ -13,9 +13,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -49,10 +51,29 @@ bool cpu_supports(ResizeKernel kernel) {
 #endif
 }
 
+// kAuto's choice: the widest kernel the CPU runs, or the narrower one GPUFEED_RESIZE_KERNEL
+// names (scalar|avx2|avx512), so one machine can measure the paths of CPUs that lack AVX-512 or
+// AVX2. A value the CPU cannot run, or an unknown one, is refused when the first Resizer is made.
 ResizeKernel best_kernel() {
-  static const ResizeKernel best = cpu_supports(ResizeKernel::kAvx512) ? ResizeKernel::kAvx512
-                                   : cpu_supports(ResizeKernel::kAvx2) ? ResizeKernel::kAvx2
-                                                                       : ResizeKernel::kScalar;
+  static const ResizeKernel best = [] {
+    const ResizeKernel widest = cpu_supports(ResizeKernel::kAvx512) ? ResizeKernel::kAvx512
+                                : cpu_supports(ResizeKernel::kAvx2) ? ResizeKernel::kAvx2
+                                                                    : ResizeKernel::kScalar;
+    const char* env = std::getenv("GPUFEED_RESIZE_KERNEL");
+    if (env == nullptr || *env == '\0' || std::string_view(env) == "auto") return widest;
+    const std::string_view name(env);
+    const ResizeKernel chosen = name == "scalar" ? ResizeKernel::kScalar
+                                : name == "avx2" ? ResizeKernel::kAvx2
+                                : name == "avx512" ? ResizeKernel::kAvx512
+                                                   : ResizeKernel::kAuto;
+    if (chosen == ResizeKernel::kAuto)
+      throw std::invalid_argument("GPUFEED_RESIZE_KERNEL=" + std::string(name) +
+                                  ": expected auto, scalar, avx2 or avx512");
+    if (!cpu_supports(chosen))
+      throw std::invalid_argument("GPUFEED_RESIZE_KERNEL=" + std::string(name) +
+                                  ": this CPU does not run that kernel");
+    return chosen;
+  }();
   return best;
 }
 

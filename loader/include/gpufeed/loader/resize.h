@@ -24,7 +24,11 @@ struct BoxF {
 /// Which implementation Resizer runs. All give identical bytes; the explicit choices exist for
 /// tests that prove it and for CPUs that lack the wider ones.
 enum class ResizeKernel {
-  kAuto,    ///< the widest the CPU runs (checked once at run time): kAvx512, kAvx2 or kScalar
+  kAuto,    ///< the widest the CPU runs (checked once at run time): kAvx512, kAvx2 or kScalar;
+            ///< the environment variable GPUFEED_RESIZE_KERNEL=scalar|avx2|avx512 picks a narrower
+            ///< one (to measure an AVX2-only CPU's path on an AVX-512 machine); a kernel this CPU
+            ///< cannot run, or another value, makes Resizer's constructor throw
+            ///< std::invalid_argument naming the variable
   kScalar,  ///< portable C++
   kAvx2,    ///< x86 AVX2: four output pixels (two per vector; or 32 bytes of a row) per step
   kAvx512,  ///< x86 AVX-512 F+BW: four output pixels (or 64 bytes) per step
