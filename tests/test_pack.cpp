@@ -234,6 +234,38 @@ TEST(Pack, SameBytesForAnyWorkerCount) {
             gpufeed::test::read_text(dir.path / "w4" / "manifest.json"));
 }
 
+TEST(Pack, WhatTheRawBudgetsFirstPassKeepsChangesNoByte) {
+  // plan_keep_bytes: everything kept (the default), nothing kept (the main pass decodes, resizes
+  // and encodes again), and room for a few JPEGs and PPMs only (some samples from either side).
+  TempDir dir("pack_keep");
+  const fs::path src = make_folder(dir.path / "src");
+  const ImageFolder folder(src, {.index_cache = "off"});
+  for (const bool reencode : {false, true}) {
+    PackOptions o = small_shards();
+    o.reencode = reencode;
+    o.raw_budget_fraction = 0.5;
+    std::vector<PackResult> results;
+    std::vector<fs::path> outs;
+    for (const int64_t keep : {o.plan_keep_bytes, int64_t{0}, int64_t{60000}}) {
+      o.plan_keep_bytes = keep;
+      outs.push_back(dir.path / ("out_" + std::to_string(reencode) + "_" + std::to_string(keep)));
+      results.push_back(pack_dataset(folder, src, outs.back(), o));
+    }
+    ASSERT_GT(results[0].raw, 0);
+    ASSERT_GT(results[0].reencoded, 0);
+    for (size_t k = 1; k < results.size(); ++k) {
+      ASSERT_EQ(results[k].shards.size(), results[0].shards.size());
+      EXPECT_EQ(results[k].raw, results[0].raw);
+      for (const PackedShard& s : results[0].shards)
+        EXPECT_EQ(file_bytes(outs[k] / s.file), file_bytes(outs[0] / s.file)) << s.file << " keep " << k;
+      EXPECT_EQ(gpufeed::test::read_text(outs[k] / "manifest.json"), gpufeed::test::read_text(outs[0] / "manifest.json"));
+    }
+  }
+  PackOptions bad = small_shards();
+  bad.plan_keep_bytes = -1;
+  EXPECT_THROW(pack_dataset(folder, src, dir.path / "bad", bad), std::invalid_argument);
+}
+
 // Test 3: the webdataset package reads the shards: same keys, labels and bytes, in order.
 TEST(Pack, WebdatasetPackageReadsTheShards) {
   const fs::path python = GPUFEED_PYTHON;

@@ -47,9 +47,9 @@
 // it, a copy instead of a JPEG decode) within a budget of extra bytes. A first pass (in
 // parallel) reads and probes every file and finds, per sample: its packed JPEG bytes J (the
 // file's size when copied; when re-encoded, the size of the new JPEG, which that pass
-// therefore computes; up to 512 MiB of those JPEGs and of their pixels as PPM are kept for the
-// main pass, which writes the form chosen; beyond that they are decoded, resized and encoded
-// again), its PPM bytes P (header + 3 x pixels
+// therefore computes; up to plan_keep_bytes (512 MiB) of those JPEGs, and as much of their
+// pixels as PPM, are kept for the main pass, which writes the form chosen; beyond that they are
+// decoded, resized and, for a JPEG, encoded again), its PPM bytes P (header + 3 x pixels
 // after the resize), the extra bytes E = tar size of P - tar size of J (exact), and the decode
 // work it saves, modelled as its pixel count N (JPEG decode time grows with the pixels). Samples
 // are taken in order of N / E, highest first (ties: lower index), each one whose E still fits
@@ -136,6 +136,10 @@ struct PackOptions {
   /// raw_budget_fraction (> 0: that fraction of the JPEG members' bytes of the whole pack).
   int64_t raw_budget = 0;
   double raw_budget_fraction = 0;
+  /// With a raw budget, the memory the first pass may keep its re-encoded JPEGs in, and as much
+  /// again for their pixels as PPM (bytes, each; 0 keeps nothing). The main pass writes what was
+  /// kept and makes the rest again; the output bytes never depend on it.
+  int64_t plan_keep_bytes = int64_t{512} << 20;
   /// Where keys' relative paths start: "" = the source's folder (the source itself when it is a
   /// folder, a list file's folder).
   std::filesystem::path base;
