@@ -37,10 +37,6 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 PARALLEL=()
 # -jobs makes libFuzzer fork workers that log to fuzz-N.log in the current folder.
 ((JOBS > 1)) && PARALLEL=(-jobs="$JOBS" -workers="$JOBS")
-echo "fuzz: running fuzz_decode for ${SECONDS_TO_RUN} s (${JOBS} job(s))"
-"$BUILD/fuzz_decode" -max_total_time="$SECONDS_TO_RUN" -max_len=65536 -timeout=10 \
-  -rss_limit_mb=3072 -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/" \
-  "${PARALLEL[@]}" "${DIRS[@]}"
 
 # The tar shard indexer (loader/shards.h), seeded with a small WebDataset-style shard (ustar, a
 # pax long name, a label) written by GNU tar.
@@ -55,7 +51,20 @@ printf '1' > "$TAR_SEEDS/files/$(printf 'n%.0s' $(seq 120)).cls"
 tar --format=pax -cf "$TAR_SEEDS/seed.tar" -C "$TAR_SEEDS/files" .
 tar --format=gnu -cf "$TAR_SEEDS/seed_gnu.tar" -C "$TAR_SEEDS/files" .
 rm -rf "$TAR_SEEDS/files"
-echo "fuzz: running fuzz_tar for ${SECONDS_TO_RUN} s (${JOBS} job(s))"
+# Both targets run at the same time (each is one process unless GPUFEED_FUZZ_JOBS says more), so
+# the gate takes SECONDS once, not twice; each one's output is printed when both have ended.
+echo "fuzz: running fuzz_decode and fuzz_tar for ${SECONDS_TO_RUN} s each, at once (${JOBS} job(s) each)"
+"$BUILD/fuzz_decode" -max_total_time="$SECONDS_TO_RUN" -max_len=65536 -timeout=10 \
+  -rss_limit_mb=3072 -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/" \
+  "${PARALLEL[@]}" "${DIRS[@]}" > "$BUILD/fuzz_decode.log" 2>&1 &
+DECODE_PID=$!
 "$BUILD/fuzz_tar" -max_total_time="$SECONDS_TO_RUN" -max_len=16384 -timeout=10 \
   -rss_limit_mb=3072 -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/" \
-  "${PARALLEL[@]}" "$TAR_CORPUS" "$TAR_SEEDS"
+  "${PARALLEL[@]}" "$TAR_CORPUS" "$TAR_SEEDS" > "$BUILD/fuzz_tar.log" 2>&1 && TAR_STATUS=0 || TAR_STATUS=$?
+wait "$DECODE_PID" && DECODE_STATUS=0 || DECODE_STATUS=$?
+for t in decode tar; do
+  echo "fuzz: fuzz_$t's output ($BUILD/fuzz_$t.log):"
+  cat "$BUILD/fuzz_$t.log"
+done
+echo "fuzz: fuzz_decode exit status $DECODE_STATUS, fuzz_tar exit status $TAR_STATUS"
+[ "$DECODE_STATUS" -eq 0 ] && [ "$TAR_STATUS" -eq 0 ]
