@@ -386,15 +386,18 @@ def test_slot_returns_when_the_last_tensor_is_freed(folder):
 def test_keyboard_interrupt_while_waiting(big_folder):
     """Ctrl-C while the loader decodes a slow batch raises KeyboardInterrupt before that batch
     is done (the wait is sliced), and the batch is still delivered afterwards."""
-    loader = gpufeed.DataLoader(big_folder, batch_size=48, num_workers=1, image_size=224, train=False,
-                                dtype=torch.uint8)
+    # 800 px: every 1200x1000 file decodes at full scale (~10 ms each on one thread), so the batch
+    # takes ~0.5 s and the interrupt at 50 ms lands well inside it on any machine (at 224 px, DCT
+    # scaling made the batch about as fast as the timer on a fast CPU).
+    loader = gpufeed.DataLoader(big_folder, batch_size=48, num_workers=1, image_size=800, train=False,
+                                dtype=torch.uint8, prefetch_depth=1)
     it = iter(loader)
     timer = threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     with pytest.raises(KeyboardInterrupt):
         next(it)
     timer.join()
-    assert loader.stats()["samples"] < 48  # interrupted mid-batch, not after it
+    assert loader.stats()["samples"] < 48, loader.stats()["samples"]  # interrupted mid-batch, not after it
     images, labels = next(it)
     assert images.shape[0] == 48 and loader.last_batch["batch_index"] == 0
 
