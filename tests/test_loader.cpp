@@ -156,6 +156,15 @@ TEST(FileList, ParsesPathsWithSpacesRelativeToRoot) {
   EXPECT_EQ(list.classes().size(), 4u);
   std::ofstream(dir / "bad.txt") << "a.jpg x\n";
   EXPECT_THROW(FileList(dir / "bad.txt", "/data", {}, {.check_files = false}), std::runtime_error);
+  // A huge label would make a billion class names: refused, naming its line.
+  std::ofstream(dir / "huge.txt") << "a.jpg 1\nb.jpg 1000000000\n";
+  try {
+    FileList(dir / "huge.txt", "/data", {}, {.check_files = false});
+    ADD_FAILURE() << "a label above kMaxLabel must be an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("huge.txt:2: label 1000000000 is above the largest class index, 16777215"),
+              std::string::npos) << e.what();
+  }
   std::ofstream(dir / "empty.txt") << "# nothing\n\n";
   try {
     FileList(dir / "empty.txt", "/data");
@@ -636,6 +645,18 @@ TEST(Loader, AnImageSizeAboveTheSlotsIsRefusedNamingBoth) {
   eval.max_image_size = 64;
   Loader evaluating(ds, std::make_shared<SequentialSampler>(ds->size()), eval);
   EXPECT_THROW(evaluating.set_image_size(48), std::invalid_argument);
+}
+
+TEST(Loader, NumWorkersOutsideZeroToTheMaximumIsRefusedBeforeAnyThreadStarts) {
+  // 100000 threads made pthread_create fail inside oneTBB and the process abort (field report).
+  auto ds = std::make_shared<ImageFolder>(synthetic_root());
+  for (const int n : {-1, kMaxNumWorkers + 1, 100000}) {
+    auto o = small_options(1);
+    o.num_workers = n;
+    EXPECT_NE(error_of<std::invalid_argument>([&] { Loader l(ds, std::make_shared<SequentialSampler>(ds->size()), o); })
+                  .find("num_workers " + std::to_string(n) + " must be in 0..1024"),
+              std::string::npos) << n;
+  }
 }
 
 TEST(Loader, BatchOutlivingTheLoaderKeepsItsMemory) {

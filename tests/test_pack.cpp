@@ -264,6 +264,9 @@ TEST(Pack, WhatTheRawBudgetsFirstPassKeepsChangesNoByte) {
   PackOptions bad = small_shards();
   bad.plan_keep_bytes = -1;
   EXPECT_THROW(pack_dataset(folder, src, dir.path / "bad", bad), std::invalid_argument);
+  bad = small_shards();
+  bad.num_workers = kMaxNumWorkers + 1;
+  EXPECT_THROW(pack_dataset(folder, src, dir.path / "bad", bad), std::invalid_argument);
 }
 
 // Test 3: the webdataset package reads the shards: same keys, labels and bytes, in order.

@@ -241,6 +241,18 @@ TEST(TarIndex, HostileArchivesFailNamingTheShardTheMemberAndWhy) {
     w.member("q.cls", "-1");
     w.end();
     expect(error_of(w.bytes), {"'q.cls'", "'-1' is not a class index"});
+    // A huge label (the class count is the largest + 1) is refused before anything is allocated
+    // for it; the largest class index itself is accepted.
+    Tar x;
+    x.member("q.jpg", "J");
+    x.member("q.cls", "1000000000");
+    x.end();
+    expect(error_of(x.bytes), {"'q.cls'", "label 1000000000 is above the largest class index, 16777215"});
+    Tar y;
+    y.member("q.jpg", "J");
+    y.member("q.cls", "16777215");
+    y.end();
+    EXPECT_EQ(error_of(y.bytes), "no error");
   }
   {  // not a tar at all, a corrupted header, a sparse member
     expect(error_of(std::string(2048, 'z')), {"mem.tar", "checksum"});

@@ -558,7 +558,10 @@ FileList::FileList(const fs::path& list_file, const fs::path& root, const IndexC
         throw std::runtime_error("FileList: " + where() + ": label '" + std::string(label_part) + "' is not an integer");
       }
       if (label < 0) throw std::runtime_error("FileList: " + where() + ": negative label " + std::string(label_part));
-      if (label > INT32_MAX) throw std::runtime_error("FileList: " + where() + ": label " + std::string(label_part) + " is over 2^31-1");
+      if (label > kMaxLabel)
+        throw std::runtime_error("FileList: " + where() + ": label " + std::string(label_part) +
+                                 " is above the largest class index, " + std::to_string(kMaxLabel) +
+                                 " (2^24-1): the class count is the largest label + 1");
       const bool absolute = path_part.front() == '/';
       if (pass == 0) {
         ++samples;

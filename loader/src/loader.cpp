@@ -589,7 +589,9 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<sampler::
   // cv::setNumThreads(n) installs a process-wide tbb::global_control(max_allowed_parallelism, n)
   // that would starve our arena (n = 0 leaves it no worker at all). Its loops nest inside our
   // tasks on the same TBB workers instead: one parallel layer, no extra threads.
-  if (options.num_workers < 0) throw std::invalid_argument("Loader: num_workers must be >= 0 (0 = all hardware threads)");
+  if (options.num_workers < 0 || options.num_workers > kMaxNumWorkers)
+    throw std::invalid_argument(fmt::format("Loader: num_workers {} must be in 0..{} (0 = all hardware threads)",
+                                            options.num_workers, kMaxNumWorkers));
   if (const unsigned hw = std::thread::hardware_concurrency();
       hw > 0 && static_cast<unsigned>(options.num_workers) > hw) {
     // DataLoader warns the same way: more decode threads than hardware threads only add switching.

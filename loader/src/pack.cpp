@@ -486,6 +486,9 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
   if (o.quality < 1 || o.quality > 100) throw std::invalid_argument("pack: quality must be in 1..100");
   if (o.chunk_samples < 1) throw std::invalid_argument("pack: chunk_samples must be >= 1");
   if (o.max_skips < 0) throw std::invalid_argument("pack: max_skips must be >= 0");
+  if (o.num_workers < 0 || o.num_workers > kMaxNumWorkers)
+    throw std::invalid_argument(fmt::format("pack: num_workers {} must be in 0..{} (0 = all hardware threads)",
+                                            o.num_workers, kMaxNumWorkers));
   if (o.plan_keep_bytes < 0) throw std::invalid_argument("pack: plan_keep_bytes must be >= 0");
   if (o.raw_budget < 0 || !(o.raw_budget_fraction >= 0) || (o.raw_budget > 0 && o.raw_budget_fraction > 0))
     throw std::invalid_argument("pack: give raw_budget (bytes >= 0) or raw_budget_fraction (>= 0), not both");

@@ -245,8 +245,11 @@ std::vector<ShardSample> index_shard(const ReadAt& read, int64_t file_size, cons
       while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.remove_suffix(1);
       int64_t label = -1;
       const auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), label);
-      if (t.empty() || ec != std::errc() || p != t.data() + t.size() || label < 0 || label > INT32_MAX)
-        fail(shard, cls->name, fmt::format("'{}' is not a class index (0..2^31-1)", printable(t)));
+      if (t.empty() || ec != std::errc() || p != t.data() + t.size() || label < 0)
+        fail(shard, cls->name, fmt::format("'{}' is not a class index (0..{})", printable(t), kMaxLabel));
+      if (label > kMaxLabel)
+        fail(shard, cls->name, fmt::format("label {} is above the largest class index, {} (2^24-1): the class "
+                                           "count is the largest label + 1", label, kMaxLabel));
       out.push_back({image->name, image->offset, image->size, static_cast<int32_t>(label)});
     }
     done.insert(std::move(g.key));

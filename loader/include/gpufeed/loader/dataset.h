@@ -15,6 +15,11 @@ namespace gpufeed::loader {
 
 /// One sample, as a view into its dataset's table: valid while the dataset lives (datasets are
 /// immutable, so any number of threads may hold views).
+/// The largest class index a file list or a shard's `.cls` may give (2^24 - 1). Their class
+/// count is the largest label + 1, one class name per index, so a stray huge label (a hash, a
+/// byte offset) would otherwise allocate hundreds of millions of names before anything fails.
+inline constexpr int64_t kMaxLabel = (int64_t{1} << 24) - 1;
+
 struct SampleRef {
   /// The file's path. NUL-terminated in the table (path.data()[path.size()] == '\0'), so it can
   /// be passed to open() without a copy.

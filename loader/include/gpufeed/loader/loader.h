@@ -46,11 +46,16 @@ enum class ErrorPolicy {
   kSkip,
 };
 
+/// The most threads a Loader (or gpufeed pack) runs: more is refused with std::invalid_argument
+/// instead of failing inside the thread pool (pthread_create runs out of resources somewhere
+/// above tens of thousands of threads, and the process aborts).
+inline constexpr int kMaxNumWorkers = 1024;
+
 /// Loader options, DataLoader's vocabulary where one exists.
 struct LoaderOptions {
   int64_t batch_size = 256;   ///< samples per batch
   bool drop_last = false;     ///< drop the last, short batch (DataLoader's drop_last)
-  int num_workers = 0;        ///< decode threads in the loader's arena; 0 = all hardware threads
+  int num_workers = 0;        ///< decode threads in the loader's arena; 0 = all hardware threads; at most kMaxNumWorkers
   int prefetch_depth = 3;     ///< batch slots that exist, held by the consumer included; >= 1
   uint64_t seed = 0;          ///< augmentation seed: sample i of epoch e draws from (seed, e, i)
   TransformOptions transform{};        ///< train or eval transform and its parameters

@@ -64,7 +64,7 @@ struct ShardSample {
 /// what index_tar rejects, a key that appears again after other keys (duplicate key), two
 /// members with the same extension in a sample, two images in a sample, an image without a
 /// `.cls` label or a label without an image, and a `.cls` that is not a class index in
-/// 0..2^31-1.
+/// 0..kMaxLabel (2^24-1, dataset.h).
 std::vector<ShardSample> index_shard(const ReadAt& read, int64_t file_size, const std::string& shard);
 
 /// Expands WebDataset's (braceexpand's) notation: "train-{000..002}.tar" -> train-000.tar,
