@@ -269,6 +269,18 @@ TEST(Pack, WhatTheRawBudgetsFirstPassKeepsChangesNoByte) {
   EXPECT_THROW(pack_dataset(folder, src, dir.path / "bad", bad), std::invalid_argument);
 }
 
+TEST(Pack, AnEarlierKilledPacksUnfinishedShardOfThePrefixIsRemoved) {
+  TempDir dir("pack_tmp");
+  const fs::path src = make_folder(dir.path / "src"), out = dir.path / "out";
+  fs::create_directories(out);
+  write_bytes(out / "train-000007.tar.tmp", Bytes(100, 1));  // what a SIGKILLed pack leaves
+  write_bytes(out / "notes.tmp", Bytes(3, 1));               // not ours: kept
+  const ImageFolder folder(src, {.index_cache = "off"});
+  pack_dataset(folder, src, out, small_shards());
+  EXPECT_FALSE(fs::exists(out / "train-000007.tar.tmp"));
+  EXPECT_TRUE(fs::exists(out / "notes.tmp"));
+}
+
 // Test 3: the webdataset package reads the shards: same keys, labels and bytes, in order.
 TEST(Pack, WebdatasetPackageReadsTheShards) {
   const fs::path python = GPUFEED_PYTHON;

@@ -231,3 +231,26 @@ TEST(PackCli, BadArgumentsFailWithAClearErrorAndWriteNothing) {
     EXPECT_TRUE(!fs::exists(out) || tars_in(out).empty());
   }
 }
+
+TEST(PackCli, SigtermStopsThePackAndRemovesWhatItWrote) {
+  // SIGTERM (or Ctrl-C's SIGINT) in the middle: exit 143 (130), and no shard, .tmp or manifest left behind (a partial set in
+  // the folder would be read as the whole dataset). The signal goes as soon as the first shard
+  // file appears; 3 chunks of 256 samples keep the pack busy after that.
+  TempDir dir("pack_cli_sigint");
+  const fs::path src = dir.path / "src", out = dir.path / "out";
+  gpufeed::loader::write_synthetic_image_folder(
+      src, {.num_classes = 3, .images_per_class = 250, .min_size = 150, .max_size = 220});
+  std::string cmd = "(";
+  cmd += shell_quote(GPUFEED_CLI) + " pack " + shell_quote(src.string()) + " " +
+                          shell_quote(out.string()) +
+                          " --reencode --num-workers 1 --shard-size 100000 --index-cache off --progress off & P=$!; "
+                          "i=0; while [ -z \"$(ls " + shell_quote(out.string()) + " 2>/dev/null)\" ] && [ $i -lt 3000 ]; "
+                          "do sleep 0.01; i=$((i+1)); done; kill -TERM $P; wait $P; echo code=$?)";
+  const Output r = gpufeed::test::run_captured(cmd, dir.path);
+  EXPECT_NE(r.out.find("code=143"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.err.find("gpufeed pack: SIGTERM: stopped; the shards this run wrote were removed"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("packed"), std::string::npos) << r.out;
+  ASSERT_TRUE(fs::exists(out));
+  EXPECT_TRUE(gpufeed::test::list_files_of(out).empty()) << gpufeed::test::list_files_of(out).size() << " files left";
+}

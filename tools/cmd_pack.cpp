@@ -1,13 +1,16 @@
 // gpufeed pack SRC OUT_DIR: an ImageFolder, flat folder, file list (or shards) written as
 // WebDataset tar shards plus manifest.json (gpufeed/loader/pack.h has the rules).
 #include <fmt/format.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "commands.h"
@@ -51,6 +54,27 @@ void parse_raw_budget(const std::string& text, loader::PackOptions& o) {
     o.raw_budget = parse_bytes(number, "--raw-budget");
   }
 }
+
+// SIGINT/SIGTERM: the pack stops after the chunk in hand (a progress call), removes the shards
+// this run wrote and its unfinished one, and exits 130/143: an interrupted pack leaves no partial
+// set that a folder read would take for the dataset. A second SIGINT exits at once.
+std::atomic<int> g_pack_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "read in a signal handler");
+
+extern "C" void on_pack_signal(int sig) {
+  int expected = 0;
+  if (!g_pack_signal.compare_exchange_strong(expected, sig)) {
+    static const char msg[] = "gpufeed pack: second signal, exiting now (shards and .tmp files may be left)\n";
+    [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+    ::_exit(128 + sig);
+  }
+  static const char msg[] = "gpufeed pack: stopping after the current chunk; removing what this run wrote (again to exit now)\n";
+  [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+}
+
+struct PackInterrupted {
+  int sig;
+};
 
 }  // namespace
 
@@ -104,9 +128,9 @@ Run add_pack(CLI::App& app) {
     a->o.error_policy = a->on_error == "skip" ? loader::ErrorPolicy::kSkip : loader::ErrorPolicy::kRaise;
     const std::shared_ptr<loader::Dataset> ds = loader::open_dataset(a->src, {.index_cache = a->index_cache});
     auto last = std::chrono::steady_clock::now();
-    std::function<void(const loader::PackProgress&)> progress;
-    if (a->progress == "lines") {
-      progress = [&last](const loader::PackProgress& p) {
+    std::function<void(const loader::PackProgress&)> progress = [&last, lines = a->progress == "lines"](const loader::PackProgress& p) {
+        if (const int sig = g_pack_signal.load()) throw PackInterrupted{sig};
+        if (!lines) return;
         const auto now = std::chrono::steady_clock::now();
         if (now - last < std::chrono::seconds(2) && p.done < p.total) return;
         last = now;
@@ -115,8 +139,24 @@ Run add_pack(CLI::App& app) {
                                  p.done, p.total, 100.0 * p.done / std::max<int64_t>(p.total, 1), p.shards,
                                  p.bytes_out / 1e6, rate, rate > 0 ? (p.total - p.done) / rate : 0.0);
       };
+    struct sigaction sa {};
+    sa.sa_handler = on_pack_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (const int sig : {SIGINT, SIGTERM}) {
+      struct sigaction old {};
+      sigaction(sig, nullptr, &old);
+      if (old.sa_handler != SIG_IGN) sigaction(sig, &sa, nullptr);  // an ignored one stays ignored (nohup, `cmd &`)
     }
-    const loader::PackResult r = loader::pack_dataset(*ds, a->src, a->out, a->o, progress);
+    std::optional<loader::PackResult> packed;
+    try {
+      packed = loader::pack_dataset(*ds, a->src, a->out, a->o, progress);
+    } catch (const PackInterrupted& stop) {
+      std::cerr << fmt::format("gpufeed pack: {}: stopped; the shards this run wrote were removed\n",
+                               stop.sig == SIGINT ? "SIGINT" : "SIGTERM");
+      return 128 + stop.sig;
+    }
+    const loader::PackResult& r = *packed;
     for (const loader::PackSkip& s : r.skipped) std::cout << "skipped " << s.path << ": " << s.kind << ": " << s.reason << "\n";
     std::cout << r.summary() << "\n";
     std::cout << "shards: " << (std::filesystem::path(a->out) / r.pattern).string() << " (manifest.json beside them)\n";

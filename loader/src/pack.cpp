@@ -638,6 +638,14 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
     if (std::none_of(r.shards.begin(), r.shards.end(), [&](const PackedShard& s) { return s.file == name; }))
       fs::remove(out_dir / name, ec);
   }
+  // The unfinished shard of a pack of this prefix that was killed (SIGKILL, a power cut): not a shard.
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 4 && name.ends_with(".tmp") && is_shard_name(name.substr(0, name.size() - 4), o.prefix))
+      stale.push_back(e.path());
+  }
+  for (const fs::path& p : stale) fs::remove(p, ec);
   r.seconds = elapsed();
   return r;
 }
