@@ -308,13 +308,16 @@ RawPlan plan_raw(const Dataset& dataset, const PackOptions& o, tbb::task_arena& 
   // 30% faster with them). What is kept never changes the output.
   std::atomic<int64_t> seen{0}, seen_jpeg_member_bytes{0}, seen_extra{0};
   const auto ppm_worth_keeping = [&](int64_t jpeg, int64_t extra) {
-    const int64_t k = seen.fetch_add(1) + 1;
-    const double j = static_cast<double>(seen_jpeg_member_bytes.fetch_add(TarWriter::member_bytes(jpeg)) +
-                                         TarWriter::member_bytes(jpeg));
-    const double e = static_cast<double>(seen_extra.fetch_add(std::max<int64_t>(extra, 0)) + std::max<int64_t>(extra, 0));
-    if (e <= 0) return true;
-    const double budget = o.raw_budget > 0 ? static_cast<double>(o.raw_budget) : o.raw_budget_fraction * j * static_cast<double>(n) / static_cast<double>(k);
-    return budget / (e * static_cast<double>(n) / static_cast<double>(k)) >= 0.125;
+    const int64_t j = TarWriter::member_bytes(jpeg), x = std::max<int64_t>(extra, 0);
+    const auto k = static_cast<double>(seen.fetch_add(1) + 1);
+    const auto jpeg_seen = static_cast<double>(seen_jpeg_member_bytes.fetch_add(j) + j);
+    const auto extra_seen = static_cast<double>(seen_extra.fetch_add(x) + x);
+    if (extra_seen <= 0) return true;
+    // The budget's share of the samples seen so far: a byte budget scaled to k of n samples, a
+    // fraction of the JPEG bytes applied to those seen.
+    const double budget_seen = o.raw_budget > 0 ? static_cast<double>(o.raw_budget) * k / static_cast<double>(n)
+                                                : o.raw_budget_fraction * jpeg_seen;
+    return budget_seen / extra_seen >= 0.125;
   };
   arena.execute([&] {
     detail::parallel_for_ordered(tbb::blocked_range<int64_t>(0, n, 1), [&](const tbb::blocked_range<int64_t>& range) {
@@ -497,9 +500,12 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
   fs::create_directories(out_dir, ec);
   if (ec) throw std::runtime_error("pack: cannot create " + out_dir.string() + ": " + ec.message());
   std::vector<std::string> existing;  // shards of this prefix, and the manifest, already there
+  std::vector<std::string> stale;     // the unfinished shard of a killed pack of this prefix
   for (const auto& e : fs::directory_iterator(out_dir)) {
     const std::string name = e.path().filename().string();
     if (is_shard_name(name, o.prefix) || name == "manifest.json") existing.push_back(name);
+    if (name.size() > 4 && name.ends_with(".tmp") && is_shard_name(name.substr(0, name.size() - 4), o.prefix))
+      stale.push_back(name);
   }
   std::sort(existing.begin(), existing.end());
   if (!existing.empty() && !o.overwrite)
@@ -638,14 +644,8 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
     if (std::none_of(r.shards.begin(), r.shards.end(), [&](const PackedShard& s) { return s.file == name; }))
       fs::remove(out_dir / name, ec);
   }
-  // The unfinished shard of a pack of this prefix that was killed (SIGKILL, a power cut): not a shard.
-  std::vector<fs::path> stale;
-  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.size() > 4 && name.ends_with(".tmp") && is_shard_name(name.substr(0, name.size() - 4), o.prefix))
-      stale.push_back(e.path());
-  }
-  for (const fs::path& p : stale) fs::remove(p, ec);
+  // A killed pack's (SIGKILL, a power cut) unfinished shard is not a shard: it goes once this one is done.
+  for (const std::string& name : stale) fs::remove(out_dir / name, ec);
   r.seconds = elapsed();
   return r;
 }
