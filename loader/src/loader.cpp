@@ -18,6 +18,7 @@
 
 #include "gpufeed/loader/augment.h"
 #include "gpufeed/log.h"
+#include "fork_guard.h"
 #include "tbb_tsan.h"
 
 namespace gpufeed::loader {
@@ -365,6 +366,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   std::shared_ptr<HostAllocator> allocator;
   int slot_side = 0;   // the slots hold batch_size samples of up to slot_side^2 x 3 bytes
   int next_size = 0;   // the output side the next start_epoch uses (set_image_size)
+  detail::ForkGuard fork_guard;  // first: counted before the arena exists, until it is gone
   // oneTBB's market starts hardware_concurrency - 1 workers (it keeps a slot for the main thread);
   // the arena's tasks run only on workers (we enqueue, the consumer never joins), so allow one
   // worker per loader thread. The effective limit is the minimum over live global_controls.
@@ -573,6 +575,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
 
 Loader::Loader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<sampler::Sampler> sampler,
                LoaderOptions options, std::shared_ptr<HostAllocator> allocator) {
+  detail::check_fork_safe();
   if (!dataset) throw std::invalid_argument("Loader: dataset is null");
   if (!sampler) throw std::invalid_argument("Loader: sampler is null");
   if (options.batch_size < 1) throw std::invalid_argument("Loader: batch_size must be >= 1");
