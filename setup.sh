@@ -42,6 +42,13 @@ if ! .venv/bin/python -c "import webdataset" 2>/dev/null; then
   echo "setup: installing $WDS_SPEC into .venv"
   .venv/bin/pip install -q $WDS_SPEC
 fi
+# torchdata's StatefulDataLoader: the oracle the tests drive gpufeed.DataLoader's state_dict /
+# load_state_dict against (the same call sequences must yield the same batches).
+TORCHDATA_SPEC="torchdata==0.11.0"
+if ! .venv/bin/python -c "import torchdata.stateful_dataloader" 2>/dev/null; then
+  echo "setup: installing $TORCHDATA_SPEC into .venv"
+  .venv/bin/pip install -q $TORCHDATA_SPEC
+fi
 # NVIDIA DALI's CPU pipeline (device_id=None runs without a GPU): a baseline of
 # tools/bench_compare.py. Best effort: without it the comparison leaves DALI out and says why.
 DALI_SPEC="nvidia-dali-cuda130==2.4.0"

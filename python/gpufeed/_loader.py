@@ -1,6 +1,7 @@
 """gpufeed.DataLoader: the C++ loader in torch.utils.data.DataLoader's vocabulary."""
 from __future__ import annotations
 
+import operator
 import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -12,7 +13,7 @@ _DTYPES = {torch.uint8: "uint8", torch.float32: "float32", torch.bfloat16: "bflo
            torch.float16: "float16"}
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-_STATE_VERSION = 1
+_STATE_VERSION = 2
 
 
 def distributed_rank_world_size() -> Tuple[int, int]:
@@ -67,7 +68,7 @@ class DataLoader:
             DistributedSampler's order (also with one process).
         drop_last: drop the last, shorter batch (DataLoader's ``drop_last``).
         num_workers: decode threads (C++ threads, not processes); None or 0: all hardware threads;
-            more than 1024 raises ValueError.
+            more than 1024 raises ValueError. The ``num_workers`` attribute is the count in use.
         seed: seeds the order and the augmentation; each sample's crop and flip depend only on
             (seed, epoch, index), whatever the thread count.
         train: True: RandomResizedCrop(image_size, scale, ratio) + RandomHorizontalFlip()
@@ -96,7 +97,9 @@ class DataLoader:
             gpufeed.SkipLimitExceeded.
         max_skips: see on_error.
         prefetch_depth: batch slots, the one the caller holds included (>= 1); the loader works
-            ahead into the others.
+            ahead into the others. CPU uint8 batches are views of their slots and a ``for`` loop
+            holds the previous batch while it asks for the next, so they need >= 2 (1 raises
+            ValueError saying so).
         auto_augment: train only, per sample after the flip, with torchvision.transforms.v2's
             semantics and pixels: ``"ta_wide"`` (TrivialAugmentWide()), ``"ra"``
             (RandAugment(ra_num_ops, ra_magnitude)) or ``"imagenet"`` (AutoAugment's ImageNet
@@ -118,6 +121,17 @@ class DataLoader:
         rank, world_size: shard as DistributedSampler(num_replicas=world_size, rank=rank,
             shuffle=shuffle, seed=seed) does (padding by repeating the start). Default: the
             initialised torch.distributed process group, else torchrun's RANK/WORLD_SIZE, else 0/1.
+        sampler: a ``torch.utils.data.distributed.DistributedSampler`` (as a script builds for
+            torch's DataLoader): its num_replicas, rank, shuffle, seed and drop_last give the
+            order, and its ``epoch`` (its set_epoch) chooses each fresh epoch. Other samplers raise
+            ValueError (gpufeed orders samples itself), as do shuffle=True and a rank, world_size
+            or seed that contradict it. ``drop_last`` here stays DataLoader's (the last, shorter
+            batch); the sampler's drop_last is DistributedSampler's (cut the tail so the ranks'
+            shards are disjoint instead of padding). Distributed evaluation that counts every
+            sample once is main.py's: ``sampler=DistributedSampler(val, shuffle=False,
+            drop_last=True)``, then the ``len(loader.sampler) * world_size:`` tail through
+            ``Subset(loader.dataset, ...)``; the default (padding) repeats up to world_size - 1
+            samples.
         index_cache: where the dataset's listing is cached so that the next start does not walk the
             tree: None keeps it beside the dataset (``<parent>/<name>.gpufeed-index``) when that
             folder is writable, ``"off"`` never caches, anything else is a folder to keep it in
@@ -130,7 +144,17 @@ class DataLoader:
     is held); ``.clone()`` what you keep. The float dtypes and CUDA batches are fresh tensors.
 
     Epochs: each ``iter(loader)`` runs one epoch, ``set_epoch(e)`` chooses it (as
-    DistributedSampler.set_epoch); without set_epoch the epochs count 0, 1, 2, ... by themselves.
+    DistributedSampler.set_epoch); without set_epoch the epochs count 0, 1, 2, ... by themselves
+    (with ``sampler=``, the sampler's epoch is used, as torch's DataLoader does). One epoch runs at
+    a time: an iterator raises StopIteration for good once exhausted, and RuntimeError when used
+    after a newer ``iter(loader)`` started (breaking out of an epoch and starting the next is fine).
+
+    What scripts and frameworks read off a torch DataLoader is there: ``dataset`` (a map-style
+    torch Dataset over the samples, ``dataset[i]`` = ``(image, label)`` as the batches carry them),
+    ``sampler`` (this rank's indices), ``batch_sampler``, ``batch_size``, ``drop_last``,
+    ``num_workers``, ``pin_memory`` (True for CUDA: the slots are page-locked), ``collate_fn``
+    (None), ``len(loader)``; ``state_dict``/``load_state_dict`` follow torchdata's
+    StatefulDataLoader in every order of calls.
 
     Raises (from iteration): gpufeed.DecodeError, gpufeed.SkipLimitExceeded, KeyboardInterrupt
     (Ctrl-C while waiting; the pending batch is kept for the next ``next()``), RuntimeError.
@@ -152,7 +176,10 @@ class DataLoader:
                  auto_augment: Optional[str] = None, ra_magnitude: int = 9, ra_num_ops: int = 2,
                  color_jitter: "float | Sequence[float] | None" = None, random_erase: float = 0.0,
                  random_erase_value: "float | str" = 0.0, augment_interpolation: str = "nearest",
-                 max_image_size: Optional[int] = None, index_cache: Optional[str] = None):
+                 max_image_size: Optional[int] = None, index_cache: Optional[str] = None,
+                 sampler: "Optional[torch.utils.data.distributed.DistributedSampler]" = None):
+        # Everything needed to build this loader again (loader.dataset in a spawned worker).
+        self._kwargs = {k: v for k, v in locals().items() if k not in ("self", "__class__", "sampler")}
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {list(_DTYPES)}, not {dtype}")
         if memory_format not in (torch.contiguous_format, torch.channels_last):
@@ -162,21 +189,31 @@ class DataLoader:
             raise ValueError(f"batch_size must be >= 1, not {batch_size}")
         if prefetch_depth < 1:
             raise ValueError(f"prefetch_depth must be >= 1, not {prefetch_depth}")
+        device = torch.device(device)
+        if prefetch_depth < 2 and dtype == torch.uint8 and device.type == "cpu":
+            raise ValueError(
+                "prefetch_depth=1 with dtype=torch.uint8 on the CPU: those batches are views of the "
+                "loader's slots, and a `for images, labels in loader` loop still holds the previous "
+                "batch when it asks for the next, so one slot can never be refilled; use "
+                "prefetch_depth >= 2 (or a float dtype, whose batches are copies)")
         if num_workers is not None and num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, not {num_workers}")
         if len(mean) != 3 or len(std) != 3:
             raise ValueError("mean and std need 3 values (R, G, B)")
+        sampler_drop_last = False
+        if sampler is not None:
+            shuffle, seed, sampler_drop_last, rank, world_size = _from_distributed_sampler(
+                sampler, shuffle, seed, rank, world_size)
         if rank is None or world_size is None:
             env_rank, env_world = distributed_rank_world_size()
             rank = env_rank if rank is None else rank
             world_size = env_world if world_size is None else world_size
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
-        self.device = torch.device(device)
+        self.device = device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.batch_size = batch_size
-        self.num_workers = num_workers or 0
         self.prefetch_depth = prefetch_depth
         self.shuffle = shuffle
         self.drop_last = drop_last
@@ -185,6 +222,8 @@ class DataLoader:
         self.image_size = image_size
         self.dtype = dtype
         self.memory_format = memory_format
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
         self.rank = rank
         self.world_size = world_size
         self.root = os.fspath(root)
@@ -195,16 +234,31 @@ class DataLoader:
             self.root, batch_size, shuffle, drop_last, num_workers or 0, seed, train, image_size,
             (float(scale[0]), float(scale[1])), (float(ratio[0]), float(ratio[1])), 0.5,
             resize_size or 0, str(self.device), _DTYPES[dtype], memory_format == torch.channels_last,
-            [float(m) for m in mean], [float(s) for s in std], on_error, max_skips, prefetch_depth,
+            list(self.mean), list(self.std), on_error, max_skips, prefetch_depth,
             rank, world_size, auto_augment or "none", ra_num_ops, ra_magnitude, jitter,
             float(random_erase), str(random_erase_value), augment_interpolation, max_image_size or 0,
-            "" if index_cache is None else os.fspath(index_cache))
+            "" if index_cache is None else os.fspath(index_cache), sampler_drop_last)
+        # torch.utils.data.DataLoader's attributes, as scripts and frameworks read them.
+        self.num_workers = int(self._c.stats()["threads"])
+        self.pin_memory = self.device.type == "cuda"
+        self.collate_fn = None
+        self.timeout = 0
+        self.worker_init_fn = None
+        self.generator = None
+        self._torch_sampler = sampler
+        if sampler is not None and len(sampler) != self._c.sampler_size():
+            raise ValueError(f"sampler: len(sampler) is {len(sampler)} but this rank gets "
+                             f"{self._c.sampler_size()} of the {len(self.samples)} samples of {self.root!r}: "
+                             f"the sampler was built over another dataset")
+        # The iteration state machine, torchdata.stateful_dataloader.StatefulDataLoader's: the
+        # current iterator (made by iter() or by a state_dict() before any iter()), the state a
+        # load_state_dict() left for the next iterator, and the iterator whose epoch runs in C++.
         self._next_epoch = 0
-        self._epoch = 0
-        self._yielded = 0
-        self._active = False   # an epoch has started and not ended
-        self._resume: Optional[Tuple[int, int]] = None
-        self._token = 0
+        self._iterator: Optional[_Cursor] = None
+        self._initial_iter_for_state_dict = False
+        self._next_iter_state: Optional[Dict[str, Any]] = None
+        self._running: Optional[_Cursor] = None
+        self._closed = False
         self.last_batch: Dict[str, Any] = {}
         self._wait_slice_s = 0.05
 
@@ -225,71 +279,114 @@ class DataLoader:
         self.image_size = int(size)
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iteration runs (DistributedSampler.set_epoch): its order and its
-        augmentation draws."""
+        """The epoch the next fresh iteration runs (DistributedSampler.set_epoch): its order and
+        its augmentation draws. A state loaded mid-epoch resumes its own epoch first; with
+        ``sampler=`` the sampler's set_epoch is called too."""
         self._next_epoch = int(epoch)
+        if self._torch_sampler is not None:
+            self._torch_sampler.set_epoch(int(epoch))
 
-    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        if self._resume is not None:
-            epoch, start = self._resume
-            self._resume = None
+    def _fresh_epoch(self) -> int:
+        """The epoch an iterator that starts from the beginning runs now."""
+        if self._torch_sampler is not None:
+            return int(getattr(self._torch_sampler, "epoch", self._next_epoch))
+        return self._next_epoch
+
+    def _make_cursor(self) -> "_Cursor":
+        state, self._next_iter_state = self._next_iter_state, None
+        if state is None:
+            return _Cursor(None, 0, False)
+        return _Cursor(int(state["epoch"]), int(state["batches_yielded"]), bool(state["finished"]))
+
+    def __iter__(self) -> "_Iterator":
+        if self._closed:
+            raise RuntimeError("gpufeed.DataLoader: the loader was closed")
+        if self._initial_iter_for_state_dict:
+            self._initial_iter_for_state_dict = False
+            it = self._iterator
         else:
-            epoch, start = self._next_epoch, 0
-        self._c.start_epoch(epoch, start)
-        self._epoch, self._yielded, self._active = epoch, start, True
-        self._next_epoch = epoch + 1
-        self._token += 1
-        return _Iterator(self, self._token)
+            it = self._make_cursor()
+        if it.finished:  # a state taken after the epoch's end: the next epoch starts
+            it = self._make_cursor()
+        self._iterator = it
+        self._start(it)
+        return _Iterator(self, it)
 
-    def _next_batch(self, token: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        if token != self._token:
+    def _start(self, it: "_Cursor") -> None:
+        if it.epoch is None:
+            it.epoch = self._fresh_epoch()
+        self._c.start_epoch(it.epoch, it.batches_yielded)
+        self._running = it
+        self._next_epoch = it.epoch + 1
+        it.started = True
+
+    def _next_batch(self, it: "_Cursor") -> Tuple[torch.Tensor, torch.Tensor]:
+        if it.finished:
+            raise StopIteration  # an exhausted iterator stays exhausted (Python's iterator protocol)
+        if self._closed:
+            raise RuntimeError("gpufeed.DataLoader: the loader was closed")
+        if it is not self._running:
             raise RuntimeError("gpufeed.DataLoader: this iterator was superseded by a newer "
                                "iter(loader) (one epoch runs at a time)")
         out = self._c.next(self._wait_slice_s)
         if out is None:
-            self._active = False
-            self._token += 1  # the iterator stays exhausted
+            it.finished = True
+            self._running = None
             raise StopIteration
         images, labels, info = out
-        self._yielded += 1
+        it.batches_yielded += 1
         self.last_batch = info
         return torch.utils.dlpack.from_dlpack(images), torch.utils.dlpack.from_dlpack(labels)
-
 
     # ---- checkpointing (torchdata.stateful_dataloader.StatefulDataLoader's semantics) -------------
 
     def state_dict(self) -> Dict[str, Any]:
-        """Where iteration stands: load it into a loader with the same dataset and options and
-        iterate to get exactly the batches an uninterrupted run would still yield (the rest of
-        the epoch when taken mid-epoch, else the next epoch). Plain Python values."""
+        """Where iteration stands, as plain Python values: load it into a loader with the same
+        dataset and options and iterate to get exactly the batches an uninterrupted run would
+        still yield (the rest of the epoch when taken mid-epoch, else the next epoch).
+
+        It describes the current iterator, as StatefulDataLoader's does: the one the last
+        ``iter(loader)`` returned, or, before any, the one the next ``iter()`` will return (so a
+        state_dict() right after load_state_dict() equals the loaded state). Keys: version, epoch,
+        batches_yielded, finished (the iterator raised StopIteration), next_epoch (the epoch a
+        fresh iteration runs after it), and the options resuming must match."""
+        if self._iterator is None:
+            self._iterator = self._make_cursor()
+            self._initial_iter_for_state_dict = True
+        it = self._iterator
+        epoch = self._fresh_epoch() if it.epoch is None else it.epoch
         return {
             "version": _STATE_VERSION,
-            "epoch": self._epoch,
-            "batches_yielded": self._yielded,
-            "in_epoch": self._active,
-            "next_epoch": self._next_epoch,
+            "epoch": epoch,
+            "batches_yielded": it.batches_yielded,
+            "finished": it.finished,
+            "next_epoch": self._next_epoch if it.started or it.epoch is not None else epoch + 1,
             "num_batches": len(self),
-            "dataset_size": len(self.samples),
-            "batch_size": self.batch_size, "shuffle": self.shuffle, "drop_last": self.drop_last,
-            "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
+            **self._identity(),
         }
 
+    def _identity(self) -> Dict[str, Any]:
+        """The options a state_dict can only be resumed with."""
+        return {"dataset_size": len(self.samples), "batch_size": self.batch_size, "shuffle": self.shuffle,
+                "drop_last": self.drop_last, "seed": self.seed, "rank": self.rank, "world_size": self.world_size}
+
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restores a state_dict(); the next iter() resumes from it. Raises ValueError when the
-        state was taken with options that give other batches (dataset size, batch_size,
-        shuffle, drop_last, seed, rank, world_size)."""
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(f"gpufeed.DataLoader.load_state_dict: unknown state version {state.get('version')}")
-        mine = self.state_dict()
+        """Restores a state_dict(): the next ``iter(loader)`` resumes from it (an iterator made
+        before this call goes on with its own epoch until then). ``{}`` is a no-op, as in
+        StatefulDataLoader. Raises ValueError when the state was taken with options that give
+        other batches (dataset size, batch_size, shuffle, drop_last, seed, rank, world_size)."""
+        self._iterator = None
+        self._initial_iter_for_state_dict = False
+        if state == {}:
+            return
+        state = _upgrade_state(state)
+        mine = self._identity()
         for key in ("dataset_size", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size"):
             if state[key] != mine[key]:
                 raise ValueError(f"gpufeed.DataLoader.load_state_dict: the state has {key}={state[key]!r}, "
                                  f"this loader {mine[key]!r}: resuming would yield other batches")
         self._next_epoch = int(state["next_epoch"])
-        self._epoch = int(state["epoch"])
-        self._yielded = int(state["batches_yielded"])
-        self._active = False
-        self._resume = (self._epoch, self._yielded) if state["in_epoch"] else None
+        self._next_iter_state = state
 
     # ---- the dataset, as torchvision.datasets.ImageFolder names it --------------------------------
 
@@ -319,7 +416,48 @@ class DataLoader:
         """This rank's dataset indices of `epoch` (default: the current one), in order: what
         DistributedSampler(...).set_epoch(epoch) yields; batch k holds
         indices[k * batch_size:(k + 1) * batch_size]."""
-        return self._c.sampler_indices(self._epoch if epoch is None else epoch)
+        return self._c.sampler_indices(self._current_epoch() if epoch is None else epoch)
+
+    def _current_epoch(self) -> int:
+        """The epoch running now (or resumed next), else the one the next iteration starts."""
+        it = self._iterator
+        if it is not None and not it.finished and it.epoch is not None:
+            return it.epoch
+        if it is None and self._next_iter_state is not None and not self._next_iter_state["finished"]:
+            return int(self._next_iter_state["epoch"])
+        return self._fresh_epoch()
+
+    def _epoch_of_next_iter(self) -> int:
+        """The epoch the next ``iter(loader)`` will run."""
+        if self._initial_iter_for_state_dict and not self._iterator.finished:
+            pending = self._iterator.epoch
+        elif self._next_iter_state is not None and not self._next_iter_state["finished"]:
+            pending = int(self._next_iter_state["epoch"])
+        else:
+            pending = None
+        return self._fresh_epoch() if pending is None else pending
+
+    # ---- what scripts read off a torch.utils.data.DataLoader ------------------------------------
+
+    @property
+    def dataset(self) -> "_SampleDataset":
+        """A map-style ``torch.utils.data.Dataset`` over this loader's samples (see
+        ``_SampleDataset``): ``len`` = dataset size, ``dataset[i]`` = ``(image, label)`` with the
+        loader's transform, dtype and layout for one sample."""
+        return _SampleDataset(self, self._kwargs)
+
+    @property
+    def sampler(self) -> "torch.utils.data.Sampler":
+        """This rank's index sampler: the DistributedSampler given as ``sampler=``, else a view
+        with DistributedSampler's interface (``len`` = this rank's samples per epoch; iteration
+        = this rank's indices of the current epoch; ``set_epoch``)."""
+        return self._torch_sampler if self._torch_sampler is not None else _RankSampler(self)
+
+    @property
+    def batch_sampler(self) -> torch.utils.data.BatchSampler:
+        """``BatchSampler(sampler, batch_size, drop_last)``: the index lists of this rank's
+        batches (what the loader yields when no sample is skipped)."""
+        return torch.utils.data.BatchSampler(self.sampler, self.batch_size, self.drop_last)
 
     # ---- accounts ---------------------------------------------------------------------------------
 
@@ -345,7 +483,8 @@ class DataLoader:
     def close(self) -> None:
         """Cancels the epoch's pending work and frees the slots no live tensor holds (also done
         when the loader is garbage-collected). Tensors from earlier batches stay valid."""
-        self._token += 1
+        self._closed = True
+        self._running = None
         self._c.close()
 
     def __enter__(self) -> "DataLoader":
@@ -360,20 +499,185 @@ class DataLoader:
                 f"dtype={self.dtype}, rank={self.rank}, world_size={self.world_size})")
 
 
+class _Cursor:
+    """Where one iterator stands; the loader keeps its current one (without a reference back,
+    so a loader nobody refers to is freed at once)."""
+
+    __slots__ = ("epoch", "batches_yielded", "finished", "started")
+
+    def __init__(self, epoch: Optional[int], batches_yielded: int, finished: bool):
+        self.epoch = epoch  # None: a fresh epoch, chosen when the iterator starts
+        self.batches_yielded = batches_yielded
+        self.finished = finished
+        self.started = False
+
+
 class _Iterator:
     """One epoch of a DataLoader. Unlike a generator it survives an exception: after
     KeyboardInterrupt the pending batch is the next one returned, after a DecodeError
-    (on_error="raise") the batch following the failed one."""
+    (on_error="raise") the batch following the failed one. Once it has raised StopIteration it
+    keeps raising it; after a newer ``iter(loader)`` started, it raises RuntimeError (one epoch
+    runs at a time)."""
 
-    def __init__(self, loader: DataLoader, token: int):
+    def __init__(self, loader: DataLoader, cursor: _Cursor):
         self._loader = loader
-        self._token = token
+        self._cursor = cursor
 
     def __iter__(self) -> "_Iterator":
         return self
 
     def __next__(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        return self._loader._next_batch(self._token)
+        return self._loader._next_batch(self._cursor)
 
     def __len__(self) -> int:
         return len(self._loader)
+
+    @property
+    def finished(self) -> bool:
+        """It has raised StopIteration."""
+        return self._cursor.finished
+
+
+class _RankSampler(torch.utils.data.Sampler):
+    """``loader.sampler``: this rank's dataset indices, as the DistributedSampler a
+    torch.utils.data.DataLoader would hold (``len`` = samples per epoch for this rank, padding
+    included; iteration = the indices of the loader's current epoch; ``set_epoch``)."""
+
+    def __init__(self, loader: DataLoader):
+        self._loader = loader
+        self.num_replicas = loader.world_size
+        self.rank = loader.rank
+        self.shuffle = loader.shuffle
+        self.seed = loader.seed
+
+    @property
+    def epoch(self) -> int:
+        """The epoch iteration describes: the running (or resumed) epoch, else the next one."""
+        return self._loader._current_epoch()
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self._loader._c.sampler_size()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._loader.indices())
+
+
+class _SampleDataset(torch.utils.data.Dataset):
+    """``loader.dataset``: a map-style torch Dataset over the loader's samples, in dataset order.
+
+    ``dataset[i]`` is ``(image, label)``: sample i decoded and transformed exactly as the
+    loader's workers do it for the loader's current epoch (eval transforms do not depend on the
+    epoch), in the loader's dtype and layout for one sample: ``[3, S, S]`` normalised for the
+    float dtypes (contiguous; a 3-d tensor has no channels_last), ``[S, S, 3]`` uint8 for
+    torch.uint8; on the CPU; label an int. So ``torch.utils.data.Subset(loader.dataset, range(a,
+    b))`` fed to a plain torch.utils.data.DataLoader yields what the loader would (PyTorch's
+    examples/imagenet/main.py validates the samples its DistributedSampler(drop_last=True) left
+    out that way). It pickles (DataLoader workers under the spawn start method rebuild a
+    one-thread loader over the same data). Raises IndexError out of range, gpufeed.DecodeError
+    for an unreadable sample. ``classes``, ``class_to_idx``, ``samples``, ``targets`` and
+    ``root`` are ImageFolder's."""
+
+    def __init__(self, loader: Optional[DataLoader], kwargs: Dict[str, Any], epoch: int = 0):
+        self._loader = loader
+        self._kwargs = kwargs
+        self._epoch = epoch
+        self._rebuilt = False
+
+    def _source(self) -> DataLoader:
+        if self._loader is None:  # unpickled in another process
+            kw = dict(self._kwargs, num_workers=1, prefetch_depth=2, batch_size=1, device="cpu",
+                      rank=0, world_size=1)
+            self._loader = DataLoader(**kw)
+        return self._loader
+
+    def __getstate__(self) -> Dict[str, Any]:
+        epoch = self._loader._current_epoch() if self._loader is not None else self._epoch
+        return {"kwargs": self._kwargs, "epoch": epoch}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self._loader, self._kwargs, self._epoch = None, state["kwargs"], state["epoch"]
+        self._rebuilt = True
+
+    def __len__(self) -> int:
+        return len(self._source().samples)
+
+    def __getitem__(self, index: int) -> Tuple[torch.Tensor, int]:
+        loader = self._source()
+        n = len(loader.samples)
+        index = operator.index(index)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"gpufeed.DataLoader.dataset: index {index} out of range for {n} samples")
+        image = loader.load_sample(index, self._epoch if self._rebuilt else loader._current_epoch())
+        return _normalise_sample(image, loader.dtype, loader.mean, loader.std), loader.samples[index][1]
+
+    @property
+    def root(self) -> str:
+        return self._source().root
+
+    @property
+    def classes(self) -> List[str]:
+        return self._source().classes
+
+    @property
+    def class_to_idx(self) -> Dict[str, int]:
+        return self._source().class_to_idx
+
+    @property
+    def samples(self) -> List[Tuple[str, int]]:
+        return self._source().samples
+
+    @property
+    def targets(self) -> List[int]:
+        return self._source().targets
+
+
+def _normalise_sample(image: torch.Tensor, dtype: torch.dtype, mean: Sequence[float],
+                      std: Sequence[float]) -> torch.Tensor:
+    """One [S, S, 3] uint8 sample as the loader's batches carry it: itself for uint8, else
+    [3, S, S] (x * 1/(255 std) - mean/std) in float32 (a multiply, then a subtract: the CPU
+    prefetcher's operations and roundings), then cast to `dtype`."""
+    if dtype == torch.uint8:
+        return image
+    std_t = torch.tensor(std, dtype=torch.float32)
+    scale = (1.0 / (255.0 * std_t)).view(3, 1, 1)
+    shift = (torch.tensor(mean, dtype=torch.float32) / std_t).view(3, 1, 1)
+    out = image.permute(2, 0, 1).to(torch.float32)
+    out.mul_(scale).sub_(shift)
+    return out if dtype == torch.float32 else out.to(dtype)
+
+
+def _from_distributed_sampler(sampler: Any, shuffle: bool, seed: int, rank: Optional[int],
+                              world_size: Optional[int]) -> Tuple[bool, int, bool, int, int]:
+    """(shuffle, seed, drop_last, rank, world_size) of a torch DistributedSampler passed as
+    ``sampler=``; ValueError for any other sampler or for keywords that contradict it."""
+    if not isinstance(sampler, torch.utils.data.distributed.DistributedSampler):
+        raise ValueError(f"sampler must be a torch.utils.data.distributed.DistributedSampler (gpufeed "
+                         f"follows its num_replicas, rank, shuffle, seed, drop_last and epoch), not "
+                         f"{type(sampler).__name__}")
+    if shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle (as in torch.utils.data.DataLoader): "
+                         "the sampler's own shuffle is used")
+    for name, given, theirs in (("rank", rank, sampler.rank), ("world_size", world_size, sampler.num_replicas)):
+        if given is not None and given != theirs:
+            raise ValueError(f"{name}={given} contradicts the sampler's {theirs}")
+    if seed not in (0, sampler.seed):
+        raise ValueError(f"seed={seed} contradicts the sampler's seed {sampler.seed} (with sampler=, the "
+                         f"sampler's seed seeds the order and the augmentation)")
+    return bool(sampler.shuffle), int(sampler.seed), bool(sampler.drop_last), int(sampler.rank), \
+        int(sampler.num_replicas)
+
+
+def _upgrade_state(state: Dict[str, Any]) -> Dict[str, Any]:
+    """A state_dict of this or an earlier version, in this version's keys."""
+    version = state.get("version")
+    if version == 1:  # in_epoch instead of finished
+        state = dict(state, version=_STATE_VERSION, finished=not state["in_epoch"])
+        del state["in_epoch"]
+    elif version != _STATE_VERSION:
+        raise ValueError(f"gpufeed.DataLoader.load_state_dict: unknown state version {version!r}")
+    return state

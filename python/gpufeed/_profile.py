@@ -113,7 +113,7 @@ class profile:
     def __iter__(self):
         if self.result is not None:
             raise RuntimeError("gpufeed.profile: this run has finished; profile a new run")
-        epoch = getattr(self.loader, "_next_epoch", self._epoch) if self._ours else self._epoch
+        epoch = self.loader._epoch_of_next_iter() if self._ours else self._epoch
         self._p.begin_epoch(epoch)
         it = iter(self.loader)
         self._open = False

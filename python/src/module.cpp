@@ -181,7 +181,7 @@ class PyLoader {
            int prefetch_depth, int64_t rank, int64_t world_size, const std::string& auto_augment,
            int ra_num_ops, int ra_magnitude, std::array<float, 4> color_jitter, float random_erase,
            const std::string& random_erase_value, const std::string& augment_interpolation,
-           int max_image_size, const std::string& index_cache) {
+           int max_image_size, const std::string& index_cache, bool sampler_drop_last) {
     device_ = c10::Device(device);
     if (!device_.is_cpu() && !device_.is_cuda())
       throw nb::value_error(("device must be 'cpu' or 'cuda[:N]', not '" + device + "'").c_str());
@@ -213,6 +213,7 @@ class PyLoader {
     so.rank = rank;
     so.shuffle = shuffle;
     so.seed = seed;
+    so.drop_last = sampler_drop_last;
     sampler_ = std::make_shared<sampler::DistributedSampler>(dataset_->size(), so);
     prefetch::PrefetchOptions po;
     po.device = device_;
@@ -427,12 +428,12 @@ NB_MODULE(_C, m) {
                     std::pair<float, float>, float, int, const std::string&, const std::string&, bool,
                     std::array<float, 3>, std::array<float, 3>, const std::string&, int64_t, int, int64_t,
                     int64_t, const std::string&, int, int, std::array<float, 4>, float, const std::string&,
-                    const std::string&, int, const std::string&>(),
+                    const std::string&, int, const std::string&, bool>(),
            "path"_a, "batch_size"_a, "shuffle"_a, "drop_last"_a, "num_workers"_a, "seed"_a, "train"_a,
            "image_size"_a, "scale"_a, "ratio"_a, "flip_p"_a, "resize_size"_a, "device"_a, "dtype"_a,
            "channels_last"_a, "mean"_a, "std"_a, "on_error"_a, "max_skips"_a, "prefetch_depth"_a, "rank"_a,
            "world_size"_a, "auto_augment"_a, "ra_num_ops"_a, "ra_magnitude"_a, "color_jitter"_a, "random_erase"_a,
-           "random_erase_value"_a, "augment_interpolation"_a, "max_image_size"_a, "index_cache"_a)
+           "random_erase_value"_a, "augment_interpolation"_a, "max_image_size"_a, "index_cache"_a, "sampler_drop_last"_a)
       .def("close", &PyLoader::close)
       .def("start_epoch", &PyLoader::start_epoch, "epoch"_a, "start_batch"_a)
       .def("next", &PyLoader::next, "slice_s"_a)

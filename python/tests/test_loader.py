@@ -390,7 +390,7 @@ def test_keyboard_interrupt_while_waiting(big_folder):
     # takes ~0.5 s and the interrupt at 50 ms lands well inside it on any machine (at 224 px, DCT
     # scaling made the batch about as fast as the timer on a fast CPU).
     loader = gpufeed.DataLoader(big_folder, batch_size=48, num_workers=1, image_size=800, train=False,
-                                dtype=torch.uint8, prefetch_depth=1)
+                                dtype=torch.uint8, prefetch_depth=2)
     it = iter(loader)
     timer = threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()

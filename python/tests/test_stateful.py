@@ -1,0 +1,188 @@
+"""gpufeed.DataLoader's state_dict/load_state_dict against torchdata's StatefulDataLoader (0.11.0):
+the same call sequences (iter, next on any live iterator, state_dict, load_state_dict, resume into
+a new loader, set_epoch) over the same dataset size must yield the same index batches."""
+import random
+
+import pytest
+import torch
+
+import gpufeed
+
+stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed (setup.sh)")
+stateful_sampler = pytest.importorskip("torchdata.stateful_dataloader.sampler")
+
+N = 27  # the `folder` fixture's samples
+
+
+class Pair:
+    """A gpufeed loader and the oracle over range(N) with the same batching and sharding."""
+
+    def __init__(self, folder, batch_size, drop_last, world_size, rank):
+        self.g = gpufeed.DataLoader(folder, batch_size=batch_size, drop_last=drop_last, rank=rank,
+                                    world_size=world_size, image_size=8, dtype=torch.uint8, num_workers=1,
+                                    prefetch_depth=2)
+        self.sampler = torch.utils.data.DistributedSampler(range(N), num_replicas=world_size, rank=rank,
+                                                           shuffle=False)
+        self.o = stateful.StatefulDataLoader(range(N), batch_size=batch_size, drop_last=drop_last,
+                                             sampler=self.sampler)
+        self.iterators = []  # (gpufeed iterator, oracle iterator)
+
+
+def gpufeed_next(loader, it):
+    try:
+        next(it)
+    except StopIteration:
+        return "stop"
+    except RuntimeError as e:
+        assert "superseded" in str(e), e
+        return "superseded"
+    return list(loader.last_batch["indices"])
+
+
+def oracle_next(it):
+    try:
+        return next(it).tolist()
+    except StopIteration:
+        return "stop"
+
+
+def run_sequence(folder, rng, config, steps=60):
+    pair = Pair(folder, *config)
+    saved = []
+    log = []
+    for step in range(steps):
+        op = rng.choices(["iter", "next", "state", "load", "resume", "set_epoch"], [2, 10, 2, 1, 1, 1])[0]
+        if op in ("load", "resume") and not saved:
+            op = "state"
+        if op == "next" and not pair.iterators:
+            op = "iter"
+        log.append(op)
+        if op == "iter":
+            pair.iterators.append((iter(pair.g), iter(pair.o)))
+        elif op == "next":
+            k = len(pair.iterators) - 1 if rng.random() < 0.75 else rng.randrange(len(pair.iterators))
+            g_it, o_it = pair.iterators[k]
+            got = gpufeed_next(pair.g, g_it)
+            if got == "superseded":
+                # The one documented difference: torchdata runs an older iterator on beside the newer
+                # one; gpufeed runs one epoch at a time. Only an iterator a newer iter() replaced raises.
+                assert k < len(pair.iterators) - 1 or pair.g._running is not g_it._cursor, log
+                continue
+            assert got == oracle_next(o_it), (log, config)
+        elif op == "state":
+            saved.append((pair.g.state_dict(), pair.o.state_dict()))
+        elif op in ("load", "resume"):
+            j = rng.randrange(len(saved))
+            if op == "resume":
+                pair = Pair(folder, *config)
+            pair.g.load_state_dict(saved[j][0])
+            assert pair.g.state_dict() == saved[j][0]  # pytorch/data#1437: the loaded state, not a fresh one
+            pair.g.load_state_dict(saved[j][0])
+            pair.o.load_state_dict(saved[j][1])
+        else:
+            epoch = rng.randrange(5)
+            pair.g.set_epoch(epoch)
+            pair.sampler.set_epoch(epoch)
+    return log
+
+
+@pytest.mark.parametrize("config", [(4, False, 1, 0), (5, True, 1, 0), (3, False, 2, 1), (4, True, 2, 0),
+                                    (2, False, 3, 2)])
+def test_random_call_sequences_yield_what_stateful_dataloader_yields(folder, config):
+    """(batch_size, drop_last, world_size, rank); 6 random sequences of 60 calls each."""
+    for seed in range(6):
+        run_sequence(folder, random.Random(seed * 100 + sum(config)), config)
+
+
+def test_state_dict_right_after_load_equals_the_loaded_state(folder):
+    kw = dict(batch_size=4, shuffle=True, seed=2, image_size=8, dtype=torch.uint8)
+    a = gpufeed.DataLoader(folder, **kw)
+    it = iter(a)
+    next(it), next(it)
+    state = a.state_dict()
+    b = gpufeed.DataLoader(folder, **kw)
+    b.load_state_dict(state)
+    assert b.state_dict() == state
+    assert b.state_dict() == state  # and again
+    rest = [list(b.last_batch["indices"]) for _ in b]
+    assert rest == [a.indices(0)[k:k + 4] for k in range(8, 27, 4)]
+
+
+def test_an_iterator_made_before_load_state_dict_does_not_restart_the_epoch(folder):
+    """As in StatefulDataLoader: the old iterator goes on with its own epoch; the loaded state is
+    resumed by the next iter()."""
+    kw = dict(batch_size=4, shuffle=True, seed=2, image_size=8, dtype=torch.uint8)
+    a = gpufeed.DataLoader(folder, **kw)
+    it = iter(a)
+    next(it), next(it), next(it)
+    state = a.state_dict()  # 3 batches into epoch 0
+    b = gpufeed.DataLoader(folder, **kw)
+    b.set_epoch(4)
+    old = iter(b)
+    next(old)
+    b.load_state_dict(state)
+    next(old)
+    assert b.last_batch["indices"] == b.indices(4)[4:8]  # still epoch 4, its second batch
+    resumed = [list(b.last_batch["indices"]) for _ in b]
+    assert resumed == [a.indices(0)[k:k + 4] for k in range(12, 27, 4)]
+    with pytest.raises(RuntimeError, match="superseded"):
+        next(old)
+
+
+def stream(loader):
+    """Batches across epochs, as a training loop takes them: (images, indices)."""
+    while True:
+        for images, _ in loader:
+            yield images.clone(), list(loader.last_batch["indices"])
+
+
+@pytest.mark.parametrize("cuts", [[2], [2, 2], [1, 3, 1], [0, 5, 2], [7, 1]])
+def test_chained_resumes_equal_the_uninterrupted_run(folder, cuts):
+    """Resume, take k batches, save, resume again, ...: exactly the uninterrupted run's batches
+    over two epochs (a cut at 7 is an epoch's end), shuffled and augmented, images included."""
+    kw = dict(batch_size=4, shuffle=True, seed=6, image_size=16, dtype=torch.uint8, auto_augment="ta_wide")
+    full = gpufeed.DataLoader(folder, **kw)
+    reference = [next(s) for s in [stream(full)] for _ in range(14)]
+    got, state = [], None
+    for k in cuts + [14 - sum(cuts)]:
+        loader = gpufeed.DataLoader(folder, **kw)
+        if state is not None:
+            loader.load_state_dict(state)
+        batches = stream(loader)
+        got += [next(batches) for _ in range(k)]
+        state = loader.state_dict()
+    assert [g[1] for g in got] == [r[1] for r in reference]
+    assert all(torch.equal(g[0], r[0]) for g, r in zip(got, reference))
+
+
+def oracle(seed):
+    sampler = stateful_sampler.StatefulDistributedSampler(range(N), num_replicas=2, rank=1, shuffle=True, seed=seed)
+    return stateful.StatefulDataLoader(range(N), batch_size=4, sampler=sampler), sampler
+
+
+def test_shuffled_resume_against_stateful_dataloader(folder):
+    """shuffle=True with StatefulDistributedSampler, set_epoch before every epoch as its users do
+    (after a resume too): the same batches before and after a resume in the middle of epoch 1."""
+    kw = dict(batch_size=4, shuffle=True, seed=11, rank=1, world_size=2, image_size=8, dtype=torch.uint8)
+    o, o_sampler = oracle(11)
+    g = gpufeed.DataLoader(folder, **kw)
+    seq_o, seq_g = [], []
+
+    def run(epochs, stop_after=None):
+        for epoch in epochs:
+            g.set_epoch(epoch)
+            o_sampler.set_epoch(epoch)
+            for k, (batch, _) in enumerate(zip(o, g)):
+                seq_o.append(batch.tolist())
+                seq_g.append(list(g.last_batch["indices"]))
+                if stop_after is not None and epoch == epochs[-1] and k + 1 == stop_after:
+                    return
+
+    run([0, 1], stop_after=2)
+    g_state, o_state = g.state_dict(), o.state_dict()
+    o, o_sampler = oracle(11)
+    o.load_state_dict(o_state)
+    g = gpufeed.DataLoader(folder, **kw)
+    g.load_state_dict(g_state)
+    run([1, 2])
+    assert len(seq_o) == 4 + 4 + 4 and seq_g == seq_o
