@@ -1,6 +1,7 @@
 #include "fork_guard.h"
 
 #include <pthread.h>
+#include <unistd.h>
 #include <tbb/global_control.h>
 
 #include <mutex>
@@ -49,7 +50,7 @@ void after_fork_in_child() {
 
 }  // namespace
 
-ForkGuard::ForkGuard() {
+ForkGuard::ForkGuard() : pid_(static_cast<long>(::getpid())) {
   static std::once_flag handlers;
   std::call_once(handlers, [] { pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child); });
   std::lock_guard<std::mutex> lk(state_mutex());
@@ -60,6 +61,17 @@ ForkGuard::ForkGuard() {
 ForkGuard::~ForkGuard() {
   std::lock_guard<std::mutex> lk(state_mutex());
   --state().live;
+}
+
+bool ForkGuard::in_forked_child() const { return static_cast<long>(::getpid()) != pid_; }
+
+void ForkGuard::check_usable() const {
+  if (in_forked_child()) {
+    throw std::runtime_error(
+        "Loader: this loader was made before fork() (os.fork(), multiprocessing's 'fork' start "
+        "method), in the parent process; its threads (oneTBB) stayed there, so it cannot run in the "
+        "child: make the loader in the child, started with the 'spawn' or 'forkserver' method");
+  }
 }
 
 void check_fork_safe() {

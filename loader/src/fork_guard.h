@@ -9,6 +9,10 @@
 //   constructed in it throws at once, saying to use the spawn/forkserver start method.
 //
 // A child that only decodes (gpufeed.decode_image, load_sample: no oneTBB) works either way.
+// A loader the child inherited from its parent cannot run there (its workers, and maybe its
+// mutex's owner, stayed behind): its methods throw (ForkGuard::check_usable) and its destruction
+// and its batches' leases leave its state alone (never waiting on the parent's threads), so the
+// child exits cleanly.
 #pragma once
 
 namespace gpufeed::loader::detail {
@@ -21,6 +25,14 @@ class ForkGuard {
   ~ForkGuard();
   ForkGuard(const ForkGuard&) = delete;
   ForkGuard& operator=(const ForkGuard&) = delete;
+
+  /// True in a fork() child of the process that made this guard.
+  bool in_forked_child() const;
+  /// Throws std::runtime_error in a fork() child (the loader was inherited and cannot run).
+  void check_usable() const;
+
+ private:
+  long pid_;  // the process that made the guard
 };
 
 /// Throws std::runtime_error when this process was forked from one whose oneTBB pool was running

@@ -567,6 +567,8 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     b.indices = std::move(f.indices);
     b.skipped = std::move(f.skipped);
     b.lease = std::shared_ptr<void>(f.slot, [owner = shared_from_this()](void* p) {
+      // In a fork() child the loader's mutex may belong to a thread that stayed in the parent.
+      if (owner->fork_guard.in_forked_child()) return;
       owner->release(static_cast<Slot*>(p));
     });
     return b;
@@ -606,6 +608,12 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<sampler::
 }
 
 Loader::~Loader() {
+  if (impl_->fork_guard.in_forked_child()) {
+    // Inherited through fork(): its tasks ran on threads that stayed in the parent, so draining
+    // would wait forever. Its state is left as it is (a fork child's copy, freed at its exit).
+    new std::shared_ptr<Impl>(std::move(impl_));
+    return;
+  }
   std::unique_lock<std::mutex> lk(impl_->mu);
   impl_->shutdown = true;
   impl_->drain(lk);
@@ -614,6 +622,7 @@ Loader::~Loader() {
 
 void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
   Impl& m = *impl_;
+  m.fork_guard.check_usable();
   std::unique_lock<std::mutex> lk(m.mu);
   m.drain(lk);
   m.sampler->set_epoch(epoch);
@@ -636,6 +645,7 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
 
 std::optional<Batch> Loader::next() {
   Impl& m = *impl_;
+  m.fork_guard.check_usable();
   std::unique_lock<std::mutex> lk(m.mu);
   m.pump(lk);
   EpochSchedule& s = m.schedule;
@@ -662,6 +672,7 @@ std::optional<Batch> Loader::next() {
 
 bool Loader::wait_ready(std::chrono::nanoseconds timeout) {
   Impl& m = *impl_;
+  m.fork_guard.check_usable();
   std::unique_lock<std::mutex> lk(m.mu);
   m.pump(lk);
   if (m.schedule.pending.empty()) return true;
@@ -682,6 +693,7 @@ void Loader::set_image_size(int size) {
         "(LoaderOptions::max_image_size {}, transform output size {})",
         size, m.slot_side, m.options.max_image_size, m.options.transform.output_size()));
   }
+  m.fork_guard.check_usable();
   std::lock_guard<std::mutex> g(m.mu);
   m.next_size = size;
 }
@@ -697,6 +709,7 @@ int64_t Loader::num_batches() const {
 }
 
 sampler::SamplerState Loader::state() const {
+  impl_->fork_guard.check_usable();
   std::lock_guard<std::mutex> g(impl_->mu);
   return {impl_->schedule.epoch, impl_->schedule.consumed};
 }
@@ -704,11 +717,13 @@ sampler::SamplerState Loader::state() const {
 const LoaderOptions& Loader::options() const { return impl_->options; }
 const Dataset& Loader::dataset() const { return *impl_->dataset; }
 int64_t Loader::epoch_skips() const {
+  impl_->fork_guard.check_usable();
   std::lock_guard<std::mutex> g(impl_->mu);
   return impl_->skips.summary.skipped;
 }
 
 EpochSummary Loader::epoch_summary() const {
+  impl_->fork_guard.check_usable();
   std::lock_guard<std::mutex> g(impl_->mu);
   return impl_->skips.summary;
 }
@@ -745,6 +760,7 @@ LoaderHistograms Loader::histograms() const { return impl_->counters.histograms(
 
 SlotCounts Loader::slot_counts() const {
   Impl& m = *impl_;
+  m.fork_guard.check_usable();
   std::lock_guard<std::mutex> g(m.mu);
   SlotCounts c;
   for (const auto& f : m.schedule.pending) (f->done ? c.ready : c.in_flight) += 1;

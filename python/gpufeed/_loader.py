@@ -1,8 +1,11 @@
 """gpufeed.DataLoader: the C++ loader in torch.utils.data.DataLoader's vocabulary."""
 from __future__ import annotations
 
+import atexit
+import math
 import operator
 import os
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -27,6 +30,33 @@ def distributed_rank_world_size() -> Tuple[int, int]:
     return 0, 1
 
 
+def _integer(name: str, value: Any, low: Optional[int] = None, high: Optional[int] = None) -> int:
+    """`value` as an int (bool refused), else TypeError; outside [low, high] ValueError; both naming
+    the keyword."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__} {value!r}")
+    value = operator.index(value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be {bounds}, not {value}")
+    return value
+
+
+def _range_pair(name: str, value: Any, low: float, high: float, what: str) -> Tuple[float, float]:
+    """A (min, max) pair of finite floats with low <= min <= max <= high (torchvision's
+    RandomResizedCrop takes its scale and ratio as such pairs), else ValueError naming it."""
+    try:
+        a, b = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be two numbers (min, max), not {value!r}") from None
+    if not (math.isfinite(a) and math.isfinite(b) and low <= a <= b <= high and b > 0):
+        raise ValueError(f"{name} must be (min, max) with {what}, not {value!r}")
+    return a, b
+
+
+_INT64_MAX = 2**63 - 1
+
+
 def _color_jitter(value: "float | Sequence[float] | None") -> List[float]:
     """color_jitter as [brightness, contrast, saturation, hue] (None: all off)."""
     if value is None:
@@ -37,6 +67,22 @@ def _color_jitter(value: "float | Sequence[float] | None") -> List[float]:
     if len(values) != 4:
         raise ValueError(f"color_jitter must be one number or (brightness, contrast, saturation, hue), not {value!r}")
     return values
+
+
+_LIVE: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_loaders() -> None:
+    """At interpreter exit, before modules are torn down: stop every loader's threads and drop its
+    C++ object (a loader still referenced by a global, e.g. a DataLoader worker's copy of
+    loader.dataset, would otherwise be reported as leaked)."""
+    for loader in list(_LIVE):
+        try:
+            loader.close()
+            loader._c = None
+        except Exception:  # noqa: BLE001 (exit must go on; a forked child's loader cannot close)
+            pass
 
 
 class DataLoader:
@@ -177,9 +223,35 @@ class DataLoader:
                  color_jitter: "float | Sequence[float] | None" = None, random_erase: float = 0.0,
                  random_erase_value: "float | str" = 0.0, augment_interpolation: str = "nearest",
                  max_image_size: Optional[int] = None, index_cache: Optional[str] = None,
-                 sampler: "Optional[torch.utils.data.distributed.DistributedSampler]" = None):
+                 sampler: "Optional[torch.utils.data.distributed.DistributedSampler]" = None,
+                 _sample_only: bool = False):
         # Everything needed to build this loader again (loader.dataset in a spawned worker).
-        self._kwargs = {k: v for k, v in locals().items() if k not in ("self", "__class__", "sampler")}
+        self._kwargs = {k: v for k, v in locals().items() if k not in ("self", "__class__", "sampler", "_sample_only")}
+        if isinstance(root, bytes):
+            root = os.fsdecode(root)
+        elif not isinstance(root, (str, os.PathLike)):
+            raise TypeError(f"root must be a path (str or os.PathLike), not {type(root).__name__}")
+        batch_size = _integer("batch_size", batch_size, 1, _INT64_MAX)
+        prefetch_depth = _integer("prefetch_depth", prefetch_depth, 1, 1 << 16)
+        if num_workers is not None:
+            num_workers = _integer("num_workers", num_workers, 0)
+        # torch.manual_seed's range; the order of seed s is that of s mod 2**64 (as torch's).
+        seed = _integer("seed", seed, -2**63, 2**64 - 1)
+        image_size = _integer("image_size", image_size, 1, 1 << 15)
+        if max_image_size is not None:
+            max_image_size = _integer("max_image_size", max_image_size, 0, 1 << 15)
+        if resize_size is not None:
+            resize_size = _integer("resize_size", resize_size, 1, 1 << 15)
+            if not train and resize_size < image_size:
+                raise ValueError(f"resize_size={resize_size} is smaller than image_size={image_size}: "
+                                 f"CenterCrop(image_size) of Resize(resize_size) needs resize_size >= image_size")
+        max_skips = _integer("max_skips", max_skips, 0)
+        scale = _range_pair("scale", scale, 0.0, 1.0, "0 <= min <= max <= 1 (area fractions)")
+        ratio = _range_pair("ratio", ratio, 1e-6, 1e6, "0 < min <= max (aspect ratios w/h)")
+        if rank is not None:
+            rank = _integer("rank", rank, 0)
+        if world_size is not None:
+            world_size = _integer("world_size", world_size, 1)
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {list(_DTYPES)}, not {dtype}")
         if memory_format not in (torch.contiguous_format, torch.channels_last):
@@ -231,15 +303,19 @@ class DataLoader:
         if isinstance(random_erase_value, str) and random_erase_value != "random":
             raise ValueError(f"random_erase_value must be a number or 'random', not {random_erase_value!r}")
         self._c = _C._Loader(
-            self.root, batch_size, shuffle, drop_last, num_workers or 0, seed, train, image_size,
+            self.root, batch_size, bool(shuffle), bool(drop_last), num_workers or 0, seed % 2**64, bool(train),
+            image_size,
             (float(scale[0]), float(scale[1])), (float(ratio[0]), float(ratio[1])), 0.5,
             resize_size or 0, str(self.device), _DTYPES[dtype], memory_format == torch.channels_last,
             list(self.mean), list(self.std), on_error, max_skips, prefetch_depth,
             rank, world_size, auto_augment or "none", ra_num_ops, ra_magnitude, jitter,
             float(random_erase), str(random_erase_value), augment_interpolation, max_image_size or 0,
-            "" if index_cache is None else os.fspath(index_cache), sampler_drop_last)
+            "" if index_cache is None else os.fspath(index_cache), sampler_drop_last, _sample_only)
         # torch.utils.data.DataLoader's attributes, as scripts and frameworks read them.
-        self.num_workers = int(self._c.stats()["threads"])
+        self.num_workers = 1 if _sample_only else int(self._c.stats()["threads"])
+        self.persistent_workers = True  # the decode threads live as long as the loader
+        self.multiprocessing_context = None
+        self.in_order = True
         self.pin_memory = self.device.type == "cuda"
         self.collate_fn = None
         self.timeout = 0
@@ -258,9 +334,11 @@ class DataLoader:
         self._initial_iter_for_state_dict = False
         self._next_iter_state: Optional[Dict[str, Any]] = None
         self._running: Optional[_Cursor] = None
+        self._epoch_set_while_running = False
         self._closed = False
         self.last_batch: Dict[str, Any] = {}
         self._wait_slice_s = 0.05
+        _LIVE.add(self)
 
     # ---- iteration --------------------------------------------------------------------------------
 
@@ -282,9 +360,11 @@ class DataLoader:
         """The epoch the next fresh iteration runs (DistributedSampler.set_epoch): its order and
         its augmentation draws. A state loaded mid-epoch resumes its own epoch first; with
         ``sampler=`` the sampler's set_epoch is called too."""
-        self._next_epoch = int(epoch)
+        epoch = _integer("epoch", epoch, -2**63, _INT64_MAX)
+        self._next_epoch = epoch
+        self._epoch_set_while_running = self._running is not None
         if self._torch_sampler is not None:
-            self._torch_sampler.set_epoch(int(epoch))
+            self._torch_sampler.set_epoch(epoch)
 
     def _fresh_epoch(self) -> int:
         """The epoch an iterator that starts from the beginning runs now."""
@@ -316,7 +396,9 @@ class DataLoader:
         if it.epoch is None:
             it.epoch = self._fresh_epoch()
         self._c.start_epoch(it.epoch, it.batches_yielded)
+        it.image_size = self.image_size
         self._running = it
+        self._epoch_set_while_running = False
         self._next_epoch = it.epoch + 1
         it.started = True
 
@@ -373,18 +455,32 @@ class DataLoader:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores a state_dict(): the next ``iter(loader)`` resumes from it (an iterator made
         before this call goes on with its own epoch until then). ``{}`` is a no-op, as in
-        StatefulDataLoader. Raises ValueError when the state was taken with options that give
-        other batches (dataset size, batch_size, shuffle, drop_last, seed, rank, world_size)."""
-        self._iterator = None
-        self._initial_iter_for_state_dict = False
+        StatefulDataLoader. A state of another rank of the same world_size resumes this rank at
+        the same position (the ranks of a job step together; Lightning loads rank 0's state on
+        every rank). Raises ValueError when the state was taken with options that give other
+        batches (dataset size, batch_size, shuffle, drop_last, seed, world_size) or is not a
+        complete gpufeed state, TypeError for a value of the wrong type."""
+        if not isinstance(state, dict):
+            raise TypeError(f"gpufeed.DataLoader.load_state_dict: a state_dict() dict, not {type(state).__name__}")
         if state == {}:
+            self._iterator, self._initial_iter_for_state_dict = None, False
             return
         state = _upgrade_state(state)
         mine = self._identity()
-        for key in ("dataset_size", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size"):
+        for key in ("dataset_size", "batch_size", "shuffle", "drop_last", "seed", "world_size"):
             if state[key] != mine[key]:
                 raise ValueError(f"gpufeed.DataLoader.load_state_dict: the state has {key}={state[key]!r}, "
                                  f"this loader {mine[key]!r}: resuming would yield other batches")
+        # Another rank's state is this rank's too: every rank yields the same number of batches, so
+        # the ranks of a job stand at the same position (Lightning saves rank 0's state and loads it
+        # on every rank); each resumes its own shard there.
+        _integer("state['epoch']", state["epoch"], -2**63, _INT64_MAX)
+        _integer("state['next_epoch']", state["next_epoch"], -2**63, _INT64_MAX)
+        _integer("state['batches_yielded']", state["batches_yielded"], 0, len(self))
+        if not isinstance(state["finished"], bool):
+            raise TypeError(f"gpufeed.DataLoader.load_state_dict: state['finished'] must be a bool, "
+                            f"not {state['finished']!r}")
+        self._iterator, self._initial_iter_for_state_dict = None, False
         self._next_epoch = int(state["next_epoch"])
         self._next_iter_state = state
 
@@ -421,11 +517,14 @@ class DataLoader:
     def _current_epoch(self) -> int:
         """The epoch running now (or resumed next), else the one the next iteration starts."""
         it = self._iterator
-        if it is not None and not it.finished and it.epoch is not None:
+        if it is not None and not it.finished and it.epoch is not None and not self._epoch_set_while_running:
             return it.epoch
-        if it is None and self._next_iter_state is not None and not self._next_iter_state["finished"]:
-            return int(self._next_iter_state["epoch"])
-        return self._fresh_epoch()
+        return self._epoch_of_next_iter()
+
+    def _current_image_size(self) -> int:
+        """The train crop side of the running epoch, else of the next one."""
+        it = self._running
+        return it.image_size if it is not None and not it.finished else self.image_size
 
     def _epoch_of_next_iter(self) -> int:
         """The epoch the next ``iter(loader)`` will run."""
@@ -473,10 +572,13 @@ class DataLoader:
         in use), and slots {ready, in_flight, held, free} now."""
         return self._c.stats()
 
-    def load_sample(self, index: int, epoch: int) -> torch.Tensor:
+    def load_sample(self, index: int, epoch: int, image_size: Optional[int] = None) -> torch.Tensor:
         """Sample `index` of `epoch` decoded and transformed exactly as the workers do it,
-        [S, S, 3] uint8 (for tests and debugging; raises DecodeError)."""
-        return torch.utils.dlpack.from_dlpack(self._c.load_sample(index, epoch))
+        [S, S, 3] uint8, S = image_size (default: the running epoch's, else the next one's; train
+        only, eval keeps its crop). Needs no decode threads: works in a forked process too.
+        Raises IndexError, gpufeed.DecodeError."""
+        size = self._current_image_size() if image_size is None else _integer("image_size", image_size, 1)
+        return torch.utils.dlpack.from_dlpack(self._c.load_sample(_integer("index", index), epoch, size))
 
     # ---- life -------------------------------------------------------------------------------------
 
@@ -503,13 +605,14 @@ class _Cursor:
     """Where one iterator stands; the loader keeps its current one (without a reference back,
     so a loader nobody refers to is freed at once)."""
 
-    __slots__ = ("epoch", "batches_yielded", "finished", "started")
+    __slots__ = ("epoch", "batches_yielded", "finished", "started", "image_size")
 
     def __init__(self, epoch: Optional[int], batches_yielded: int, finished: bool):
         self.epoch = epoch  # None: a fresh epoch, chosen when the iterator starts
         self.batches_yielded = batches_yielded
         self.finished = finished
         self.started = False
+        self.image_size = 0  # the train crop side of its epoch, once started
 
 
 class _Iterator:
@@ -580,25 +683,29 @@ class _SampleDataset(torch.utils.data.Dataset):
     for an unreadable sample. ``classes``, ``class_to_idx``, ``samples``, ``targets`` and
     ``root`` are ImageFolder's."""
 
-    def __init__(self, loader: Optional[DataLoader], kwargs: Dict[str, Any], epoch: int = 0):
+    def __init__(self, loader: Optional[DataLoader], kwargs: Dict[str, Any]):
         self._loader = loader
         self._kwargs = kwargs
-        self._epoch = epoch
+        self._epoch = 0
+        self._image_size = 0
         self._rebuilt = False
 
     def _source(self) -> DataLoader:
-        if self._loader is None:  # unpickled in another process
+        if self._loader is None:  # unpickled in another process: samples only, no threads or slots
             kw = dict(self._kwargs, num_workers=1, prefetch_depth=2, batch_size=1, device="cpu",
-                      rank=0, world_size=1)
+                      dtype=torch.uint8, rank=0, world_size=1, _sample_only=True)
             self._loader = DataLoader(**kw)
         return self._loader
 
     def __getstate__(self) -> Dict[str, Any]:
-        epoch = self._loader._current_epoch() if self._loader is not None else self._epoch
-        return {"kwargs": self._kwargs, "epoch": epoch}
+        if self._loader is not None and not self._rebuilt:
+            return {"kwargs": self._kwargs, "epoch": self._loader._current_epoch(),
+                    "image_size": self._loader._current_image_size()}
+        return {"kwargs": self._kwargs, "epoch": self._epoch, "image_size": self._image_size}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self._loader, self._kwargs, self._epoch = None, state["kwargs"], state["epoch"]
+        self._loader, self._kwargs = None, state["kwargs"]
+        self._epoch, self._image_size = state["epoch"], state["image_size"]
         self._rebuilt = True
 
     def __len__(self) -> int:
@@ -612,8 +719,13 @@ class _SampleDataset(torch.utils.data.Dataset):
             index += n
         if not 0 <= index < n:
             raise IndexError(f"gpufeed.DataLoader.dataset: index {index} out of range for {n} samples")
-        image = loader.load_sample(index, self._epoch if self._rebuilt else loader._current_epoch())
-        return _normalise_sample(image, loader.dtype, loader.mean, loader.std), loader.samples[index][1]
+        if self._rebuilt:
+            image = loader.load_sample(index, self._epoch, self._image_size)
+            dtype = self._kwargs["dtype"]
+        else:
+            image = loader.load_sample(index, loader._current_epoch())
+            dtype = loader.dtype
+        return _normalise_sample(image, dtype, loader.mean, loader.std), loader.samples[index][1]
 
     @property
     def root(self) -> str:
@@ -672,12 +784,21 @@ def _from_distributed_sampler(sampler: Any, shuffle: bool, seed: int, rank: Opti
         int(sampler.num_replicas)
 
 
+_STATE_KEYS = ("epoch", "batches_yielded", "finished", "next_epoch", "dataset_size", "batch_size", "shuffle",
+               "drop_last", "seed", "rank", "world_size")
+
+
 def _upgrade_state(state: Dict[str, Any]) -> Dict[str, Any]:
-    """A state_dict of this or an earlier version, in this version's keys."""
+    """A state_dict of this or an earlier version, in this version's keys; ValueError naming what
+    is missing or unknown."""
     version = state.get("version")
-    if version == 1:  # in_epoch instead of finished
+    if version == 1 and "in_epoch" in state:  # in_epoch instead of finished
         state = dict(state, version=_STATE_VERSION, finished=not state["in_epoch"])
         del state["in_epoch"]
     elif version != _STATE_VERSION:
-        raise ValueError(f"gpufeed.DataLoader.load_state_dict: unknown state version {version!r}")
+        raise ValueError(f"gpufeed.DataLoader.load_state_dict: not a gpufeed.DataLoader state_dict "
+                         f"(version {version!r}; this gpufeed writes {_STATE_VERSION})")
+    missing = [k for k in _STATE_KEYS if k not in state]
+    if missing:
+        raise ValueError(f"gpufeed.DataLoader.load_state_dict: the state lacks {', '.join(missing)}")
     return state

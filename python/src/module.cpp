@@ -181,7 +181,7 @@ class PyLoader {
            int prefetch_depth, int64_t rank, int64_t world_size, const std::string& auto_augment,
            int ra_num_ops, int ra_magnitude, std::array<float, 4> color_jitter, float random_erase,
            const std::string& random_erase_value, const std::string& augment_interpolation,
-           int max_image_size, const std::string& index_cache, bool sampler_drop_last) {
+           int max_image_size, const std::string& index_cache, bool sampler_drop_last, bool sample_only) {
     device_ = c10::Device(device);
     if (!device_.is_cpu() && !device_.is_cuda())
       throw nb::value_error(("device must be 'cpu' or 'cuda[:N]', not '" + device + "'").c_str());
@@ -206,6 +206,7 @@ class PyLoader {
     if (train) o.transform.augment = augment_options(auto_augment, ra_num_ops, ra_magnitude, color_jitter,
                                                      random_erase, random_erase_value, augment_interpolation,
                                                      mean, std);
+    options_ = o;
     nb::gil_scoped_release nogil;  // listing a large tree and allocating slots take a while
     dataset_ = loader::open_dataset(path, {.index_cache = index_cache});
     sampler::DistributedSamplerOptions so;
@@ -222,6 +223,7 @@ class PyLoader {
     po.channels_last = dtype_ == at::kByte ? true : channels_last;
     po.normalize.mean = mean;
     po.normalize.std = std;
+    if (sample_only) return;  // load_sample only: no slots, no threads (a worker's copy of loader.dataset)
     loader_ = std::make_shared<loader::Loader>(dataset_, sampler_, o, prefetch::host_allocator_for(device_));
     raw_ = dtype_ == at::kByte && device_.is_cpu();
     if (!raw_) prefetcher_ = prefetch::make_prefetcher(loader_, po);
@@ -350,20 +352,27 @@ class PyLoader {
     return d;
   }
   nb::dict epoch_summary() { return summary_dict(loader().epoch_summary()); }
-  /// Decodes sample `index` of `epoch` exactly as a worker does: [S, S, 3] uint8 capsule.
-  nb::object load_sample(int64_t index, int64_t epoch) {
-    loader::Loader& l = loader();
-    const int64_t s = l.options().transform.output_size();
+  /// Decodes sample `index` of `epoch` exactly as a worker does, at train side `size` (0: the
+  /// options' own): [S, S, 3] uint8 capsule. Needs no loader (threads, slots), so it works in a
+  /// sample-only object and in a fork() child.
+  nb::object load_sample(int64_t index, int64_t epoch, int size) {
+    if (index < 0 || index >= dataset_->size())
+      throw nb::index_error(("sample index " + std::to_string(index) + " out of range for " +
+                             std::to_string(dataset_->size()) + " samples").c_str());
+    loader::LoaderOptions o = options_;
+    if (size > 0 && o.transform.kind == loader::TransformOptions::Kind::kTrain) o.transform.rrc.size = size;
+    const int64_t s = o.transform.output_size();
     at::Tensor out = at::empty({s, s, 3}, at::kByte);
     {
       nb::gil_scoped_release nogil;
-      loader::load_sample(l.dataset(), index, epoch, l.options(), out.data_ptr<uint8_t>());
+      loader::load_sample(*dataset_, index, epoch, o, out.data_ptr<uint8_t>());
     }
     return to_capsule(out);
   }
 
  private:
   c10::Device device_{c10::kCPU};
+  loader::LoaderOptions options_;
   c10::ScalarType dtype_ = at::kByte;
   bool raw_ = true;
   std::shared_ptr<loader::Dataset> dataset_;
@@ -428,12 +437,12 @@ NB_MODULE(_C, m) {
                     std::pair<float, float>, float, int, const std::string&, const std::string&, bool,
                     std::array<float, 3>, std::array<float, 3>, const std::string&, int64_t, int, int64_t,
                     int64_t, const std::string&, int, int, std::array<float, 4>, float, const std::string&,
-                    const std::string&, int, const std::string&, bool>(),
+                    const std::string&, int, const std::string&, bool, bool>(),
            "path"_a, "batch_size"_a, "shuffle"_a, "drop_last"_a, "num_workers"_a, "seed"_a, "train"_a,
            "image_size"_a, "scale"_a, "ratio"_a, "flip_p"_a, "resize_size"_a, "device"_a, "dtype"_a,
            "channels_last"_a, "mean"_a, "std"_a, "on_error"_a, "max_skips"_a, "prefetch_depth"_a, "rank"_a,
            "world_size"_a, "auto_augment"_a, "ra_num_ops"_a, "ra_magnitude"_a, "color_jitter"_a, "random_erase"_a,
-           "random_erase_value"_a, "augment_interpolation"_a, "max_image_size"_a, "index_cache"_a, "sampler_drop_last"_a)
+           "random_erase_value"_a, "augment_interpolation"_a, "max_image_size"_a, "index_cache"_a, "sampler_drop_last"_a, "sample_only"_a)
       .def("close", &PyLoader::close)
       .def("start_epoch", &PyLoader::start_epoch, "epoch"_a, "start_batch"_a)
       .def("next", &PyLoader::next, "slice_s"_a)
@@ -447,7 +456,7 @@ NB_MODULE(_C, m) {
       .def("samples", &PyLoader::samples)
       .def("stats", &PyLoader::stats)
       .def("epoch_summary", &PyLoader::epoch_summary)
-      .def("load_sample", &PyLoader::load_sample, "index"_a, "epoch"_a);
+      .def("load_sample", &PyLoader::load_sample, "index"_a, "epoch"_a, "size"_a);
   m.def("decode_image", &decode_image, "source"_a, "apply_exif_orientation"_a = false);
   m.def("cuda_available", &gpufeed::prefetch::cuda_available);
   m.def("inspect_json", &inspect_json, "paths"_a, "all_files"_a, "apply_exif_orientation"_a, "strict"_a,

@@ -3,6 +3,8 @@ a child forked while a loader is alive gets a clear error at once, never a hang;
 torch.utils.data.DataLoader workers decode with gpufeed.decode_image."""
 import multiprocessing
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -92,3 +94,44 @@ def test_forked_torch_dataloader_workers_decode_with_gpufeed(folder):
                                           timeout=TIMEOUT_S)
     sums = torch.cat(list(workers)).tolist()
     assert sums == [gpufeed.decode_image(p).sum(dtype=torch.int64).item() for p in paths]
+
+
+INHERITED = """
+import os, sys, time, torch, gpufeed
+use = sys.argv[2]
+alive = gpufeed.DataLoader(sys.argv[1], batch_size=4, image_size=16, num_workers=2, dtype=torch.uint8)
+it = iter(alive)
+first = next(it)  # a batch held, the rest of the epoch in flight
+expected = alive.dataset[3][0]
+pid = os.fork()
+if pid == 0:
+    code = 0
+    if use == "close":
+        alive.close()
+    elif use == "del":
+        del first, it, alive
+    elif use in ("next", "iter", "stats"):
+        try:
+            next(it) if use == "next" else iter(alive) if use == "iter" else alive.stats()
+            code = 4
+        except RuntimeError as e:
+            code = 0 if "fork()" in str(e) and "'spawn'" in str(e) else 5
+    elif use == "dataset":
+        code = 0 if torch.equal(alive.dataset[3][0], expected) else 6
+    sys.exit(code)  # a whole interpreter exit: atexit, module teardown, the loader's destructor
+_, status = os.waitpid(pid, 0)
+rest = sum(1 for _ in it)
+print("child", os.waitstatus_to_exitcode(status), "rest", rest)
+"""
+
+
+@pytest.mark.parametrize("use", ["exit", "close", "del", "next", "iter", "stats", "dataset"])
+def test_a_loader_inherited_through_fork_never_hangs_the_child(folder, use):
+    """The child of a process with a running loader: exiting with it, closing or deleting it
+    return at once; using it raises RuntimeError naming fork() and the spawn method; its dataset's
+    items still load. The parent's epoch goes on."""
+    proc = subprocess.run([sys.executable, "-c", INHERITED, str(folder), use], capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["child", "0", "rest", "6"], proc.stdout + proc.stderr
+    assert "leaked" not in proc.stderr, proc.stderr

@@ -198,3 +198,73 @@ def test_imagenet_main_shaped_script_counts_every_val_sample_once(tmp_path, fold
             sampler = torch.utils.data.DistributedSampler(range(27), num_replicas=2, rank=rank, shuffle=True)
             sampler.set_epoch(epoch)
             assert r["train"] == list(sampler)
+
+
+# ---- what a field trial broke ----------------------------------------------------------------------
+
+
+def test_bad_keyword_values_raise_naming_the_keyword(folder):
+    cases = [(dict(batch_size=2.5), TypeError, "batch_size"), (dict(batch_size=0), ValueError, "batch_size"),
+             (dict(seed=2**64), ValueError, "seed"), (dict(seed=1.5), TypeError, "seed"),
+             (dict(scale=(1.0, 0.08)), ValueError, "scale"), (dict(scale=(float("nan"), 1)), ValueError, "scale"),
+             (dict(scale=(0.1, 0.5, 1)), ValueError, "scale"), (dict(ratio=(0, 0)), ValueError, "ratio"),
+             (dict(ratio=(1, float("inf"))), ValueError, "ratio"), (dict(resize_size=0), ValueError, "resize_size"),
+             (dict(train=False, image_size=32, resize_size=16), ValueError, "resize_size=16"),
+             (dict(num_workers=-1), ValueError, "num_workers"), (dict(rank="0", world_size=2), TypeError, "rank")]
+    for kwargs, error, text in cases:
+        with pytest.raises(error, match=text):
+            gpufeed.DataLoader(folder, **kwargs)
+    with pytest.raises(TypeError, match="root"):
+        gpufeed.DataLoader(3)
+    loader = gpufeed.DataLoader(os.fsencode(folder), image_size=16)  # a bytes path, as os.fsencode gives
+    assert len(loader.samples) == 27
+    for bad in ("1", 1.9):
+        with pytest.raises(TypeError, match="epoch"):
+            loader.set_epoch(bad)
+
+
+def test_a_negative_seed_orders_as_torch_does(folder):
+    """torch's DistributedSampler takes seed=-1 (manual_seed wraps it mod 2**64)."""
+    sampler = torch.utils.data.DistributedSampler(range(27), num_replicas=1, rank=0, shuffle=True, seed=-1)
+    sampler.set_epoch(2)
+    loader = gpufeed.DataLoader(folder, batch_size=4, shuffle=True, seed=-1, image_size=16)
+    assert loader.indices(2) == list(sampler)
+    with_sampler = gpufeed.DataLoader(folder, batch_size=4, sampler=sampler, image_size=16)
+    assert [i for b in indices_of(with_sampler) for i in b] == list(sampler)
+
+
+def test_bad_states_raise_clearly_and_another_ranks_state_resumes_this_rank(folder):
+    kw = dict(batch_size=4, shuffle=True, seed=2, image_size=8, dtype=torch.uint8, world_size=2)
+    rank0, rank1 = gpufeed.DataLoader(folder, rank=0, **kw), gpufeed.DataLoader(folder, rank=1, **kw)
+    it = iter(rank0)
+    next(it), next(it)
+    state = rank0.state_dict()
+    # Lightning under DDP saves rank 0's state and loads it on every rank.
+    rank1.load_state_dict(state)
+    assert [list(rank1.last_batch["indices"]) for _ in rank1] == [rank1.indices(0)[k:k + 4] for k in (8, 12)]
+    for bad, error, text in [(None, TypeError, "dict"), ([], TypeError, "dict"),
+                             ({"version": 2, "epoch": 0}, ValueError, "lacks batches_yielded"),
+                             (dict(state, batches_yielded=-5), ValueError, "batches_yielded"),
+                             (dict(state, batches_yielded=99), ValueError, "batches_yielded"),
+                             (dict(state, batches_yielded=3.7), TypeError, "batches_yielded"),
+                             (dict(state, finished="no"), TypeError, "finished"),
+                             (dict(state, world_size=3), ValueError, "world_size"),
+                             ({"version": 9}, ValueError, "not a gpufeed.DataLoader state_dict")]:
+        with pytest.raises(error, match=text):
+            rank1.load_state_dict(bad)
+
+
+def test_the_sampler_view_follows_set_epoch_at_once(folder):
+    """As DistributedSampler: after set_epoch (on the loader or on loader.sampler), even in the
+    middle of an epoch, the sampler and batch_sampler show that epoch."""
+    loader = gpufeed.DataLoader(folder, batch_size=4, shuffle=True, seed=5, image_size=16, dtype=torch.uint8)
+    it = iter(loader)
+    next(it)
+    assert loader.sampler.epoch == 0
+    loader.sampler.set_epoch(3)
+    assert loader.sampler.epoch == 3 and list(loader.sampler) == loader.indices(3)
+    loader.set_epoch(5)
+    assert loader.sampler.epoch == 5 and list(loader.batch_sampler)[0] == loader.indices(5)[:4]
+    next(it)  # the running epoch is still 0's
+    assert loader.last_batch["indices"] == loader.indices(0)[4:8]
+    assert [list(loader.last_batch["indices"]) for _ in loader][0] == loader.indices(5)[:4]
