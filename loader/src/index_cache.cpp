@@ -17,7 +17,10 @@ namespace gpufeed::loader::detail {
 namespace fs = std::filesystem;
 namespace {
 
-constexpr char kMagic[8] = {'G', 'P', 'U', 'F', 'I', 'D', 'X', 1};  // the last byte: version
+// The last byte is the format's version, raised whenever what a cache holds or how a dataset is
+// grouped changes (2: shards' key groups without an image are refused, no longer dropped), so
+// that no listing made by an earlier rule is trusted.
+constexpr char kMagic[8] = {'G', 'P', 'U', 'F', 'I', 'D', 'X', 2};
 
 struct Fd {
   int fd = -1;
@@ -238,8 +241,14 @@ bool read_cache(const fs::path& file, const CacheKey& key, const std::function<v
     CacheReader in(f.fd, static_cast<uint64_t>(st.st_size));
     std::vector<char> m;
     in.section(m);
+    if (m.size() == sizeof kMagic && std::memcmp(m.data(), kMagic, sizeof kMagic - 1) == 0 &&
+        m.back() != kMagic[sizeof kMagic - 1]) {
+      gpufeed::log()->info("index cache {}: written in format {} (this gpufeed writes {}): listing again",
+                           file.string(), static_cast<int>(m.back()), static_cast<int>(kMagic[sizeof kMagic - 1]));
+      return false;
+    }
     if (m.size() != sizeof kMagic || std::memcmp(m.data(), kMagic, sizeof kMagic) != 0)
-      throw CacheCorrupt("not a gpufeed index cache of this version");
+      throw CacheCorrupt("not a gpufeed index cache");
     if (in.string() != key.kind || in.string() != key.source || in.string() != key.options) {
       gpufeed::log()->info("index cache {}: made for another dataset or options: listing again", file.string());
       return false;
