@@ -103,7 +103,7 @@ Run add_pack(CLI::App& app) {
   app.add_flag("--reencode", a->o.reencode,
                "re-encode every image as JPEG at --quality, resized or not (FFCV's write_mode=\"jpg\"); "
                "without it, images within --max-side are copied byte for byte");
-  app.add_option("--num-workers", a->o.num_workers, "decode/resize/encode threads (0 = all); the output is the same for any count")
+  app.add_option("--num-workers", a->o.num_workers, "decode/resize/encode threads (0 = the CPU budget: affinity mask, cgroup quota); the output is the same for any count")
       ->capture_default_str()->check(kAtLeastZero);
   app.add_option("--on-error", a->on_error,
                  "a file that cannot be read or decoded: raise (stop, naming it) or skip (leave it out, "

@@ -328,7 +328,7 @@ Run add_train(CLI::App& app) {
   app.add_option("--loss-scale-init", o->grad_scaler.init_scale, "fp16: initial loss scale")->capture_default_str();
   app.add_option("--loss-scale-growth-interval", o->grad_scaler.growth_interval, "fp16: finite steps before growing")
       ->capture_default_str();
-  app.add_option("--num-workers", o->num_workers, "loader threads per process (0 = all)")
+  app.add_option("--num-workers", o->num_workers, "loader threads per process (0 = the CPU budget: the affinity mask's CPUs, capped by the cgroup CPU quota)")
       ->capture_default_str()->check(kAtLeastZero);
   // The old name, kept working (hidden from --help): --workers N is --num-workers N.
   app.add_option("--workers", o->num_workers)->check(kAtLeastZero)->group("");

@@ -25,6 +25,7 @@
 
 #include "tbb_tsan.h"
 
+#include "gpufeed/cpu_budget.h"
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/decode/error.h"
 #include "gpufeed/loader/shards.h"
@@ -390,7 +391,7 @@ ImageFolder::ImageFolder(const fs::path& root, ImageFolderOptions options) : roo
     }
   };
   {
-    const size_t threads = std::min<size_t>({8, std::max(1u, std::thread::hardware_concurrency()), n});
+    const size_t threads = std::min<size_t>({8, static_cast<size_t>(gpufeed::cpu_budget()), n});
     std::vector<std::thread> pool;
     for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
     work();

@@ -67,7 +67,7 @@ struct TrainOptions {
   std::filesystem::path data;                     ///< training set: ImageFolder, flat folder or file list
   std::optional<std::filesystem::path> val_data;  ///< evaluated after each epoch (same classes)
   std::string index_cache;          ///< the datasets' index cache: "" beside them, "off", or a folder
-  int num_workers = 0;              ///< loader threads per process; 0 = all hardware threads
+  int num_workers = 0;              ///< loader threads per process; 0 = the CPU budget (gpufeed/cpu_budget.h)
   /// Train crop (the references' --train-crop-size), pixels, every epoch unless `resolution` is
   /// set; also the default validation crop (val_crop_size 0).
   int image_size = 224;
