@@ -381,8 +381,9 @@ Run add_bench(CLI::App& app) {
                  "('dir/train-{000000..000146}.tar', a folder of .tar files, a list of .tar paths)")
       ->required();
   app.add_option("--index-cache", a->index_cache,
-                 "where the dataset's listing is cached: a folder, 'off', or unset for beside the "
-                 "dataset when writable");
+                 "where the dataset's listing is cached: unset for the user's cache folder "
+                 "($XDG_CACHE_HOME/gpufeed, else ~/.cache/gpufeed), 'beside' for <parent>/<name>.gpufeed-index "
+                 "beside the dataset (never in a folder whose mode forbids writing), 'off', or a folder");
   app.add_option("--num-workers", a->workers,
                  "loader threads (0 = the CPU budget: affinity mask, cgroup quota); a list such as 1,2,4 runs once per count: a thread-scaling "
                  "curve (--json, then tools/plot.py --bench)")

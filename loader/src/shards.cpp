@@ -419,10 +419,11 @@ TarShards::TarShards(std::vector<std::string> shards, const fs::path& source, co
       throw std::runtime_error("shards: cannot open " + s + ": " + std::error_code(errno, std::generic_category()).message());
     deps.push_back(detail::dependency_of(s, st));
   }
+  // Keyed by canonical paths: the same shards however they are spelled (the cache holds no path).
   std::string shard_list;
-  for (const std::string& s : shards_) shard_list += s + '\n';
-  const detail::CacheKey key{"TarShards", detail::absolute_source(source), shard_list};
-  const auto cache = detail::cache_file(cache_options.index_cache, source);
+  for (const std::string& s : shards_) shard_list += detail::canonical_source(s) + '\n';
+  const detail::CacheKey key{"TarShards", detail::canonical_source(source), shard_list};
+  const auto cache = detail::cache_file(cache_options.index_cache, key.kind, source);
   const auto read = [&](detail::CacheReader& in) {
     classes_ = in.strings();
     in.section(shard_);
