@@ -305,7 +305,7 @@ TEST(FileListCli, ByteOrderMarkIsSkippedAndAMissingFileStopsTheStartWithItsLine)
   // Saved by a Windows editor: UTF-8 byte-order mark and CRLF.
   std::ofstream(tmp.path / "list.txt", std::ios::binary) << "\xEF\xBB\xBF" "a.jpg 0\r\nb.jpg 1\r\n";
   std::string out, err;
-  // --index-cache off: a cache written beside the list (when the first run starts more than a
+  // --index-cache off: a cache of the list (written when the first run starts more than a
   // second after the list was written, as on a loaded machine) adds an "index cache ... changed"
   // info line to the second run's stderr, which is compared whole.
   const std::string common =

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <thread>
 #include <chrono>
@@ -438,35 +439,212 @@ TEST(IndexCache, ImageFolderReadsItsCacheUntilAFolderChangesAndRebuildsACorruptO
   EXPECT_EQ(fewer.classes(), (std::vector<std::string>{"a", "b"}));
 }
 
-TEST(IndexCache, BesideTheDatasetByDefaultAndNeverWhenOff) {
-  gpufeed::test::TempDir tmp("index_beside");
-  fs::create_directories(tmp.path / "data" / "k");
-  std::ofstream(tmp.path / "data" / "k" / "a.jpg") << "x";
-  std::ofstream(tmp.path / "list.txt") << "data/k/a.jpg 4\n";
+// An environment variable set for one scope (the cache folder's home), restored after.
+struct ScopedEnv {
+  std::string name;
+  std::optional<std::string> old;
+  ScopedEnv(std::string n, const std::optional<std::string>& value) : name(std::move(n)) {
+    if (const char* v = std::getenv(name.c_str())) old = v;
+    if (value) {
+      ::setenv(name.c_str(), value->c_str(), 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+  }
+  ~ScopedEnv() {
+    if (old) {
+      ::setenv(name.c_str(), old->c_str(), 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+  }
+};
+
+// The working folder changed for one scope, restored after.
+struct ScopedCwd {
+  fs::path old = fs::current_path();
+  explicit ScopedCwd(const fs::path& p) { fs::current_path(p); }
+  ~ScopedCwd() { fs::current_path(old); }
+};
+
+// Every entry (files and folders) under `root`, for "nothing was created here".
+std::vector<std::string> entries_under(const fs::path& root) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(root)) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The index caches in `dir` (none when it does not exist).
+std::vector<fs::path> caches_in(const fs::path& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".gpufeed-index") out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Mode 0555 on a tree's folders and 0444 on its files, undone at the end (TempDir removes it).
+struct ReadOnlyTree {
+  fs::path root;
+  explicit ReadOnlyTree(fs::path r) : root(std::move(r)) { set(false); }
+  ~ReadOnlyTree() { set(true); }
+  void set(bool writable) {
+    std::vector<fs::path> all{root};
+    for (const auto& e : fs::recursive_directory_iterator(root)) all.push_back(e.path());
+    for (const fs::path& p : all) {
+      const bool dir = fs::is_directory(p);
+      fs::permissions(p, writable ? (dir ? fs::perms(0755) : fs::perms(0644)) : (dir ? fs::perms(0555) : fs::perms(0444)));
+    }
+  }
+};
+
+TEST(IndexCache, InTheUsersCacheFolderByDefaultBesideOnlyWhenAskedNeverWhenOff) {
+  gpufeed::test::TempDir tmp("index_where");
+  fs::create_directories(tmp.path / "d" / "data" / "k");
+  std::ofstream(tmp.path / "d" / "data" / "k" / "a.jpg") << "x";
+  std::ofstream(tmp.path / "d" / "list.txt") << "data/k/a.jpg 4\n";
+  const fs::path d = tmp.path / "d";
+  const ScopedEnv xdg("XDG_CACHE_HOME", (tmp.path / "xdg").string());
+  const fs::path home = tmp.path / "xdg" / "gpufeed";
   wait_out_the_racy_window();
+
   ImageFolderOptions off;
   off.index_cache = "off";
-  EXPECT_FALSE(ImageFolder(tmp.path / "data", off).from_cache());
-  EXPECT_FALSE(FileList(tmp.path / "list.txt", tmp.path, {.index_cache = "off"}).from_cache());
-  EXPECT_FALSE(fs::exists(tmp.path / "data.gpufeed-index"));
-  EXPECT_FALSE(fs::exists(tmp.path / "list.txt.gpufeed-index"));
+  EXPECT_FALSE(ImageFolder(d / "data", off).from_cache());
+  EXPECT_FALSE(FileList(d / "list.txt", d, {.index_cache = "off"}).from_cache());
+  EXPECT_FALSE(fs::exists(tmp.path / "xdg"));
 
-  EXPECT_FALSE(ImageFolder(tmp.path / "data/").from_cache());  // a trailing '/' names the same folder
-  EXPECT_TRUE(fs::exists(tmp.path / "data.gpufeed-index"));
-  EXPECT_TRUE(ImageFolder(tmp.path / "data").from_cache());
-  const auto list = open_dataset(tmp.path / "list.txt");
+  // The default: $XDG_CACHE_HOME/gpufeed, named by the dataset and a hash; nothing beside it.
+  const std::vector<std::string> before = entries_under(d);
+  EXPECT_FALSE(ImageFolder(d / "data/").from_cache());  // a trailing '/' names the same folder
+  EXPECT_TRUE(ImageFolder(d / "data").from_cache());
+  const auto list = open_dataset(d / "list.txt");
   EXPECT_FALSE(dynamic_cast<const FileList&>(*list).from_cache());
-  EXPECT_TRUE(fs::exists(tmp.path / "list.txt.gpufeed-index"));
-  const auto again = open_dataset(tmp.path / "list.txt");
+  const auto again = open_dataset(d / "list.txt");
   EXPECT_TRUE(dynamic_cast<const FileList&>(*again).from_cache());
-  EXPECT_EQ(samples_of(*again), (std::vector<std::pair<std::string, int64_t>>{{(tmp.path / "data/k/a.jpg").string(), 4}}));
+  EXPECT_EQ(samples_of(*again), (std::vector<std::pair<std::string, int64_t>>{{(d / "data/k/a.jpg").string(), 4}}));
   EXPECT_EQ(again->classes().size(), 5u);
+  EXPECT_EQ(entries_under(d), before);
+  const std::vector<fs::path> cached = caches_in(home);
+  ASSERT_EQ(cached.size(), 2u);
+  EXPECT_EQ(cached[0].filename().string().rfind("data-", 0), 0u) << cached[0];
+  EXPECT_EQ(cached[0].filename().string().size(), std::string("data-0123456789abcdef.gpufeed-index").size());
+  EXPECT_EQ(cached[1].filename().string().rfind("list.txt-", 0), 0u) << cached[1];
   // The list rewritten (another size and time): parsed again.
-  std::ofstream(tmp.path / "list.txt") << "data/k/a.jpg 1\ndata/k/a.jpg 0\n";
-  const auto rewritten = open_dataset(tmp.path / "list.txt");
+  std::ofstream(d / "list.txt") << "data/k/a.jpg 1\ndata/k/a.jpg 0\n";
+  const auto rewritten = open_dataset(d / "list.txt");
   EXPECT_FALSE(dynamic_cast<const FileList&>(*rewritten).from_cache());
   EXPECT_EQ(rewritten->size(), 2);
   EXPECT_EQ(rewritten->at(0).label, 1);
+
+  // "beside": <parent>/<name>.gpufeed-index, when the folder's mode allows it.
+  ImageFolderOptions beside;
+  beside.index_cache = "beside";
+  EXPECT_FALSE(ImageFolder(d / "data", beside).from_cache());
+  EXPECT_TRUE(fs::exists(d / "data.gpufeed-index"));
+  EXPECT_TRUE(ImageFolder(d / "data", beside).from_cache());
+  fs::create_directories(tmp.path / "ro" / "data" / "k");
+  std::ofstream(tmp.path / "ro" / "data" / "k" / "a.jpg") << "x";
+  {
+    const ReadOnlyTree ro(tmp.path / "ro");  // 0555: never written, even by root
+    wait_out_the_racy_window();              // (chmod stamps the folders' ctime)
+    EXPECT_FALSE(ImageFolder(tmp.path / "ro" / "data", beside).from_cache());
+    EXPECT_FALSE(ImageFolder(tmp.path / "ro" / "data", beside).from_cache());
+    EXPECT_EQ(entries_under(tmp.path / "ro"),
+              (std::vector<std::string>{(tmp.path / "ro/data").string(), (tmp.path / "ro/data/k").string(),
+                                        (tmp.path / "ro/data/k/a.jpg").string()}));
+  }
+
+  // Without XDG_CACHE_HOME (or with a relative one, which the XDG rules ignore): $HOME/.cache.
+  {
+    const ScopedEnv no_xdg("XDG_CACHE_HOME", std::nullopt);
+    const ScopedEnv user("HOME", (tmp.path / "user").string());
+    EXPECT_FALSE(ImageFolder(d / "data").from_cache());
+    EXPECT_EQ(caches_in(tmp.path / "user/.cache/gpufeed").size(), 1u);
+    const ScopedEnv relative("XDG_CACHE_HOME", std::string("relative/cache"));
+    EXPECT_TRUE(ImageFolder(d / "data").from_cache());
+    // No home at all: no cache, no error.
+    const ScopedEnv no_home("HOME", std::nullopt);
+    EXPECT_FALSE(ImageFolder(d / "data").from_cache());
+    EXPECT_EQ(ImageFolder(d / "data").size(), 1);
+  }
+  // A cache home that cannot be written: listed every time, never an error.
+  {
+    fs::create_directories(tmp.path / "locked");
+    const ReadOnlyTree locked(tmp.path / "locked");
+    const ScopedEnv xdg_locked("XDG_CACHE_HOME", (tmp.path / "locked").string());
+    EXPECT_FALSE(ImageFolder(d / "data").from_cache());
+    EXPECT_FALSE(ImageFolder(d / "data").from_cache());
+    EXPECT_TRUE(fs::is_empty(tmp.path / "locked"));
+  }
+}
+
+// A loader over a read-only (0555) dataset: not a byte written into it, the cache in
+// $XDG_CACHE_HOME/gpufeed, read back on the next start.
+TEST(IndexCache, AReadOnlyDatasetIsNeverWrittenTheCacheGoesToTheUsersCacheFolder) {
+  gpufeed::test::TempDir tmp("index_readonly");
+  const fs::path root = gpufeed::test::tiny_dataset(tmp.path / "ro" / "train");
+  const ScopedEnv xdg("XDG_CACHE_HOME", (tmp.path / "xdg").string());
+  const ReadOnlyTree ro(tmp.path / "ro");
+  wait_out_the_racy_window();  // chmod stamps the folders' ctime: the cache is written after a second
+  const std::vector<std::string> before = entries_under(tmp.path / "ro");
+  ASSERT_EQ(before.size(), 1u + 4u + 32u);  // train, 4 class folders, 32 images
+  LoaderOptions o;
+  o.batch_size = 8;
+  o.num_workers = 2;
+  o.transform = TransformOptions::imagenet(TransformOptions::Kind::kEval, 16);
+  for (const bool cached : {false, true}) {
+    const auto ds = open_dataset(root);
+    EXPECT_EQ(dynamic_cast<const ImageFolder&>(*ds).from_cache(), cached);
+    Loader loader(ds, std::make_shared<SequentialSampler>(ds->size()), o);
+    loader.start_epoch(0);
+    int64_t samples = 0;
+    while (auto b = loader.next()) samples += b->size;
+    EXPECT_EQ(samples, 32);
+  }
+  EXPECT_EQ(entries_under(tmp.path / "ro"), before);
+  const std::vector<fs::path> cached = caches_in(tmp.path / "xdg" / "gpufeed");
+  ASSERT_EQ(cached.size(), 1u);
+  EXPECT_EQ(cached[0].filename().string().rfind("train-", 0), 0u) << cached[0];
+}
+
+// "data", "./data/", the absolute path and a symlink to it are one dataset: one cache entry, and
+// the paths read back from it are those a fresh listing through that spelling gives.
+TEST(IndexCache, RelativeAbsoluteAndLinkedSpellingsShareOneEntry) {
+  gpufeed::test::TempDir tmp("index_spelling");
+  const fs::path abs = gpufeed::test::tiny_dataset(tmp.path / "data");
+  fs::create_directory_symlink(abs, tmp.path / "link");
+  std::ofstream(tmp.path / "list.txt") << "data/class_000/" << fs::directory_iterator(abs / "class_000")->path().filename().string()
+                                       << " 3\n/dev/null 1\n";
+  const ScopedCwd cwd(tmp.path);
+  ImageFolderOptions o;
+  o.index_cache = (tmp.path / "cache").string();
+  ImageFolderOptions fresh = o;
+  fresh.index_cache = "off";
+  wait_out_the_racy_window();
+  EXPECT_FALSE(ImageFolder("data", o).from_cache());
+  for (const fs::path& spelling : {fs::path("data"), fs::path("./data/"), abs, tmp.path / "link", fs::path("link/")}) {
+    const ImageFolder cached(spelling, o);
+    EXPECT_TRUE(cached.from_cache()) << spelling;
+    EXPECT_EQ(samples_of(cached), samples_of(ImageFolder(spelling, fresh))) << spelling;
+  }
+  EXPECT_EQ(std::string(ImageFolder(abs, o).at(0).path).rfind(abs.string() + "/class_000/", 0), 0u);
+  // A file list: relative lines are joined to its folder's spelling ("" for "list.txt").
+  const IndexCacheOptions lc{.index_cache = (tmp.path / "cache").string()};
+  const FileListOptions unchecked{.check_files = false};
+  EXPECT_FALSE(FileList("list.txt", "", lc, unchecked).from_cache());
+  const FileList rel("list.txt", "", lc, unchecked), full(tmp.path / "list.txt", tmp.path, lc, unchecked);
+  EXPECT_TRUE(rel.from_cache());
+  EXPECT_TRUE(full.from_cache());
+  EXPECT_EQ(samples_of(full), samples_of(FileList(tmp.path / "list.txt", tmp.path, {.index_cache = "off"}, unchecked)));
+  EXPECT_EQ(std::string(full.at(0).path).rfind(tmp.path.string() + "/data/class_000/", 0), 0u);
+  EXPECT_EQ(full.at(1).path, "/dev/null");
+  EXPECT_EQ(std::string(rel.at(0).path).rfind("data/class_000/", 0), 0u);
+  // One entry per dataset, whatever the spelling.
+  EXPECT_EQ(caches_in(tmp.path / "cache").size(), 2u);
 }
 
 TEST(SampleRng, IsAPureFunctionOfSeedEpochAndIndex) {

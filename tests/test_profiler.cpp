@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "gpufeed/cpu_budget.h"
 #include "gpufeed/harness/nvml.h"
 #include "gpufeed/harness/profiler.h"
 #include "gpufeed/harness/progress.h"
@@ -130,7 +131,7 @@ TEST(Verdict, CallsARunThatWaitsForDataInputBoundAndNamesWorkersAsTheKnob) {
   in.loader_decode_s = 28.4;
   in.loader_resize_s = 7.6;
   in.num_workers = 4;
-  in.hardware_threads = 16;
+  in.hardware_threads = in.cpu_budget = 16;
   in.gpu = true;
   const Verdict v = make_verdict(in);
   EXPECT_EQ(v.bound, Verdict::Bound::kInput);
@@ -153,11 +154,28 @@ TEST(Verdict, CallsARunThatWaitsForDataInputBoundAndNamesWorkersAsTheKnob) {
       << v.text;
 }
 
+// Under taskset or a cgroup quota the advice stops at the CPUs the process may use, and says so.
+TEST(Verdict, AsksForNoMoreLoaderThreadsThanTheCpuBudget) {
+  VerdictInputs in;
+  in.steps = steps(100, 6400, 10000, 3700);
+  in.loader_samples = 6400;
+  in.loader_decode_s = 40;  // 640 img/s over 4 threads
+  in.num_workers = 1;
+  in.hardware_threads = 16;
+  in.cpu_budget = 4;
+  in.gpu = true;
+  EXPECT_EQ(make_verdict(in).knob,
+            "raise --num-workers from 1 to 4 (this process may use 4 CPUs of the machine's 16 hardware threads "
+            "(affinity mask, cgroup quota)).");
+  in.num_workers = 4;  // at the budget: the next knob, never more threads than CPUs
+  EXPECT_EQ(make_verdict(in).knob.find("--num-workers"), std::string::npos) << make_verdict(in).knob;
+}
+
 TEST(Verdict, PicksTheDominantLoaderStageWhenThreadsAreMaxedOut) {
   VerdictInputs in;
   in.steps = steps(10, 640, 1000, 500);
   in.loader_samples = 640;
-  in.num_workers = in.hardware_threads = 8;
+  in.num_workers = in.hardware_threads = in.cpu_budget = 8;
   in.loader_read_s = 1;
   in.loader_decode_s = 8;
   in.loader_resize_s = 1;
@@ -178,7 +196,7 @@ TEST(Verdict, SuggestsPrefetchDepthWhenTheLoaderKeepsUpOnAverageButStepsStillWai
   in.loader_samples = 640;
   in.loader_decode_s = 0.2;  // 640 / 0.2 * 2 = 6,400 img/s of capacity
   in.num_workers = 2;
-  in.hardware_threads = 16;
+  in.hardware_threads = in.cpu_budget = 16;
   in.prefetch_depth = 2;
   const Verdict v = make_verdict(in);
   EXPECT_EQ(v.bound, Verdict::Bound::kInput);
@@ -193,7 +211,7 @@ TEST(Verdict, CallsARunThatRarelyWaitsComputeBoundWithTheLoadersHeadroom) {
   in.loader_decode_s = 2;
   in.loader_resize_s = 1;  // 3200 / 4 s * 8 threads = 6,400 img/s
   in.num_workers = 8;
-  in.hardware_threads = 8;
+  in.hardware_threads = in.cpu_budget = 8;
   in.gpu = true;
   const Verdict v = make_verdict(in);
   EXPECT_EQ(v.bound, Verdict::Bound::kCompute);
@@ -653,7 +671,7 @@ TEST(Profiler, ThrottledLoaderMakesTheVerdictInputBound) {
   // the two depends on how the machine's load shares the cores between decode and the model, so
   // the test accepts either (make_verdict's choice between them is tested with fixed inputs in
   // the Verdict tests).
-  if (std::thread::hardware_concurrency() > 1) {
+  if (gpufeed::cpu_budget() > 1) {
     EXPECT_TRUE(p.verdict.knob.find("--num-workers from 1") != std::string::npos ||
                 p.verdict.knob.find("--prefetch-depth from 2") != std::string::npos)
         << p.verdict.knob;

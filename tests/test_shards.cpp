@@ -414,3 +414,91 @@ TEST(TarShards, MemberIndexIsCachedUntilAShardChanges) {
     EXPECT_NE(std::string(e.what()).find("cut short"), std::string::npos) << e.what();
   }
 }
+
+// A key group without an image is refused at open, never dropped: webdataset.TarWriter wrote each
+// shard and webdataset.WebDataset yields the group as a sample (goldens/gen_shards.py), so the
+// error names the shard, the member and why; for a dot in the key it explains the first-dot rule.
+TEST(TarShards, AKeyWithoutAnImageIsAnErrorNamingTheShardTheMemberAndWhy) {
+  const auto g = gpufeed::test::load_golden("shards.json")["keyless"];
+  const auto extensions_of = [&](const char* shard, const std::string& key) {
+    for (const auto& s : g[shard]["samples"])
+      if (s["key"] == key) return s["extensions"].get<std::vector<std::string>>();
+    return std::vector<std::string>{"(webdataset yields no key '" + key + "')"};
+  };
+  // What webdataset makes of each group (the facts the messages state).
+  EXPECT_EQ(g["multidot"]["samples"].size(), 3u);
+  EXPECT_EQ(extensions_of("multidot", "22"), (std::vector<std::string>{"05.cls", "05.png"}));
+  EXPECT_EQ(extensions_of("clsonly", "b"), std::vector<std::string>{"cls"});
+  EXPECT_EQ(extensions_of("jsononly", "c"), std::vector<std::string>{"json"});
+
+  gpufeed::test::TempDir tmp("keyless");
+  const IndexCacheOptions cache{.index_cache = (tmp.path / "cache").string()};
+  const auto error_opening = [&](const char* shard) {
+    try {
+      open_dataset(g[shard]["path"].get<std::string>(), cache);
+      return std::string("no error");
+    } catch (const ShardError& e) {
+      return std::string(e.what());
+    }
+  };
+  const auto expect = [](const std::string& what, const std::vector<std::string>& parts) {
+    for (const std::string& p : parts) EXPECT_NE(what.find(p), std::string::npos) << "'" << p << "' not in: " << what;
+  };
+  const std::string multidot = error_opening("multidot");
+  expect(multidot, {"shard " + g["multidot"]["path"].get<std::string>() + ": member '22.05.png': ",
+                    "key '22' has members with the extensions '05.cls', '05.png' but no image extension",
+                    "webdataset splits a name at the first '.' of its last path component, so '22.05.png' is key "
+                    "'22' with extension '05.png'",
+                    "rename the members without dots in the key (e.g. '22_05.png')"});
+  expect(error_opening("clsonly"), {"shard " + g["clsonly"]["path"].get<std::string>() + ": member 'b.cls': ",
+                                    "a label without an image member beside it (key 'b' has the extensions 'cls'"});
+  expect(error_opening("jsononly"),
+         {"shard " + g["jsononly"]["path"].get<std::string>() + ": member 'c.json': ",
+          "key 'c' has members with the extensions 'json' but no image (key.jpg|jpeg|png|webp|ppm|pgm|bmp|tif|tiff|gif)",
+          "webdataset would yield it as a sample without an image"});
+  // No listing of a refused shard is cached, so the next open refuses it again.
+  EXPECT_EQ(error_opening("multidot"), multidot);
+  EXPECT_TRUE(!fs::exists(tmp.path / "cache") || fs::is_empty(tmp.path / "cache"));
+
+  // The key is the name up to the first '.' of the last path component only: dots in folder
+  // names are part of the key, dots in the file name are not.
+  Tar t;
+  t.member("x.y/3.jpg", "J");
+  t.member("x.y/3.cls", "0");
+  t.member("x.y/1.2.jpg", "J");
+  t.member("x.y/1.2.cls", "1");
+  t.end();
+  expect(error_of(t.bytes), {"member 'x.y/1.2.jpg'", "key 'x.y/1' has members with the extensions '2.jpg', '2.cls'",
+                             "so 'x.y/1.2.jpg' is key 'x.y/1' with extension '2.jpg'", "(e.g. 'x.y/1_2.jpg')"});
+}
+
+// A listing cached by an earlier cache format (whose grouping dropped keys without an image) is
+// never read: the format's version is part of the file, and a cache of another version is listed
+// again (then refused, for a bad shard).
+TEST(TarShards, ACacheOfAnotherFormatVersionIsListedAgain) {
+  gpufeed::test::TempDir tmp("cache_version");
+  Tar t;
+  t.member("k.jpg", "J");
+  t.member("k.cls", "4");
+  t.end();
+  std::ofstream(tmp.path / "one.tar", std::ios::binary) << t.bytes;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // past the racy window (dataset.h)
+  const std::string shard = (tmp.path / "one.tar").string();
+  const IndexCacheOptions cache{.index_cache = (tmp.path / "cache").string()};
+  EXPECT_FALSE(TarShards({shard}, shard, cache).from_cache());
+  EXPECT_TRUE(TarShards({shard}, shard, cache).from_cache());
+  std::vector<fs::path> files = gpufeed::test::list_files_of(tmp.path / "cache");
+  ASSERT_EQ(files.size(), 1u);
+  std::string bytes;
+  {
+    std::ifstream in(files[0], std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(bytes.size(), 16u);
+  ASSERT_EQ(bytes.substr(8, 7), "GPUFIDX");  // after the magic section's length
+  bytes[15] = 1;                             // the version byte: the format before this one
+  std::ofstream(files[0], std::ios::binary | std::ios::trunc) << bytes;
+  const TarShards again({shard}, shard, cache);
+  EXPECT_FALSE(again.from_cache());
+  EXPECT_EQ(again.at(0).label, 4);
+}

@@ -32,6 +32,7 @@
 #include <fmt/format.h>
 
 #include "commands.h"
+#include "gpufeed/cpu_budget.h"
 #include "gpufeed/json_text.h"
 #include "proc_stats.h"
 #include "gpufeed/loader/loader.h"
@@ -54,7 +55,7 @@ double process_cpu_s() {
 }
 
 int resolve_threads(int workers) {
-  return workers > 0 ? workers : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return workers > 0 ? workers : gpufeed::cpu_budget();
 }
 
 struct Args {
@@ -173,8 +174,8 @@ nlohmann::json base_record(const char* mode, const Args& a, const loader::Datase
 nlohmann::json run_loader(const Args& a, std::shared_ptr<const loader::Dataset> ds, int workers,
                           bool dump) {
   const loader::LoaderOptions o = loader_options(a, workers);
-  const int threads = resolve_threads(workers);
   loader::Loader loader(ds, std::make_shared<sampler::SequentialSampler>(ds->size()), o);
+  const int threads = loader.num_threads();
   std::unique_ptr<Dumper> dumper;
   if (dump) dumper = std::make_unique<Dumper>(a.dump, *ds, o, 0);
   int64_t samples = 0, batches = 0;
@@ -380,10 +381,11 @@ Run add_bench(CLI::App& app) {
                  "('dir/train-{000000..000146}.tar', a folder of .tar files, a list of .tar paths)")
       ->required();
   app.add_option("--index-cache", a->index_cache,
-                 "where the dataset's listing is cached: a folder, 'off', or unset for beside the "
-                 "dataset when writable");
+                 "where the dataset's listing is cached: unset for the user's cache folder "
+                 "($XDG_CACHE_HOME/gpufeed, else ~/.cache/gpufeed), 'beside' for <parent>/<name>.gpufeed-index "
+                 "beside the dataset (never in a folder whose mode forbids writing), 'off', or a folder");
   app.add_option("--num-workers", a->workers,
-                 "loader threads (0 = all); a list such as 1,2,4 runs once per count: a thread-scaling "
+                 "loader threads (0 = the CPU budget: affinity mask, cgroup quota); a list such as 1,2,4 runs once per count: a thread-scaling "
                  "curve (--json, then tools/plot.py --bench)")
       ->delimiter(',')->capture_default_str()->check(kAtLeastZero);
   // The old name, kept working (hidden from --help), as for train: --workers N is --num-workers N.

@@ -26,8 +26,9 @@ Run add_index(CLI::App& app) {
   auto a = std::make_shared<Args>();
   app.add_option("data", a->data, "ImageFolder root, flat image folder, file list, or tar shards (brace pattern, folder, list)")->required();
   app.add_option("--index-cache", a->index_cache,
-                 "where the listing is cached: a folder, 'off', or unset for beside the dataset "
-                 "(<parent>/<name>.gpufeed-index) when writable");
+                 "where the listing is cached: unset for the user's cache folder "
+                 "($XDG_CACHE_HOME/gpufeed, else ~/.cache/gpufeed), 'beside' for <parent>/<name>.gpufeed-index "
+                 "beside the dataset (never in a folder whose mode forbids writing), 'off', or a folder");
   app.add_option("--write-list", a->write_list,
                  "also write the samples, one '<path> <label>' line each in dataset order, to this file");
   app.add_flag("--json", a->json, "print one JSON object instead of text");

@@ -103,7 +103,7 @@ Run add_pack(CLI::App& app) {
   app.add_flag("--reencode", a->o.reencode,
                "re-encode every image as JPEG at --quality, resized or not (FFCV's write_mode=\"jpg\"); "
                "without it, images within --max-side are copied byte for byte");
-  app.add_option("--num-workers", a->o.num_workers, "decode/resize/encode threads (0 = all); the output is the same for any count")
+  app.add_option("--num-workers", a->o.num_workers, "decode/resize/encode threads (0 = the CPU budget: affinity mask, cgroup quota); the output is the same for any count")
       ->capture_default_str()->check(kAtLeastZero);
   app.add_option("--on-error", a->on_error,
                  "a file that cannot be read or decoded: raise (stop, naming it) or skip (leave it out, "
@@ -119,7 +119,9 @@ Run add_pack(CLI::App& app) {
   app.add_flag("--strict-decode", a->o.decode.strict, "treat every decoder warning as an error");
   app.add_flag("--overwrite", a->o.overwrite, "replace shards of this prefix and manifest.json already in out_dir");
   app.add_option("--index-cache", a->index_cache,
-                 "where the source's listing is cached: a folder, 'off', or unset for beside it when writable");
+                 "where the source's listing is cached: unset for the user's cache folder "
+                 "($XDG_CACHE_HOME/gpufeed, else ~/.cache/gpufeed), 'beside' for <parent>/<name>.gpufeed-index "
+                 "beside it (never in a folder whose mode forbids writing), 'off', or a folder");
   app.add_option("--progress", a->progress, "lines: a progress line on stderr every 2 s; off")
       ->capture_default_str()->check(CLI::IsMember({"lines", "off"}));
   return [a] {

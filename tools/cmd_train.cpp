@@ -279,8 +279,9 @@ Run add_train(CLI::App& app) {
   str("--data", "training set: ImageFolder root, flat folder of <class>_*.jpg, file list, or WebDataset "
       "tar shards ('dir/train-{000000..000146}.tar', a folder of .tar files, a list of .tar paths)")->required();
   str("--val-data", "validation set, same classes (evaluated after every epoch)");
-  str("--index-cache", "where the datasets' listings are cached: a folder, 'off', or unset for beside "
-      "each dataset when writable");
+  str("--index-cache", "where the datasets' listings are cached: unset for the user's cache folder "
+      "($XDG_CACHE_HOME/gpufeed, else ~/.cache/gpufeed), 'beside' for <parent>/<name>.gpufeed-index beside "
+      "each dataset (never in a folder whose mode forbids writing), 'off', or a folder");
   app.add_option("--arch", o->arch, "resnet18, resnet34, resnet50, resnet101, resnet152")->capture_default_str();
   app.add_option("--epochs", o->epochs)->capture_default_str()->check(kAtLeastOne);
   app.add_option("--batch-size", o->batch_size, "per process and micro-batch")->capture_default_str()->check(kAtLeastOne);
@@ -328,7 +329,7 @@ Run add_train(CLI::App& app) {
   app.add_option("--loss-scale-init", o->grad_scaler.init_scale, "fp16: initial loss scale")->capture_default_str();
   app.add_option("--loss-scale-growth-interval", o->grad_scaler.growth_interval, "fp16: finite steps before growing")
       ->capture_default_str();
-  app.add_option("--num-workers", o->num_workers, "loader threads per process (0 = all)")
+  app.add_option("--num-workers", o->num_workers, "loader threads per process (0 = the CPU budget: the affinity mask's CPUs, capped by the cgroup CPU quota)")
       ->capture_default_str()->check(kAtLeastZero);
   // The old name, kept working (hidden from --help): --workers N is --num-workers N.
   app.add_option("--workers", o->num_workers)->check(kAtLeastZero)->group("");

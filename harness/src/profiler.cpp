@@ -154,10 +154,14 @@ Verdict make_verdict(const VerdictInputs& in) {
   if (v.data_wait_fraction >= kInputBoundWaitFraction) {
     v.bound = Verdict::Bound::kInput;
     const bool capacity_to_spare = v.loader_images_per_s > 1.25 * v.model_images_per_s;
-    if (in.num_workers < in.hardware_threads && !capacity_to_spare) {
+    const bool limited = in.cpu_budget < in.hardware_threads;
+    const std::string cpus = limited ? "this process may use " + std::to_string(in.cpu_budget) +
+                                           " CPUs of the machine's " + std::to_string(in.hardware_threads) +
+                                           " hardware threads (affinity mask, cgroup quota)"
+                                     : "the machine has " + std::to_string(in.cpu_budget) + " hardware threads";
+    if (in.num_workers < in.cpu_budget && !capacity_to_spare) {
       v.knob = "raise --num-workers from " + std::to_string(in.num_workers) + " to " +
-               std::to_string(in.hardware_threads) + " (the machine has " +
-               std::to_string(in.hardware_threads) + " hardware threads" +
+               std::to_string(in.cpu_budget) + " (" + cpus +
                (in.gpu ? ")" : "; on a CPU run the model competes for the same cores)") + ".";
     } else if (capacity_to_spare) {
       v.knob = "raise --prefetch-depth from " + std::to_string(in.prefetch_depth) +
@@ -174,7 +178,8 @@ Verdict make_verdict(const VerdictInputs& in) {
     } else if (v.resize_fraction >= 0.5) {
       v.knob = "resize less: store the images pre-resized so each crop needs less downscaling.";
     } else {
-      v.knob = "more loader threads (a machine with more cores): no single loader stage dominates.";
+      v.knob = limited ? "more CPUs for this process (" + cpus + "): no single loader stage dominates."
+                       : "more loader threads (a machine with more cores): no single loader stage dominates.";
     }
     v.text = "Input-bound: the " + who + " waited for data " + percent(v.data_wait_fraction) +
              " of step time. The loader delivers " + format_count(v.delivered_images_per_s) +
@@ -571,6 +576,7 @@ Profiler::Profiler(ProfileOptions options, RunInfo run, loader::Loader* loader)
                   {"batch_size", m.run.batch_size},
                   {"num_workers", m.run.num_workers},
                   {"hardware_threads", m.run.hardware_threads},
+                  {"cpu_budget", m.run.cpu_budget},
                   {"prefetch_depth", m.run.prefetch_depth},
                   {"image_size", m.run.image_size},
                   {"metrics_every_steps", m.options.metrics_every_steps},
@@ -732,6 +738,7 @@ RunProfile Profiler::finish() {
   }
   in.num_workers = m.run.num_workers;
   in.hardware_threads = m.run.hardware_threads;
+  in.cpu_budget = m.run.cpu_budget;
   in.prefetch_depth = m.run.prefetch_depth;
   in.gpu = m.gpu;
   in.allreduce = m.run.allreduce;

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "gpufeed/cpu_budget.h"
 #include "gpufeed/harness/checkpoint.h"
 #include "gpufeed/harness/recipe.h"
 #include "gpufeed/harness/sync_batch_norm.h"
@@ -578,7 +579,8 @@ RunInfo Trainer::Impl::run_info() const {
   run.steps_per_epoch = steps_per_epoch() * o.accum_steps;  // the profiler counts micro-batches
   run.batch_size = o.batch_size;
   run.hardware_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  run.num_workers = o.num_workers > 0 ? o.num_workers : run.hardware_threads;
+  run.cpu_budget = gpufeed::cpu_budget();
+  run.num_workers = o.num_workers > 0 ? o.num_workers : run.cpu_budget;
   run.prefetch_depth = o.prefetch_depth;
   run.image_size = train_image_size(epoch);  // the first epoch this fit() trains
   run.allreduce = ddp != nullptr;  // else the all-reduce phase is recorded as zero-length

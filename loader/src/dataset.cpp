@@ -25,6 +25,7 @@
 
 #include "tbb_tsan.h"
 
+#include "gpufeed/cpu_budget.h"
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/decode/error.h"
 #include "gpufeed/loader/shards.h"
@@ -179,23 +180,31 @@ std::string options_key(const ImageFolderOptions& o) {
 }
 
 // Reads the classes and the table from `cache` when it matches `key`; else leaves them empty.
-bool read_cached_list(const std::optional<fs::path>& cache, const detail::CacheKey& key,
+// `prefix` is the text the table's paths start with as this spelling of the dataset builds them
+// (the root and a '/'); a cache written through another spelling ("data" vs "/abs/data") has its
+// paths rebased onto it, so that they read as a fresh listing's would.
+bool read_cached_list(const std::optional<fs::path>& cache, const detail::CacheKey& key, const std::string& prefix,
                       std::vector<std::string>& classes, SampleTable& table) {
+  std::string written_prefix;
   if (cache && detail::read_cache(*cache, key, [&](detail::CacheReader& in) {
+        written_prefix = in.string();
         classes = in.strings();
         detail::read_table(in, table);
-      }))
+      })) {
+    detail::rebase_paths(table, written_prefix, prefix);
     return true;
+  }
   classes.clear();
   table = SampleTable();
   return false;
 }
 
-void write_cached_list(const std::optional<fs::path>& cache, const detail::CacheKey& key,
+void write_cached_list(const std::optional<fs::path>& cache, const detail::CacheKey& key, const std::string& prefix,
                        const std::vector<detail::Dependency>& deps, int64_t started,
                        const std::vector<std::string>& classes, const SampleTable& table) {
   if (!cache) return;
   detail::write_cache(*cache, key, deps, started, [&](detail::CacheWriter& out) {
+    out.section(prefix);
     out.strings(classes);
     detail::write_table(out, table);
   });
@@ -345,11 +354,12 @@ ImageFolder::ImageFolder(const fs::path& root, ImageFolderOptions options) : roo
   }
   const int64_t started = detail::wall_clock_ns();
   const std::vector<std::string> exts = lowered(options.extensions);
-  // The key holds the root as given too: the sample paths are built from that text.
-  const detail::CacheKey key{"ImageFolder", detail::absolute_source(root),
-                             detail::without_trailing_separator(root) + ";" + options_key(options)};
-  const auto cache = detail::cache_file(options.index_cache, root);
-  if ((from_cache_ = read_cached_list(cache, key, classes_, table_))) return;
+  // Keyed by the folder's canonical path, whatever its spelling; the sample paths are built from
+  // the spelling's text, `prefix` (root / class / ...).
+  const detail::CacheKey key{"ImageFolder", detail::canonical_source(root), options_key(options)};
+  const std::string prefix = (root / "").string();
+  const auto cache = detail::cache_file(options.index_cache, key.kind, root);
+  if ((from_cache_ = read_cached_list(cache, key, prefix, classes_, table_))) return;
 
   std::vector<detail::Dependency> deps{detail::dependency_of(root.string(), root_st)};
   const std::string root_text = root.string();
@@ -390,7 +400,7 @@ ImageFolder::ImageFolder(const fs::path& root, ImageFolderOptions options) : roo
     }
   };
   {
-    const size_t threads = std::min<size_t>({8, std::max(1u, std::thread::hardware_concurrency()), n});
+    const size_t threads = std::min<size_t>({8, static_cast<size_t>(gpufeed::cpu_budget()), n});
     std::vector<std::thread> pool;
     for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
     work();
@@ -417,7 +427,7 @@ ImageFolder::ImageFolder(const fs::path& root, ImageFolderOptions options) : roo
       for (size_t i = 0; i < g.count(); ++i) table_.add_joined(g.dir, g.name(i), static_cast<int64_t>(label));
     std::vector<Group>().swap(per_class[label]);
   }
-  write_cached_list(cache, key, deps, started, classes_, table_);
+  write_cached_list(cache, key, prefix, deps, started, classes_, table_);
 }
 
 // ---- file lists
@@ -513,11 +523,14 @@ FileList::FileList(const fs::path& list_file, const fs::path& root, const IndexC
   struct stat st {};
   const int64_t started = detail::wall_clock_ns();
   if (::fstat(fd, &st) != 0) throw std::runtime_error("FileList: cannot stat " + list_file.string());
-  const detail::CacheKey key{"FileList", detail::absolute_source(list_file), root.string()};
-  const auto cache = detail::cache_file(cache_options.index_cache, list_file);
-  if ((from_cache_ = read_cached_list(cache, key, classes_, table_))) return;
-
+  // Keyed by the canonical paths of the list and of the root relative lines are joined to; the
+  // paths are built from the root's text, `prefix` (relative lines only when it is empty).
+  const detail::CacheKey key{"FileList", detail::canonical_source(list_file), detail::canonical_source(root)};
   const std::string root_text = root.string();
+  const std::string prefix = root_text.empty() ? std::string() : root_text + "/";
+  const auto cache = detail::cache_file(cache_options.index_cache, key.kind, list_file);
+  if ((from_cache_ = read_cached_list(cache, key, prefix, classes_, table_))) return;
+
   int64_t samples = 0, path_bytes = 0, max_label = -1;
   std::vector<int64_t> line_of;  // line number of each sample, for the file check's message
   // Two passes: count (and check every line), then fill the table at its exact size.
@@ -600,7 +613,7 @@ FileList::FileList(const fs::path& list_file, const fs::path& root, const IndexC
       throw std::runtime_error(message);
     }
   }
-  write_cached_list(cache, key, {detail::dependency_of(list_file.string(), st)}, started, classes_, table_);
+  write_cached_list(cache, key, prefix, {detail::dependency_of(list_file.string(), st)}, started, classes_, table_);
 }
 
 FlatFolder::FlatFolder(const fs::path& root, ImageFolderOptions options) {

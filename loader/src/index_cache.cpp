@@ -3,11 +3,15 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <system_error>
+#include <cstdlib>
 #include <ctime>
+#include <mutex>
+#include <set>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -17,7 +21,11 @@ namespace gpufeed::loader::detail {
 namespace fs = std::filesystem;
 namespace {
 
-constexpr char kMagic[8] = {'G', 'P', 'U', 'F', 'I', 'D', 'X', 1};  // the last byte: version
+// The last byte is the format's version, raised whenever what a cache holds or how a dataset is
+// grouped changes (2: shards' key groups without an image are refused, no longer dropped; 3:
+// keyed by the canonical path, dependencies by absolute path, lists with the spelling of their
+// root), so that no listing made by an earlier rule is trusted.
+constexpr char kMagic[8] = {'G', 'P', 'U', 'F', 'I', 'D', 'X', 3};
 
 struct Fd {
   int fd = -1;
@@ -44,6 +52,19 @@ std::pair<fs::path, std::string> parent_and_name(const fs::path& source) {
   fs::path p = source;
   while (p.has_relative_path() && p.filename().empty()) p = p.parent_path();
   return {p.parent_path(), p.filename().string()};
+}
+
+// Says once per folder (per process) why no index cache is written there: the loader runs without
+// it, listing the dataset on every start; not worth more than an info line each start.
+void note_once(const std::string& dir, const std::string& why) {
+  static std::mutex mu;
+  static std::set<std::string> told;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!told.insert(dir).second) return;
+  }
+  gpufeed::log()->info("index cache: {}; running without one (the dataset is listed on every start; "
+                       "--index-cache DIR or index_cache=DIR picks a folder, 'off' silences this)", why);
 }
 
 }  // namespace
@@ -209,18 +230,74 @@ std::string without_trailing_separator(const fs::path& path) {
   return s;
 }
 
-std::string absolute_source(const fs::path& path) {
-  return without_trailing_separator(fs::absolute(path).lexically_normal());
+std::string canonical_source(const fs::path& path) {
+  std::error_code ec;
+  const fs::path abs = fs::absolute(path.empty() ? fs::path(".") : path, ec);
+  if (ec) return without_trailing_separator(path.lexically_normal());
+  fs::path canonical = fs::weakly_canonical(abs, ec);
+  if (ec) canonical = abs.lexically_normal();
+  return without_trailing_separator(canonical);
 }
 
-std::optional<fs::path> cache_file(const std::string& setting, const fs::path& source) {
+std::optional<fs::path> default_cache_dir() {
+  // XDG Base Directory: a relative $XDG_CACHE_HOME is invalid and ignored.
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && xdg[0] == '/') return fs::path(xdg) / "gpufeed";
+  if (const char* home = std::getenv("HOME"); home && home[0] != '\0') return fs::path(home) / ".cache" / "gpufeed";
+  return std::nullopt;
+}
+
+std::optional<fs::path> cache_file(const std::string& setting, const std::string& kind, const fs::path& source) {
   if (setting == "off") return std::nullopt;
-  const fs::path abs = absolute_source(source);
-  auto [parent, name] = parent_and_name(abs);
-  if (setting.empty()) return parent / (sanitize(name) + ".gpufeed-index");
-  const std::string text = abs.string();
-  return fs::path(setting) /
-         fmt::format("{}-{:016x}.gpufeed-index", sanitize(name), hash_bytes(text.data(), text.size(), 0));
+  const std::string identity = canonical_source(source);
+  auto [parent, name] = parent_and_name(identity);
+  if (setting == "beside") return parent / (sanitize(name) + ".gpufeed-index");
+  std::optional<fs::path> dir = setting.empty() ? default_cache_dir() : std::optional<fs::path>(setting);
+  if (!dir) {
+    note_once("", "neither XDG_CACHE_HOME nor HOME is set, so the index cache has no folder");
+    return std::nullopt;
+  }
+  const std::string keyed = kind + '\n' + identity;
+  return *dir / fmt::format("{}-{:016x}.gpufeed-index", sanitize(name), hash_bytes(keyed.data(), keyed.size(), 0));
+}
+
+bool may_write_in(const fs::path& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+  const uid_t uid = ::geteuid();
+  mode_t need = S_IWOTH | S_IXOTH;
+  if (uid == st.st_uid) {
+    need = S_IWUSR | S_IXUSR;
+  } else {
+    bool member = ::getegid() == st.st_gid;
+    if (!member) {
+      const int n = ::getgroups(0, nullptr);
+      std::vector<gid_t> groups(static_cast<size_t>(std::max(0, n)));
+      if (n > 0 && ::getgroups(n, groups.data()) == n)
+        member = std::find(groups.begin(), groups.end(), st.st_gid) != groups.end();
+    }
+    if (member) need = S_IWGRP | S_IXGRP;
+  }
+  return (st.st_mode & need) == need && ::access(dir.c_str(), W_OK | X_OK) == 0;
+}
+
+void rebase_paths(SampleTable& table, std::string_view from, std::string_view to) {
+  if (from == to) return;
+  SampleTable out;
+  const int64_t n = table.size();
+  out.reserve(n, table.path_bytes() + n * static_cast<int64_t>(to.size()));
+  std::string path;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string_view p = table.path(i);
+    const bool moves = from.empty() ? (p.empty() || p.front() != '/') : p.substr(0, from.size()) == from;
+    if (moves) {
+      path.assign(to).append(p.substr(from.size()));
+      out.add(path, table.label(i));
+    } else {
+      out.add(p, table.label(i));
+    }
+  }
+  out.shrink_to_fit();
+  table = std::move(out);
 }
 
 bool read_cache(const fs::path& file, const CacheKey& key, const std::function<void(CacheReader&)>& payload) {
@@ -238,8 +315,14 @@ bool read_cache(const fs::path& file, const CacheKey& key, const std::function<v
     CacheReader in(f.fd, static_cast<uint64_t>(st.st_size));
     std::vector<char> m;
     in.section(m);
+    if (m.size() == sizeof kMagic && std::memcmp(m.data(), kMagic, sizeof kMagic - 1) == 0 &&
+        m.back() != kMagic[sizeof kMagic - 1]) {
+      gpufeed::log()->info("index cache {}: written in format {} (this gpufeed writes {}): listing again",
+                           file.string(), static_cast<int>(m.back()), static_cast<int>(kMagic[sizeof kMagic - 1]));
+      return false;
+    }
     if (m.size() != sizeof kMagic || std::memcmp(m.data(), kMagic, sizeof kMagic) != 0)
-      throw CacheCorrupt("not a gpufeed index cache of this version");
+      throw CacheCorrupt("not a gpufeed index cache");
     if (in.string() != key.kind || in.string() != key.source || in.string() != key.options) {
       gpufeed::log()->info("index cache {}: made for another dataset or options: listing again", file.string());
       return false;
@@ -287,9 +370,20 @@ void write_cache(const fs::path& file, const CacheKey& key, const std::vector<De
     }
   }
   static std::atomic<uint64_t> counter{0};
-  const fs::path dir = file.parent_path();
   std::error_code ec;
-  if (!dir.empty()) fs::create_directories(dir, ec);
+  const fs::path dir = fs::absolute(file.parent_path().empty() ? fs::path(".") : file.parent_path(), ec);
+  // The folder, or the nearest existing folder above it that creating it would write in.
+  fs::path existing = dir;
+  while (!fs::exists(existing, ec) && existing.has_relative_path()) existing = existing.parent_path();
+  if (!may_write_in(existing)) {
+    note_once(dir.string(), fmt::format("{} is not writable by its mode bits (or access()), so {} is not written",
+                                        existing.string(), file.string()));
+    return;
+  }
+  if (existing != dir && !fs::create_directories(dir, ec) && ec) {
+    note_once(dir.string(), fmt::format("cannot create {} ({})", dir.string(), ec.message()));
+    return;
+  }
   const fs::path tmp = file.string() + fmt::format(".tmp.{}.{}", ::getpid(), counter.fetch_add(1));
   try {
     Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
@@ -301,7 +395,11 @@ void write_cache(const fs::path& file, const CacheKey& key, const std::vector<De
     out.section(key.options);
     out.u64(deps.size());
     for (const Dependency& d : deps) {
-      out.section(d.path);
+      // By absolute path: a cache shared by another spelling of the dataset, or read from another
+      // working folder, checks the same folders.
+      std::error_code aec;
+      const fs::path abs = fs::absolute(d.path, aec);
+      out.section(aec ? d.path : abs.string());
       const std::vector<uint64_t> id = {d.ino, d.size, static_cast<uint64_t>(d.mtime_ns),
                                         static_cast<uint64_t>(d.ctime_ns), d.mode};
       out.section(id);

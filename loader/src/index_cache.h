@@ -106,15 +106,34 @@ class CacheReader {
 void write_table(CacheWriter& out, const SampleTable& table);
 void read_table(CacheReader& in, SampleTable& table);
 
-/// `path` as given without trailing separators ("data/" -> "data"; "/" stays): the text sample
-/// paths are built from, so part of a cache's key.
+/// `path` as given without trailing separators ("data/" -> "data"; "/" stays).
 std::string without_trailing_separator(const std::filesystem::path& path);
-/// The absolute, lexically normal form of `path`, without trailing separators.
-std::string absolute_source(const std::filesystem::path& path);
+/// The dataset's identity in the cache: the canonical absolute path (symlinks, "." and ".."
+/// resolved; a part that does not exist, such as a brace pattern's file name, kept lexically
+/// normal), without trailing separators. "data", "./data/" and "/abs/data" are one dataset.
+std::string canonical_source(const std::filesystem::path& path);
 
-/// The cache file for `source` under `setting` ("" beside it, "off" none, else a folder), or
-/// nullopt when off.
-std::optional<std::filesystem::path> cache_file(const std::string& setting, const std::filesystem::path& source);
+/// The user's cache folder for index caches: $XDG_CACHE_HOME/gpufeed when that is an absolute
+/// path, else $HOME/.cache/gpufeed; nullopt when neither is set.
+std::optional<std::filesystem::path> default_cache_dir();
+
+/// The cache file of the dataset `kind` at `source` under `setting` (IndexCacheOptions: "" the
+/// user's cache folder, "beside", "off", else a folder), or nullopt when off (or when "" finds
+/// no cache folder). Outside "beside" the name is `<name>-<16 hex digits>.gpufeed-index`, the
+/// digits a hash of the kind and canonical_source(source).
+std::optional<std::filesystem::path> cache_file(const std::string& setting, const std::string& kind,
+                                                const std::filesystem::path& source);
+
+/// Whether this process may create files in `dir` by its mode bits alone: the owner's, group's
+/// or others' write (and search) bit, whichever class applies to the effective uid/gid, as for
+/// an ordinary user even when running as root (root's access(W_OK) is always true, but a folder
+/// of mode 0555 says "do not write here"); also access(W_OK) (ACLs, read-only mounts).
+bool may_write_in(const std::filesystem::path& dir);
+
+/// Rewrites the paths of `table` read back from a cache that was written when the dataset was
+/// spelled with paths starting `from`: those become `to` + the rest, others stay ("" `from`:
+/// the relative paths get `to` prepended). The same files, as a listing through `to` names them.
+void rebase_paths(SampleTable& table, std::string_view from, std::string_view to);
 
 /// Reads `file` when its key and dependencies match: `payload` reads the dataset's sections.
 /// Returns false (logging why, unless the file does not exist) when it is missing, stale or
@@ -125,8 +144,10 @@ bool read_cache(const std::filesystem::path& file, const CacheKey& key,
 /// Now on the clock file times are stamped with (CLOCK_REALTIME), nanoseconds.
 int64_t wall_clock_ns();
 
-/// Writes the cache atomically (temporary file + rename). A failure (read-only folder, full
-/// disk) is logged and otherwise ignored: the cache is an optimisation. Not written when a
+/// Writes the cache atomically (temporary file + rename), creating its folder when missing. A
+/// folder that may_write_in refuses is never written (the first refusal per folder is logged
+/// at info level); any other failure (full disk) is logged and otherwise ignored: the cache is
+/// an optimisation. Dependencies are recorded by absolute path. Not written when a
 /// dependency changed less than kRacyWindowNs before `listing_started_ns`: a file system stamps
 /// times in ticks (up to a second on some), so a change made in the same tick after the listing
 /// read the folder would leave its identity unchanged and the cache stale but trusted (git's

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "gpufeed/loader/augment.h"
+#include "gpufeed/cpu_budget.h"
 #include "gpufeed/log.h"
 #include "fork_guard.h"
 #include "tbb_tsan.h"
@@ -105,7 +106,7 @@ SampleCost transform_into(const SampleRef& ref, int64_t index, int64_t epoch,
 }
 
 int worker_count(int requested) {
-  return requested > 0 ? requested : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return requested > 0 ? requested : gpufeed::cpu_budget();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -595,13 +596,13 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<sampler::
   // that would starve our arena (n = 0 leaves it no worker at all). Its loops nest inside our
   // tasks on the same TBB workers instead: one parallel layer, no extra threads.
   if (options.num_workers < 0 || options.num_workers > kMaxNumWorkers)
-    throw std::invalid_argument(fmt::format("Loader: num_workers {} must be in 0..{} (0 = all hardware threads)",
+    throw std::invalid_argument(fmt::format("Loader: num_workers {} must be in 0..{} (0 = the CPU budget)",
                                             options.num_workers, kMaxNumWorkers));
-  if (const unsigned hw = std::thread::hardware_concurrency();
-      hw > 0 && static_cast<unsigned>(options.num_workers) > hw) {
-    // DataLoader warns the same way: more decode threads than hardware threads only add switching.
-    gpufeed::log()->warn("loader: num_workers {} exceeds the {} hardware threads of this machine",
-                         options.num_workers, hw);
+  if (const CpuBudget& budget = cpu_budget_info(); options.num_workers > budget.cpus) {
+    // DataLoader warns the same way: more decode threads than the CPUs the process may use only
+    // add switching.
+    gpufeed::log()->warn("loader: num_workers {} exceeds this process's CPU budget of {}", options.num_workers,
+                         budget.describe());
   }
   impl_ = std::make_shared<Impl>(std::move(dataset), std::move(sampler), std::move(options),
                                  std::move(allocator));
@@ -715,6 +716,8 @@ sampler::SamplerState Loader::state() const {
 }
 
 const LoaderOptions& Loader::options() const { return impl_->options; }
+
+int Loader::num_threads() const { return worker_count(impl_->options.num_workers); }
 const Dataset& Loader::dataset() const { return *impl_->dataset; }
 int64_t Loader::epoch_skips() const {
   impl_->fork_guard.check_usable();

@@ -7,7 +7,6 @@
 #include <tbb/blocked_range.h>
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/global_control.h>
-#include <tbb/info.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
@@ -27,6 +26,7 @@
 #include <tuple>
 #include <utility>
 
+#include "gpufeed/cpu_budget.h"
 #include "gpufeed/json_text.h"
 #include "gpufeed/loader/resize.h"
 #include "gpufeed/version.h"
@@ -490,7 +490,7 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
   if (o.chunk_samples < 1) throw std::invalid_argument("pack: chunk_samples must be >= 1");
   if (o.max_skips < 0) throw std::invalid_argument("pack: max_skips must be >= 0");
   if (o.num_workers < 0 || o.num_workers > kMaxNumWorkers)
-    throw std::invalid_argument(fmt::format("pack: num_workers {} must be in 0..{} (0 = all hardware threads)",
+    throw std::invalid_argument(fmt::format("pack: num_workers {} must be in 0..{} (0 = the CPU budget)",
                                             o.num_workers, kMaxNumWorkers));
   if (o.plan_keep_bytes < 0) throw std::invalid_argument("pack: plan_keep_bytes must be >= 0");
   if (o.raw_budget < 0 || !(o.raw_budget_fraction >= 0) || (o.raw_budget > 0 && o.raw_budget_fraction > 0))
@@ -551,7 +551,7 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
     written.push_back(final_path);
   };
 
-  const int workers = o.num_workers > 0 ? o.num_workers : tbb::info::default_concurrency();
+  const int workers = o.num_workers > 0 ? o.num_workers : gpufeed::cpu_budget();
   // As the loader does: num_workers threads even where oneTBB's default pool is smaller (the
   // calling thread joins the arena, so workers - 1 of oneTBB's).
   tbb::global_control parallelism(

@@ -132,6 +132,44 @@ bool is_image_extension(std::string_view ext) {
   return std::any_of(std::begin(kImages), std::end(kImages), [&](const char* e) { return ext == e; });
 }
 
+constexpr const char* kImageNames = "key.jpg|jpeg|png|webp|ppm|pgm|bmp|tif|tiff|gif";
+
+// A key group without an image member. webdataset yields such a group as a sample without an
+// image, so it is an error naming a member and why, never a sample dropped without a word; when
+// an extension holds a '.' and ends like an image (a dot in the key: "22.05.png" is key "22" with
+// extension "05.png"), the message explains webdataset's key rule.
+[[noreturn]] void no_image(const std::string& shard, const std::string& key,
+                           const std::vector<std::pair<std::string, const TarMember*>>& parts) {
+  std::string exts;
+  for (const auto& part : parts) exts += fmt::format("{}'{}'", exts.empty() ? "" : ", ", printable(part.first));
+  for (const auto& [ext, m] : parts) {
+    const size_t last = ext.rfind('.');
+    if (last == std::string::npos || !is_image_extension(std::string_view(ext).substr(last + 1))) continue;
+    // The name with the dots of its last component made '_', but the image extension's:
+    // "x/22.05.png" -> "x/22_05.png".
+    const std::string tail = m->name.substr(m->name.size() - (ext.size() - last));  // ".png"
+    std::string renamed = m->name.substr(0, m->name.size() - tail.size());
+    const size_t slash = renamed.rfind('/');
+    std::replace(renamed.begin() + static_cast<std::ptrdiff_t>(slash == std::string::npos ? 0 : slash + 1),
+                 renamed.end(), '.', '_');
+    renamed += tail;
+    fail(shard, m->name,
+         fmt::format("key '{}' has members with the extensions {} but no image extension: webdataset splits a name "
+                     "at the first '.' of its last path component, so '{}' is key '{}' with extension '{}'; rename "
+                     "the members without dots in the key (e.g. '{}')",
+                     printable(key), exts, printable(m->name), printable(key), printable(ext), printable(renamed)));
+  }
+  for (const auto& [ext, m] : parts)
+    if (ext == "cls")
+      fail(shard, m->name, fmt::format("a label without an image member beside it (key '{}' has the extensions {} "
+                                       "and no {})", printable(key), exts, kImageNames));
+  fail(shard, parts.front().second->name,
+       fmt::format("key '{}' has members with the extensions {} but no image ({}): webdataset would yield it as a "
+                   "sample without an image; every key must be a sample with one image and its .cls label (remove "
+                   "these members, or add the image)",
+                   printable(key), exts, kImageNames));
+}
+
 }  // namespace
 
 std::vector<TarMember> index_tar(const ReadAt& read, int64_t file_size, const std::string& shard) {
@@ -234,7 +272,7 @@ std::vector<ShardSample> index_shard(const ReadAt& read, int64_t file_size, cons
       if (image) fail(shard, m->name, fmt::format("a second image for the key '{}' (beside '{}')", printable(g.key), printable(image->name)));
       image = m;
     }
-    if (!image && cls) fail(shard, cls->name, "a label without an image member beside it");
+    if (!image) no_image(shard, g.key, g.parts);
     if (image && !cls) fail(shard, image->name, fmt::format("no label: the sample has no '{}.cls' member", printable(g.key)));
     if (image) {
       if (cls->size > kMaxLabelBytes) fail(shard, cls->name, fmt::format("a {}-byte label (a class index is expected)", cls->size));
@@ -381,10 +419,11 @@ TarShards::TarShards(std::vector<std::string> shards, const fs::path& source, co
       throw std::runtime_error("shards: cannot open " + s + ": " + std::error_code(errno, std::generic_category()).message());
     deps.push_back(detail::dependency_of(s, st));
   }
+  // Keyed by canonical paths: the same shards however they are spelled (the cache holds no path).
   std::string shard_list;
-  for (const std::string& s : shards_) shard_list += s + '\n';
-  const detail::CacheKey key{"TarShards", detail::absolute_source(source), shard_list};
-  const auto cache = detail::cache_file(cache_options.index_cache, source);
+  for (const std::string& s : shards_) shard_list += detail::canonical_source(s) + '\n';
+  const detail::CacheKey key{"TarShards", detail::canonical_source(source), shard_list};
+  const auto cache = detail::cache_file(cache_options.index_cache, key.kind, source);
   const auto read = [&](detail::CacheReader& in) {
     classes_ = in.strings();
     in.section(shard_);

@@ -179,9 +179,12 @@ class DataLoader:
             ``Subset(loader.dataset, ...)``; the default (padding) repeats up to world_size - 1
             samples.
         index_cache: where the dataset's listing is cached so that the next start does not walk the
-            tree: None keeps it beside the dataset (``<parent>/<name>.gpufeed-index``) when that
-            folder is writable, ``"off"`` never caches, anything else is a folder to keep it in
-            (``gpufeed train --index-cache``). A stale or corrupt cache is rebuilt, never trusted.
+            tree: None keeps it in the user's cache folder (``$XDG_CACHE_HOME/gpufeed``, else
+            ``~/.cache/gpufeed``), ``"beside"`` beside the dataset
+            (``<parent>/<name>.gpufeed-index``; never in a folder whose mode forbids writing, even
+            as root), ``"off"`` never caches, anything else is a folder to keep it in
+            (``gpufeed train --index-cache``). A stale or corrupt cache is rebuilt, never trusted;
+            a cache folder that cannot be written means no cache, never an error.
 
     Iterating yields ``(images, labels)``: labels are ``[N]`` int64 on ``device``. CPU uint8
     batches are views of the loader's slot, not copies: the slot returns to the loader only when

@@ -340,8 +340,7 @@ class PyLoader {
     d["decode_s"] = s.decode_s;
     d["resize_s"] = s.resize_s;
     d["decoded_pixels"] = s.decoded_pixels;
-    const int workers = loader().options().num_workers;
-    d["threads"] = workers > 0 ? workers : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    d["threads"] = loader().num_threads();
     const loader::SlotCounts c = loader().slot_counts();
     nb::dict slots;
     slots["ready"] = c.ready;

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "bindings.h"
+#include "gpufeed/cpu_budget.h"
 #include "gpufeed/harness/profiler.h"
 #include "gpufeed/prefetch/prefetcher.h"
 
@@ -59,6 +60,7 @@ class PyProfiler {
     run.batch_size = batch_size;
     run.num_workers = num_workers;
     run.hardware_threads = static_cast<int>(std::thread::hardware_concurrency());
+    run.cpu_budget = gpufeed::cpu_budget();
     run.prefetch_depth = prefetch_depth;
     run.image_size = image_size;
     run.allreduce = allreduce;

@@ -44,6 +44,20 @@ def make_image_folder(root: pathlib.Path, classes=("ants", "bees", "cats"), per_
     return root
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_home(tmp_path_factory) -> pathlib.Path:
+    """XDG_CACHE_HOME in a temporary folder for the whole session (the CLI runs inherit it): index
+    caches, whose default home is the user's cache folder, stay inside the test's temp dirs."""
+    home = tmp_path_factory.mktemp("cache-home")
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
+
+
 @pytest.fixture(scope="session")
 def folder(tmp_path_factory) -> pathlib.Path:
     """ImageFolder of 3 classes x 9 JPEGs, 40..160 px a side."""

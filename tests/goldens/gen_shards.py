@@ -63,4 +63,35 @@ def make(out: pathlib.Path) -> None:
                      "sha256": hashlib.sha256(sample["jpg"]).hexdigest()})
     assert len(read) == len(samples), (len(read), len(samples))
     with open(out / "shards.json", "w") as f:
-        json.dump({"urls": urls, "folder": str(folder), "samples": read}, f, indent=1)
+        json.dump({"urls": urls, "folder": str(folder), "samples": read, "keyless": keyless(out, samples)},
+                  f, indent=1)
+
+
+def keyless(out: pathlib.Path, samples) -> dict:
+    """Shards holding a key group without an image, written by webdataset.TarWriter: a key with a
+    dot in it ("22.05": webdataset splits "22.05.png" at its first '.'), a key with only a .cls,
+    a key with only a .json. Returns, per shard, what webdataset.WebDataset yields: each sample's
+    key and extensions (gpufeed must refuse each shard, naming that key's member)."""
+    import webdataset as wds
+
+    odd = out / "keyless"
+    odd.mkdir(parents=True, exist_ok=True)
+    for p in odd.glob("*.tar"):
+        p.unlink()
+    jpg = samples[0][2]
+    groups = {
+        "multidot": [{"__key__": "21", "jpg": jpg, "cls": 1}, {"__key__": "22.05", "png": jpg, "cls": 2},
+                     {"__key__": "23", "jpg": jpg, "cls": 3}],
+        "clsonly": [{"__key__": "a", "jpg": jpg, "cls": 0}, {"__key__": "b", "cls": 1}],
+        "jsononly": [{"__key__": "a", "jpg": jpg, "cls": 0}, {"__key__": "c", "json": {"caption": "no image"}}],
+    }
+    yielded = {}
+    for name, rows in groups.items():
+        path = odd / f"{name}.tar"
+        with wds.TarWriter(str(path)) as sink:
+            for row in rows:
+                sink.write(row)
+        yielded[name] = {"path": str(path), "samples": [
+            {"key": s["__key__"], "extensions": sorted(k for k in s if not k.startswith("__"))}
+            for s in wds.WebDataset(str(path), shardshuffle=False, empty_check=False)]}
+    return yielded

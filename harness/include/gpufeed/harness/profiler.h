@@ -63,6 +63,7 @@ struct RunInfo {
   int64_t batch_size = 0;
   int num_workers = 0;       ///< loader threads actually used (--num-workers)
   int hardware_threads = 0;  ///< std::thread::hardware_concurrency()
+  int cpu_budget = 0;        ///< gpufeed::cpu_budget(): the CPUs this process may use (affinity mask, cgroup quota)
   int prefetch_depth = 0;    ///< loader slots
   int image_size = 0;        ///< output side, pixels
   bool allreduce = false;    ///< the step has an all-reduce phase (else it is recorded as 0)
@@ -112,7 +113,8 @@ struct VerdictInputs {
   double loader_decode_s = 0;
   double loader_resize_s = 0;
   int num_workers = 1;  ///< loader threads
-  int hardware_threads = 1;
+  int hardware_threads = 1;  ///< the machine's (std::thread::hardware_concurrency()), for the advice's text
+  int cpu_budget = 1;        ///< the CPUs this process may use (gpufeed/cpu_budget.h): the most threads the advice asks for
   int prefetch_depth = 0;
   bool gpu = false;        ///< training on a GPU
   bool allreduce = false;  ///< the all-reduce phase was measured

@@ -66,8 +66,8 @@ struct TrainOptions {
   // --- data ---
   std::filesystem::path data;                     ///< training set: ImageFolder, flat folder or file list
   std::optional<std::filesystem::path> val_data;  ///< evaluated after each epoch (same classes)
-  std::string index_cache;          ///< the datasets' index cache: "" beside them, "off", or a folder
-  int num_workers = 0;              ///< loader threads per process; 0 = all hardware threads
+  std::string index_cache;          ///< the datasets' index cache: "" the user's cache folder, "beside", "off", or a folder (IndexCacheOptions)
+  int num_workers = 0;              ///< loader threads per process; 0 = the CPU budget (gpufeed/cpu_budget.h)
   /// Train crop (the references' --train-crop-size), pixels, every epoch unless `resolution` is
   /// set; also the default validation crop (val_crop_size 0).
   int image_size = 224;

@@ -118,16 +118,26 @@ class SampleList : public Dataset {
   SampleTable table_;
 };
 
-/// Where the index cache lives (`--index-cache`): "" keeps it beside the dataset when that folder
-/// is writable (`<parent>/<name>.gpufeed-index`), "off" never reads or writes one, anything else
-/// is a folder to keep it in (created when missing; files named by the dataset's name and a hash
-/// of its absolute path). A cache is used only when its key still matches: the dataset's absolute
-/// path, the listing options, and the identity (inode, mtime, ctime, size) of every folder the
-/// listing read (every list file, for a file list); a stale, corrupt or unreadable cache is
-/// rebuilt by listing again, never trusted. Written atomically (a temporary file, then rename),
-/// and not written when something it depends on changed less than a second before the listing
-/// (file times are stamped in ticks: a change in the same tick would go unseen; such a dataset
-/// is cached on a later start).
+/// Where the index cache lives (`--index-cache`, Python's `index_cache=`):
+///   ""        (the default) the user's cache folder, `$XDG_CACHE_HOME/gpufeed` (an absolute
+///             XDG_CACHE_HOME), else `$HOME/.cache/gpufeed`; nothing is written beside the data;
+///   "beside"  beside the dataset, `<parent>/<name>.gpufeed-index`, only when asked;
+///   "off"     never read or written;
+///   else      a folder to keep it in (created when missing; "./beside" for a folder so named).
+/// Outside "beside" a file is named `<name>-<16 hex digits>.gpufeed-index`, the digits a hash of
+/// the dataset's kind and canonical path (symlinks, "." and ".." resolved), so "data", "./data/"
+/// and "/abs/data" share one entry (a cache read through another spelling has its paths rebased
+/// onto this one's). A folder is never written when its mode bits deny this process write
+/// permission (the owner's, group's or others' bit, whichever applies), even as root, for whom
+/// access(W_OK) is always true: a 0555 dataset folder stays untouched. When the cache folder
+/// cannot be created or written, the dataset is listed without a cache and an info line says so
+/// (once per folder per process); it is never an error. A cache is used only when its key still
+/// matches: the dataset's canonical path, the listing options, and the identity (inode, mtime,
+/// ctime, size) of every folder the listing read (every list file, for a file list); a stale,
+/// corrupt or unreadable cache is rebuilt by listing again, never trusted. Written atomically (a
+/// temporary file, then rename), and not written when something it depends on changed less than
+/// a second before the listing (file times are stamped in ticks: a change in the same tick would
+/// go unseen; such a dataset is cached on a later start).
 struct IndexCacheOptions {
   std::string index_cache;
 };

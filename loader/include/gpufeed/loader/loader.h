@@ -55,7 +55,7 @@ inline constexpr int kMaxNumWorkers = 1024;
 struct LoaderOptions {
   int64_t batch_size = 256;   ///< samples per batch
   bool drop_last = false;     ///< drop the last, short batch (DataLoader's drop_last)
-  int num_workers = 0;        ///< decode threads in the loader's arena; 0 = all hardware threads; at most kMaxNumWorkers
+  int num_workers = 0;        ///< decode threads in the loader's arena; 0 = the CPU budget (gpufeed/cpu_budget.h: the affinity mask and cgroup quota); at most kMaxNumWorkers
   int prefetch_depth = 3;     ///< batch slots that exist, held by the consumer included; >= 1
   uint64_t seed = 0;          ///< augmentation seed: sample i of epoch e draws from (seed, e, i)
   TransformOptions transform{};        ///< train or eval transform and its parameters
@@ -191,7 +191,8 @@ class Loader {
   /// Throws std::invalid_argument for a null dataset/sampler or bad options (batch_size < 1,
   /// prefetch_depth < 1, num_workers < 0, 0 < max_image_size < transform.output_size()),
   /// std::runtime_error naming the sizes when the slots cannot be allocated. Logs a warning
-  /// when num_workers exceeds the hardware threads (as DataLoader does).
+  /// when num_workers exceeds the process's CPU budget (as DataLoader does), saying what the
+  /// budget is made of (affinity mask, cgroup quota).
   Loader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<sampler::Sampler> sampler,
          LoaderOptions options, std::shared_ptr<HostAllocator> allocator = nullptr);
   ~Loader();
@@ -239,6 +240,9 @@ class Loader {
   /// The options the loader was built with (transform.rrc.size as given there: image_size()
   /// is the current epoch's side).
   const LoaderOptions& options() const;
+  /// The decode threads the loader runs: options().num_workers, or for 0 the process's CPU
+  /// budget (gpufeed/cpu_budget.h) when the loader was built.
+  int num_threads() const;
   /// The dataset.
   const Dataset& dataset() const;
   /// Counters so far.

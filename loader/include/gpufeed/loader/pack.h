@@ -126,7 +126,7 @@ struct PackOptions {
   /// Re-encode every image (not stored raw) as a JPEG at `quality`, resized or not: FFCV's
   /// write_mode="jpg" (smaller files than high-quality originals, at a generation of loss).
   bool reencode = false;
-  int num_workers = 0;                       ///< decode/resize/encode threads; 0 = all hardware threads; <= kMaxNumWorkers
+  int num_workers = 0;                       ///< decode/resize/encode threads; 0 = the CPU budget (gpufeed/cpu_budget.h); <= kMaxNumWorkers
   ErrorPolicy error_policy = ErrorPolicy::kRaise;  ///< a file that cannot be read or decoded
   int64_t max_skips = 100;                   ///< kSkip: more skipped files than this is an error
   bool overwrite = false;                    ///< replace shards with this prefix and the manifest

@@ -9,9 +9,13 @@
 // `key.jpg|jpeg|png|webp|ppm|pgm|bmp|tif|tiff|gif` (decoded by the bytes, not the name), and
 // `key.cls`, the class index as ASCII digits (optionally surrounded by white space), as
 // webdataset's "cls" decoder reads it. Other members of a sample (json, txt, ...) are accepted
-// and ignored; so are members without a '.' in their last component, "__name__" metadata
-// members, folders, links and devices (their names are never used as paths). A group with
-// neither an image nor a label is ignored. Classes are named "0".."max label".
+// and ignored; so are members without a '.' in their last component (or starting with one),
+// top-level "__name__" metadata members, folders, links and devices (their names are never used
+// as paths): webdataset skips those too. Every other key group must be a sample: a group without
+// an image member (only a `.cls`, only `.json`/`.txt`, ...) is an error, since webdataset would
+// yield it as a sample without an image, and dropping it would lose it without a word. That
+// includes dots in a key: "22.05.png" is key "22" with extension "05.png", not an image, and the
+// error says so. Classes are named "0".."max label".
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -26,7 +30,7 @@ namespace gpufeed::loader {
 
 /// A shard that cannot be used: what() names the shard, the member where there is one, and why
 /// (truncated archive, a size past the end, a non-numeric field, a '..' or absolute member name,
-/// a duplicate key, a sample without a label, ...).
+/// a duplicate key, a sample without a label, a key without an image, ...).
 class ShardError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -63,7 +67,9 @@ struct ShardSample {
 /// labels are read from the `.cls` members). Throws ShardError naming the shard and member for
 /// what index_tar rejects, a key that appears again after other keys (duplicate key), two
 /// members with the same extension in a sample, two images in a sample, an image without a
-/// `.cls` label or a label without an image, and a `.cls` that is not a class index in
+/// `.cls` label, a key group without an image member (a label alone, metadata such as `.json`
+/// alone, or a key with a '.' in it, whose image extension webdataset's first-dot rule hides:
+/// the message explains the rule and suggests a name), and a `.cls` that is not a class index in
 /// 0..kMaxLabel (2^24-1, dataset.h).
 std::vector<ShardSample> index_shard(const ReadAt& read, int64_t file_size, const std::string& shard);
 
