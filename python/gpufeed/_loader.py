@@ -113,8 +113,9 @@ class DataLoader:
         shuffle: permute every epoch with a generator seeded ``seed + epoch``, exactly
             DistributedSampler's order (also with one process).
         drop_last: drop the last, shorter batch (DataLoader's ``drop_last``).
-        num_workers: decode threads (C++ threads, not processes); None or 0: all hardware threads;
-            more than 1024 raises ValueError. The ``num_workers`` attribute is the count in use.
+        num_workers: decode threads (C++ threads, not processes); None or 0: the process's CPU
+            budget (the CPUs its affinity mask and cgroup quota allow); more than 1024 raises
+            ValueError. The ``num_workers`` attribute is the count in use.
         seed: seeds the order and the augmentation; each sample's crop and flip depend only on
             (seed, epoch, index), whatever the thread count.
         train: True: RandomResizedCrop(image_size, scale, ratio) + RandomHorizontalFlip()
