@@ -647,6 +647,11 @@ FlatFolder::FlatFolder(const fs::path& root, ImageFolderOptions options) {
 }
 
 std::shared_ptr<Dataset> open_dataset(const fs::path& path, const IndexCacheOptions& cache) {
+  return open_dataset(path, cache, default_image_extensions());
+}
+
+std::shared_ptr<Dataset> open_dataset(const fs::path& path, const IndexCacheOptions& cache,
+                                      const std::vector<std::string>& extensions) {
   if (auto shards = shard_paths(path)) return std::make_shared<TarShards>(std::move(*shards), path, cache);
   std::error_code ec;
   if (fs::is_regular_file(path, ec)) {
@@ -660,10 +665,13 @@ std::shared_ptr<Dataset> open_dataset(const fs::path& path, const IndexCacheOpti
     if (entry.is_directory(sec)) {
       ImageFolderOptions o;
       o.index_cache = cache.index_cache;
+      o.extensions = extensions;
       return std::make_shared<ImageFolder>(path, o);
     }
   }
-  return std::make_shared<FlatFolder>(path);
+  ImageFolderOptions flat;
+  flat.extensions = extensions;
+  return std::make_shared<FlatFolder>(path, flat);
 }
 
 }  // namespace gpufeed::loader

@@ -4,6 +4,8 @@
 #include <unistd.h>
 #include <tbb/global_control.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -42,9 +44,20 @@ void before_fork() {
 
 void after_fork_in_parent() { state_mutex().unlock(); }
 
+// The end of a child that inherited a running pool: the exit handlers still to run include oneTBB's
+// (libtbbmalloc's cleanup), which can spin forever on a lock that a worker of the parent held at
+// the fork. Its exit status is kept; stdio is flushed; the rest of the handlers are skipped.
+void leave_without_tbb_handlers(int status, void*) {
+  std::fflush(nullptr);
+  ::_exit(status);
+}
+
 void after_fork_in_child() {
   ForkState& s = state();
-  if (s.pool_running) s.inherited_pool = true;
+  if (s.pool_running) {
+    s.inherited_pool = true;
+    ::on_exit(leave_without_tbb_handlers, nullptr);
+  }
   state_mutex().unlock();
 }
 

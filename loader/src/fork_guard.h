@@ -11,8 +11,8 @@
 // A child that only decodes (gpufeed.decode_image, load_sample: no oneTBB) works either way.
 // A loader the child inherited from its parent cannot run there (its workers, and maybe its
 // mutex's owner, stayed behind): its methods throw (ForkGuard::check_usable) and its destruction
-// and its batches' leases leave its state alone (never waiting on the parent's threads), so the
-// child exits cleanly.
+// and its batches' leases leave its state alone (never waiting on the parent's threads), and the
+// child's exit skips oneTBB's own exit handlers (which may wait on them too), so it exits cleanly.
 #pragma once
 
 namespace gpufeed::loader::detail {

@@ -27,6 +27,7 @@ from ._loader import DataLoader, distributed_rank_world_size  # noqa: E402
 from ._profile import profile  # noqa: E402
 
 __version__ = _build.VERSION
+IMAGE_EXTENSIONS = tuple(_C.IMAGE_EXTENSIONS)  # what the CLI's folder listing keeps (torchvision's and .gif)
 
 
 def decode_image(source, apply_exif_orientation: bool = False) -> torch.Tensor:
@@ -71,5 +72,5 @@ def inspect(*paths, all_files: bool = False, apply_exif_orientation: bool = Fals
     return json.loads(doc)
 
 
-__all__ = ["DataLoader", "DecodeError", "SkipLimitExceeded", "decode_image",
+__all__ = ["DataLoader", "DecodeError", "IMAGE_EXTENSIONS", "SkipLimitExceeded", "decode_image",
            "distributed_rank_world_size", "inspect", "profile"]

@@ -17,6 +17,8 @@ _DTYPES = {torch.uint8: "uint8", torch.float32: "float32", torch.bfloat16: "bflo
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 _STATE_VERSION = 2
+# torchvision.datasets.folder.IMG_EXTENSIONS: the files torchvision's ImageFolder lists.
+TORCHVISION_IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 def distributed_rank_world_size() -> Tuple[int, int]:
@@ -55,6 +57,20 @@ def _range_pair(name: str, value: Any, low: float, high: float, what: str) -> Tu
 
 
 _INT64_MAX = 2**63 - 1
+
+
+def _extensions(value: Optional[Sequence[str]]) -> List[str]:
+    """The file extensions folders are listed with (None: torchvision's IMG_EXTENSIONS)."""
+    if value is None:
+        return list(TORCHVISION_IMG_EXTENSIONS)
+    if isinstance(value, str):
+        value = (value,)
+    out = []
+    for e in value:
+        if not isinstance(e, str) or not e.startswith(".") or len(e) < 2:
+            raise ValueError(f"extensions must be names such as '.jpg' (with the dot), not {e!r}")
+        out.append(e.lower())
+    return out
 
 
 def _color_jitter(value: "float | Sequence[float] | None") -> List[float]:
@@ -168,6 +184,12 @@ class DataLoader:
         rank, world_size: shard as DistributedSampler(num_replicas=world_size, rank=rank,
             shuffle=shuffle, seed=seed) does (padding by repeating the start). Default: the
             initialised torch.distributed process group, else torchrun's RANK/WORLD_SIZE, else 0/1.
+        extensions: the file names a folder's listing keeps (case-insensitive, with the dot). Default:
+            torchvision's ``IMG_EXTENSIONS`` (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp), so
+            ``samples``, ``dataset`` and a DistributedSampler built over the script's own
+            ``torchvision.datasets.ImageFolder`` index the same files; ``gpufeed.IMAGE_EXTENSIONS``
+            (the CLI's list: those and .gif) reads GIFs too. File lists and shards list what they
+            name.
         sampler: a ``torch.utils.data.distributed.DistributedSampler`` (as a script builds for
             torch's DataLoader): its num_replicas, rank, shuffle, seed and drop_last give the
             order, and its ``epoch`` (its set_epoch) chooses each fresh epoch. Other samplers raise
@@ -228,7 +250,7 @@ class DataLoader:
                  random_erase_value: "float | str" = 0.0, augment_interpolation: str = "nearest",
                  max_image_size: Optional[int] = None, index_cache: Optional[str] = None,
                  sampler: "Optional[torch.utils.data.distributed.DistributedSampler]" = None,
-                 _sample_only: bool = False):
+                 extensions: Optional[Sequence[str]] = None, _sample_only: bool = False):
         # Everything needed to build this loader again (loader.dataset in a spawned worker).
         self._kwargs = {k: v for k, v in locals().items() if k not in ("self", "__class__", "sampler", "_sample_only")}
         if isinstance(root, bytes):
@@ -314,7 +336,8 @@ class DataLoader:
             list(self.mean), list(self.std), on_error, max_skips, prefetch_depth,
             rank, world_size, auto_augment or "none", ra_num_ops, ra_magnitude, jitter,
             float(random_erase), str(random_erase_value), augment_interpolation, max_image_size or 0,
-            "" if index_cache is None else os.fspath(index_cache), sampler_drop_last, _sample_only)
+            "" if index_cache is None else os.fspath(index_cache), sampler_drop_last, _sample_only,
+            _extensions(extensions))
         # torch.utils.data.DataLoader's attributes, as scripts and frameworks read them.
         self.num_workers = 1 if _sample_only else int(self._c.stats()["threads"])
         self.persistent_workers = True  # the decode threads live as long as the loader

@@ -181,7 +181,8 @@ class PyLoader {
            int prefetch_depth, int64_t rank, int64_t world_size, const std::string& auto_augment,
            int ra_num_ops, int ra_magnitude, std::array<float, 4> color_jitter, float random_erase,
            const std::string& random_erase_value, const std::string& augment_interpolation,
-           int max_image_size, const std::string& index_cache, bool sampler_drop_last, bool sample_only) {
+           int max_image_size, const std::string& index_cache, bool sampler_drop_last, bool sample_only,
+           const std::vector<std::string>& extensions) {
     device_ = c10::Device(device);
     if (!device_.is_cpu() && !device_.is_cuda())
       throw nb::value_error(("device must be 'cpu' or 'cuda[:N]', not '" + device + "'").c_str());
@@ -208,7 +209,7 @@ class PyLoader {
                                                      mean, std);
     options_ = o;
     nb::gil_scoped_release nogil;  // listing a large tree and allocating slots take a while
-    dataset_ = loader::open_dataset(path, {.index_cache = index_cache});
+    dataset_ = loader::open_dataset(path, {.index_cache = index_cache}, extensions);
     sampler::DistributedSamplerOptions so;
     so.num_replicas = world_size;
     so.rank = rank;
@@ -436,12 +437,12 @@ NB_MODULE(_C, m) {
                     std::pair<float, float>, float, int, const std::string&, const std::string&, bool,
                     std::array<float, 3>, std::array<float, 3>, const std::string&, int64_t, int, int64_t,
                     int64_t, const std::string&, int, int, std::array<float, 4>, float, const std::string&,
-                    const std::string&, int, const std::string&, bool, bool>(),
+                    const std::string&, int, const std::string&, bool, bool, const std::vector<std::string>&>(),
            "path"_a, "batch_size"_a, "shuffle"_a, "drop_last"_a, "num_workers"_a, "seed"_a, "train"_a,
            "image_size"_a, "scale"_a, "ratio"_a, "flip_p"_a, "resize_size"_a, "device"_a, "dtype"_a,
            "channels_last"_a, "mean"_a, "std"_a, "on_error"_a, "max_skips"_a, "prefetch_depth"_a, "rank"_a,
            "world_size"_a, "auto_augment"_a, "ra_num_ops"_a, "ra_magnitude"_a, "color_jitter"_a, "random_erase"_a,
-           "random_erase_value"_a, "augment_interpolation"_a, "max_image_size"_a, "index_cache"_a, "sampler_drop_last"_a, "sample_only"_a)
+           "random_erase_value"_a, "augment_interpolation"_a, "max_image_size"_a, "index_cache"_a, "sampler_drop_last"_a, "sample_only"_a, "extensions"_a)
       .def("close", &PyLoader::close)
       .def("start_epoch", &PyLoader::start_epoch, "epoch"_a, "start_batch"_a)
       .def("next", &PyLoader::next, "slice_s"_a)
@@ -460,6 +461,7 @@ NB_MODULE(_C, m) {
   m.def("cuda_available", &gpufeed::prefetch::cuda_available);
   m.def("inspect_json", &inspect_json, "paths"_a, "all_files"_a, "apply_exif_orientation"_a, "strict"_a,
         "allow_truncated"_a, "max_pixels"_a, "write_png"_a);
+  m.attr("IMAGE_EXTENSIONS") = gpufeed::loader::default_image_extensions();
   m.attr("DEFAULT_MAX_PIXELS") = gpufeed::decode::DecodeOptions{}.max_pixels;
   bind_profiler(m);
 }

@@ -268,3 +268,38 @@ def test_the_sampler_view_follows_set_epoch_at_once(folder):
     next(it)  # the running epoch is still 0's
     assert loader.last_batch["indices"] == loader.indices(0)[4:8]
     assert [list(loader.last_batch["indices"]) for _ in loader][0] == loader.indices(5)[:4]
+
+
+def test_folders_list_what_torchvisions_image_folder_lists(tmp_path, folder):
+    """A GIF beside the JPEGs: the default listing is torchvision's ImageFolder's (IMG_EXTENSIONS),
+    so a DistributedSampler over the script's ImageFolder fits; gpufeed.IMAGE_EXTENSIONS adds GIF."""
+    import shutil
+    from PIL import Image
+    import torchvision
+    root = tmp_path / "train"
+    shutil.copytree(folder, root)
+    Image.new("RGB", (20, 30), (200, 10, 10)).save(root / "bees" / "bees_004b.gif")
+    (root / "cats" / "notes.txt").write_text("not an image")
+    reference = torchvision.datasets.ImageFolder(str(root))
+    loader = gpufeed.DataLoader(root, batch_size=4, train=False, image_size=16, index_cache="off")
+    assert loader.samples == [(p, y) for p, y in reference.samples] and len(loader.dataset) == 27
+    sampler = torch.utils.data.DistributedSampler(reference, num_replicas=2, rank=1, shuffle=False)
+    assert [i for b in indices_of(gpufeed.DataLoader(root, sampler=sampler, index_cache="off")) for i in b] == \
+        list(sampler)
+    with_gif = gpufeed.DataLoader(root, extensions=gpufeed.IMAGE_EXTENSIONS, index_cache="off")
+    assert len(with_gif.samples) == 28 and ".gif" in gpufeed.IMAGE_EXTENSIONS
+    assert [p for p, _ in with_gif.samples if p.endswith(".gif")] == [str(root / "bees" / "bees_004b.gif")]
+    with pytest.raises(ValueError, match="extensions"):
+        gpufeed.DataLoader(root, extensions=["jpg"])
+
+
+def test_real_hymenoptera_lists_as_torchvision_does():
+    """The shared real ImageFolder (a GIF, a space in a name, a .jpeg): the same samples as
+    torchvision's ImageFolder, in the same order."""
+    import torchvision
+    from conftest import shared_dir
+    root = shared_dir() / "data" / "hymenoptera" / "train"
+    if not root.is_dir():
+        pytest.skip(f"{root} is absent (the shared real data sits beside the checkout)")
+    reference = torchvision.datasets.ImageFolder(str(root))
+    assert gpufeed.DataLoader(root, index_cache="off").samples == [tuple(s) for s in reference.samples]

@@ -233,4 +233,10 @@ class FlatFolder : public SampleList {
 /// it is none of these.
 std::shared_ptr<Dataset> open_dataset(const std::filesystem::path& path, const IndexCacheOptions& cache = {});
 
+/// open_dataset listing folders (ImageFolder, FlatFolder) with these `extensions` (with the dot,
+/// compared case-insensitively) instead of default_image_extensions(); file lists and shards are
+/// unaffected. gpufeed.DataLoader passes torchvision's IMG_EXTENSIONS this way.
+std::shared_ptr<Dataset> open_dataset(const std::filesystem::path& path, const IndexCacheOptions& cache,
+                                      const std::vector<std::string>& extensions);
+
 }  // namespace gpufeed::loader
