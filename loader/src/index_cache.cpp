@@ -93,7 +93,7 @@ uint64_t hash_bytes(const void* data, size_t n, uint64_t h) {
     mix(w);
   }
   uint64_t tail = 0;
-  std::memcpy(&tail, b, n);
+  if (n != 0) std::memcpy(&tail, b, n);  // b may be null when the whole input is empty
   mix(tail ^ (static_cast<uint64_t>(n) << 56));
   return h;
 }
