@@ -60,8 +60,10 @@ fi
 [ "${1:-}" = "--no-build" ] && exit 0
 
 BUILD_DIR=${GPUFEED_BUILD_DIR:-build/release}
+LAUNCHER=()  # ccache where the machine has it: rebuilds and other checkouts reuse its objects
+command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "${LAUNCHER[@]}"
 fi
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 echo "setup: built $BUILD_DIR"

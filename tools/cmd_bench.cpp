@@ -32,6 +32,7 @@
 #include <fmt/format.h>
 
 #include "commands.h"
+#include "schema_cli.h"
 #include "gpufeed/cpu_budget.h"
 #include "gpufeed/json_text.h"
 #include "proc_stats.h"
@@ -60,39 +61,24 @@ int resolve_threads(int workers) {
 
 struct Args {
   std::string data;
-  std::string index_cache;
-  std::vector<int> workers{0};
-  int64_t batch_size = 256;
-  int image_size = 224;
-  std::string transform = "train";
+  loader::IndexCacheOptions cache;  // --index-cache (the schema's)
+  loader::LoaderOptions loader;     // the loader's schema flags (--batch-size, --image-size, ...)
+  std::vector<int> workers{0};      // --num-workers as a list: one run per count
   int epochs = 1;
   int warmup = 0;
-  int prefetch_depth = 3;
-  uint64_t seed = 0;
   std::string mode = "loader";
   std::vector<int> scales{8};
   std::string dump;
   bool json = false;
-  std::string on_error = "raise";
-  int64_t max_skips = 100;
-  loader::AugmentOptions augment;  // train transform only
-  bool strict_decode = false;
+
+  bool train() const { return loader.transform.kind == loader::TransformOptions::Kind::kTrain; }
+  const char* transform() const { return train() ? "train" : "eval"; }
+  int image_size() const { return loader.transform.output_size(); }
 };
 
 loader::LoaderOptions loader_options(const Args& a, int workers) {
-  loader::LoaderOptions o;
-  o.batch_size = a.batch_size;
+  loader::LoaderOptions o = a.loader;
   o.num_workers = workers;
-  o.prefetch_depth = a.prefetch_depth;
-  o.seed = a.seed;
-  o.error_policy = a.on_error == "skip" ? loader::ErrorPolicy::kSkip : loader::ErrorPolicy::kRaise;
-  o.max_skips = a.max_skips;
-  o.decode.strict = a.strict_decode;
-  o.transform = loader::TransformOptions::imagenet(a.transform == "train"
-                                                       ? loader::TransformOptions::Kind::kTrain
-                                                       : loader::TransformOptions::Kind::kEval,
-                                                   a.image_size);
-  if (a.transform == "train") o.transform.augment = a.augment;
   return o;
 }
 
@@ -213,9 +199,9 @@ nlohmann::json run_loader(const Args& a, std::shared_ptr<const loader::Dataset> 
   const auto st = loader.stats();
   nlohmann::json r = base_record("loader", a, *ds, static_cast<size_t>(samples), seconds, cpu_s, workers, threads);
   r.update({{"batches", batches},
-            {"batch_size", a.batch_size},
-            {"image_size", a.image_size},
-            {"transform", a.transform},
+            {"batch_size", a.loader.batch_size},
+            {"image_size", a.image_size()},
+            {"transform", a.transform()},
             {"augment", loader::to_string(o.transform.augment)},
             {"skipped", st.skipped},
             {"read_s", st.read_s - before.read_s},
@@ -303,8 +289,8 @@ nlohmann::json run_decode_floor(const Args& a, const loader::Dataset& ds, int wo
     if (num < 8) reduced += n;
   }
   nlohmann::json r = base_record("floor", a, ds, timed.size(), seconds, cpu_s, workers, threads);
-  r["image_size"] = a.image_size;
-  r["transform"] = a.transform;
+  r["image_size"] = a.image_size();
+  r["transform"] = a.transform();
   r["decoded_pixels"] = totals.pixels.load();
   r["decode_work"] = totals.fractions();
   r["scale_histogram"] = hist;
@@ -318,7 +304,7 @@ nlohmann::json run_full_decode(const Args& a, const loader::Dataset& ds, int wor
   const int threads = resolve_threads(workers);
   decode::DecodeOptions d;
   d.scale = decode::ScaleFactor{scale};
-  d.strict = a.strict_decode;
+  d.strict = a.loader.decode.strict;
   std::vector<std::pair<size_t, decode::DecodeOptions>> warm, timed;
   for (int e = 0; e < a.warmup + a.epochs; ++e)
     for (size_t i = 0; i < files.size(); ++i) (e < a.warmup ? warm : timed).emplace_back(i, d);
@@ -380,36 +366,22 @@ Run add_bench(CLI::App& app) {
                  "ImageFolder root, flat image folder, file list, or WebDataset tar shards "
                  "('dir/train-{000000..000146}.tar', a folder of .tar files, a list of .tar paths)")
       ->required();
-  app.add_option("--index-cache", a->index_cache,
-                 "where the dataset's listing is cached: unset for the user's cache folder "
-                 "($XDG_CACHE_HOME/gpufeed, else ~/.cache/gpufeed), 'beside' for <parent>/<name>.gpufeed-index "
-                 "beside the dataset (never in a folder whose mode forbids writing), 'off', or a folder");
+  const SchemaFlags cache = add_schema_options(app, loader::index_cache_options_schema(), a->cache);
+  const options::Spec& workers = loader::loader_options_schema().find("num_workers")->spec;
   app.add_option("--num-workers", a->workers,
-                 "loader threads (0 = the CPU budget: affinity mask, cgroup quota); a list such as 1,2,4 runs once per count: a thread-scaling "
+                 schema_help(workers, "0") + "; a list such as 1,2,4 runs once per count: a thread-scaling "
                  "curve (--json, then tools/plot.py --bench)")
-      ->delimiter(',')->capture_default_str()->check(kAtLeastZero);
-  // The old name, kept working (hidden from --help), as for train: --workers N is --num-workers N.
-  app.add_option("--workers", a->workers)->delimiter(',')->check(kAtLeastZero)->group("");
-  app.add_option("--batch-size", a->batch_size)->capture_default_str()->check(kAtLeastOne);
-  app.add_option("--image-size", a->image_size, "output side, pixels")->capture_default_str();
-  app.add_option("--transform", a->transform, "train (RandomResizedCrop+flip) or eval (Resize+CenterCrop)")
-      ->capture_default_str()->check(CLI::IsMember({"train", "eval"}));
+      ->delimiter(',')
+      ->check(schema_validator(workers));
+  for (const auto& alias : workers.cli_aliases) app.add_option(alias, a->workers)->delimiter(',')->group("");
+  // The loader's own flags, from its schema (gpufeed/loader/loader.h), but --num-workers (a list here).
+  const SchemaFlags flags = add_schema_options(app, loader::loader_options_schema(), a->loader, {"num_workers"});
+  // The old spelling of --no-train, for scripts (hidden from --help).
+  auto transform = std::make_shared<std::string>();
+  auto* transform_opt = app.add_option("--transform", *transform)->check(CLI::IsMember({"train", "eval"}))->group("");
   app.add_option("--epochs", a->epochs, "timed passes over the data")->capture_default_str()->check(kAtLeastOne);
   app.add_option("--warmup", a->warmup, "untimed passes before them (epochs 0..warmup-1)")
       ->capture_default_str()->check(kAtLeastZero);
-  app.add_option("--prefetch-depth", a->prefetch_depth)->capture_default_str();
-  app.add_option("--seed", a->seed)->capture_default_str();
-  app.add_option("--on-error", a->on_error,
-                 "a file that cannot be read or decoded: raise (stop, naming it) or skip (replace "
-                 "it by the next good sample, counted and reported)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"raise", "skip"}));
-  app.add_option("--max-skips", a->max_skips, "--on-error skip: more skips than this in one pass is an error")
-      ->capture_default_str()
-      ->check(kAtLeastZero);
-  app.add_flag("--strict-decode", a->strict_decode,
-               "treat every decoder warning as an error (by default benign warnings and JPEG "
-               "damage confined to restart intervals are accepted and counted)");
   app.add_option("--mode", a->mode,
                  "loader: the Loader; floor: only the loader's decode work (same plans, scales and "
                  "crops; files preloaded, no resize); full: whole-image decodes at each --scales")
@@ -420,10 +392,14 @@ Run add_bench(CLI::App& app) {
                  "--mode loader: write the first pass's samples ([N, S, S, 3] uint8, sampler order) "
                  "to this file and their plans to FILE.json (first --num-workers count only)");
   app.add_flag("--json", a->json, "print one JSON object instead of text");
-  auto finish_augment = add_augment_options(app, a->augment);
-  return [a, finish_augment] {
-    finish_augment();
-    std::shared_ptr<const loader::Dataset> ds = loader::open_dataset(a->data, {.index_cache = a->index_cache});
+  return [a, cache, flags, transform, transform_opt] {
+    cache.apply();
+    if (transform_opt->count() > 0) {
+      a->loader.transform.kind = *transform == "train" ? loader::TransformOptions::Kind::kTrain
+                                                       : loader::TransformOptions::Kind::kEval;
+    }
+    flags.apply();
+    std::shared_ptr<const loader::Dataset> ds = loader::open_dataset(a->data, a->cache);
     // The floors decode from memory: read every file once, before any timing.
     std::vector<std::vector<uint8_t>> files;
     std::vector<std::string> names;

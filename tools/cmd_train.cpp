@@ -374,13 +374,9 @@ Run add_train(CLI::App& app) {
   app.add_option("--ra-reps", o->ra_reps, "--ra-sampler: repetitions of each image per epoch")
       ->capture_default_str()->check(kAtLeastOne);
   app.add_option("--prefetch-depth", o->prefetch_depth, "loader batch slots")->capture_default_str();
-  app.add_option("--on-error", o->error_policy,
-                 "a file that cannot be read or decoded: raise (stop, naming it) or skip (replace "
-                 "it by the next good sample, counted and reported)")
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, loader::ErrorPolicy>{{"raise", loader::ErrorPolicy::kRaise},
-                                                     {"skip", loader::ErrorPolicy::kSkip}}))
-      ->option_text("raise|skip (default raise)");
+  str("--on-error", "a file that cannot be read or decoded: raise (stop, naming it) or skip (replace "
+      "it by the next good sample, counted and reported)", "raise")
+      ->check(CLI::IsMember({"raise", "skip"}))->capture_default_str();
   app.add_option("--max-skips", o->max_skips, "--on-error skip: more skips than this in one epoch is an error")
       ->capture_default_str()
       ->check(kAtLeastZero);
@@ -440,6 +436,7 @@ Run add_train(CLI::App& app) {
     o->profile.metrics_path = path("--metrics");
     o->profile.trace_path = path("--trace");
     o->lr_schedule = harness::parse_lr_schedule_kind(get("--lr-schedule"));
+    o->error_policy = loader::parse_error_policy(get("--on-error"));
     if (!get("--min-res").empty() || !get("--max-res").empty() || !get("--end-ramp").empty()) {
       if (get("--min-res").empty() || get("--max-res").empty() || get("--end-ramp").empty()) {
         throw std::invalid_argument("progressive resizing needs --min-res, --max-res and --end-ramp "

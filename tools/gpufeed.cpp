@@ -7,6 +7,7 @@
 #include <map>
 
 #include "commands.h"
+#include "gpufeed/option.h"
 
 int main(int argc, char** argv) {
   // Library logs go to stderr; results go to stdout.
@@ -45,7 +46,9 @@ int main(int argc, char** argv) {
       if (sub->parsed()) return run();
     }
   } catch (const std::exception& e) {
-    std::cerr << "gpufeed: error: " << e.what() << "\n";
+    // Library errors name options in backticks (`num_workers`): shown as the flags (--num-workers).
+    std::cerr << "gpufeed: error: " << gpufeed::options::spell_options(e.what(), gpufeed::options::Front::kCli)
+              << "\n";
     return 1;
   }
   return 2;

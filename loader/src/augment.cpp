@@ -611,20 +611,20 @@ std::string to_string(const AugmentOptions& o) {
 
 void AugmentOptions::validate() const {
   const auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
-  if (ra_num_ops < 0) fail(fmt::format("ra_num_ops must be >= 0, got {}", ra_num_ops));
+  if (ra_num_ops < 0) fail(fmt::format("`ra_num_ops` must be >= 0, got {}", ra_num_ops));
   if (num_magnitude_bins < 2) fail(fmt::format("num_magnitude_bins must be >= 2, got {}", num_magnitude_bins));
   if (ra_magnitude < 0 || ra_magnitude >= num_magnitude_bins) {
-    fail(fmt::format("ra_magnitude must be in [0, num_magnitude_bins - 1 = {}], got {}",
+    fail(fmt::format("`ra_magnitude` must be in [0, num_magnitude_bins - 1 = {}], got {}",
                      num_magnitude_bins - 1, ra_magnitude));
   }
   const ColorJitterOptions& j = color_jitter;
   for (auto [name, v] : {std::pair{"brightness", j.brightness}, {"contrast", j.contrast},
                          {"saturation", j.saturation}}) {
-    if (!(v >= 0) || !std::isfinite(v)) fail(fmt::format("color_jitter {} must be a finite number >= 0, got {}", name, v));
+    if (!(v >= 0) || !std::isfinite(v)) fail(fmt::format("`color_jitter` {} must be a finite number >= 0, got {}", name, v));
   }
-  if (!(j.hue >= 0 && j.hue <= 0.5f)) fail(fmt::format("color_jitter hue must be in [0, 0.5], got {}", j.hue));
+  if (!(j.hue >= 0 && j.hue <= 0.5f)) fail(fmt::format("`color_jitter` hue must be in [0, 0.5], got {}", j.hue));
   const RandomErasingOptions& e = random_erasing;
-  if (!(e.p >= 0 && e.p <= 1)) fail(fmt::format("random_erase probability must be in [0, 1], got {}", e.p));
+  if (!(e.p >= 0 && e.p <= 1)) fail(fmt::format("`random_erase` probability must be in [0, 1], got {}", e.p));
   if (!(e.scale_min >= 0 && e.scale_min <= e.scale_max && e.scale_max <= 1)) {
     fail(fmt::format("random_erase scale must satisfy 0 <= min <= max <= 1, got ({}, {})", e.scale_min,
                      e.scale_max));
@@ -632,10 +632,10 @@ void AugmentOptions::validate() const {
   if (!(e.ratio_min > 0 && e.ratio_min <= e.ratio_max && std::isfinite(e.ratio_max))) {
     fail(fmt::format("random_erase ratio must satisfy 0 < min <= max, got ({}, {})", e.ratio_min, e.ratio_max));
   }
-  if (!std::isfinite(e.value)) fail(fmt::format("random_erase value must be finite, got {}", e.value));
+  if (!std::isfinite(e.value)) fail(fmt::format("`random_erase_value` must be finite, got {}", e.value));
   for (size_t c = 0; c < 3; ++c) {
     if (!(this->std[c] > 0) || !std::isfinite(mean[c])) {
-      fail(fmt::format("augment mean/std: std must be > 0 and mean finite, got mean {} std {} (channel {})",
+      fail(fmt::format("`std` must be > 0 and mean finite, got mean {} std {} (channel {})",
                        mean[c], this->std[c], c));
     }
   }

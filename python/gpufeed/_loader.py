@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import numbers
 import operator
 import os
 import weakref
@@ -14,8 +15,17 @@ from . import _C
 
 _DTYPES = {torch.uint8: "uint8", torch.float32: "float32", torch.bfloat16: "bfloat16",
            torch.float16: "float16"}
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+# The keywords declared once in C++, beside their options structs (gpufeed/option.h): name, type,
+# help, unit, accepted values and default. The signature, the type checks and the docstring's
+# keyword list come from them; their values are checked by the same code as the CLI's flags.
+_SPECS: Dict[str, Dict[str, Any]] = {s["name"]: s for s in _C.option_specs()}
+# gpufeed.DataLoader's own keywords (torch's: where batches go, their layout, the sampler's shard).
+_FRONT_KEYWORDS = ("device", "dtype", "memory_format", "shuffle", "rank", "world_size", "sampler", "extensions")
+# Where gpufeed.DataLoader's default is not the C++ struct's: torch.utils.data.DataLoader's
+# batch_size=1 (the CLI's bench uses LoaderOptions' 256).
+_PYTHON_DEFAULTS: Dict[str, Any] = {"batch_size": 1}
+IMAGENET_MEAN = tuple(_SPECS["mean"]["default"])
+IMAGENET_STD = tuple(_SPECS["std"]["default"])
 _STATE_VERSION = 2
 # torchvision.datasets.folder.IMG_EXTENSIONS: the files torchvision's ImageFolder lists.
 TORCHVISION_IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -44,19 +54,83 @@ def _integer(name: str, value: Any, low: Optional[int] = None, high: Optional[in
     return value
 
 
-def _range_pair(name: str, value: Any, low: float, high: float, what: str) -> Tuple[float, float]:
-    """A (min, max) pair of finite floats with low <= min <= max <= high (torchvision's
-    RandomResizedCrop takes its scale and ratio as such pairs), else ValueError naming it."""
-    try:
-        a, b = (float(v) for v in value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be two numbers (min, max), not {value!r}") from None
-    if not (math.isfinite(a) and math.isfinite(b) and low <= a <= b <= high and b > 0):
-        raise ValueError(f"{name} must be (min, max) with {what}, not {value!r}")
-    return a, b
-
-
 _INT64_MAX = 2**63 - 1
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _keyword_value(name: str, value: Any) -> Any:
+    """A schema keyword's Python value as the C++ check takes it (bool, int, float, str or a list
+    of floats): TypeError naming the keyword for a value of the wrong type; the C++ side raises
+    ValueError for a refused value."""
+    spec = _SPECS[name]
+    kind = spec["type"]
+    if kind == "bool":
+        return bool(value)
+    if kind == "int":
+        if name == "seed":  # torch.manual_seed's range; seed s orders as s mod 2**64 (as torch's)
+            value = _integer(name, value, -2**63, 2**64 - 1)
+            return value - 2**64 if value > _INT64_MAX else value
+        value = _integer(name, value)
+        if not -2**63 <= value <= _INT64_MAX:
+            raise ValueError(f"{name}={value} is out of range ({spec['accepted']})")
+        return value
+    if kind in ("choice", "str"):
+        if kind == "str" and isinstance(value, os.PathLike):
+            return os.fspath(value)
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be {spec['accepted']}, not {type(value).__name__} {value!r}")
+        return value
+    if kind == "float":
+        if isinstance(value, str):
+            return value  # one of the words (random_erase_value="random"), checked in C++
+        if not _is_number(value):
+            raise TypeError(f"{name} must be {spec['accepted']}, not {type(value).__name__} {value!r}")
+        return float(value)
+    # floats: a number or a sequence of numbers
+    if _is_number(value):
+        return [float(value)]
+    try:
+        return [float(v) for v in value]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be {spec['accepted']}, not {value!r}") from None
+
+
+def _schema_keywords(options: Dict[str, Any]) -> Dict[str, Any]:
+    """The schema keywords given (None: the default), checked for type; TypeError for an unknown
+    keyword, as a Python function raises, with the nearest name."""
+    out = {}
+    for name, value in options.items():
+        if name not in _SPECS:
+            import difflib
+            near = difflib.get_close_matches(name, list(_SPECS) + list(_FRONT_KEYWORDS), n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise TypeError(f"gpufeed.DataLoader() got an unexpected keyword argument {name!r}{hint}")
+        if value is None:
+            if name == "batch_size":
+                raise TypeError("batch_size=None (unbatched samples, as torch's DataLoader) is not supported: "
+                                "gpufeed.DataLoader yields batches; use loader.dataset for single samples")
+            continue
+        out[name] = _keyword_value(name, value)
+    for name, default in _PYTHON_DEFAULTS.items():
+        out.setdefault(name, default)
+    return out
+
+
+def _keyword_default(name: str) -> Any:
+    """The default gpufeed.DataLoader shows for a schema keyword (None: derived from others)."""
+    if name in _PYTHON_DEFAULTS:
+        return _PYTHON_DEFAULTS[name]
+    return _SPECS[name]["default"]
+
+
+def _keyword_doc(spec: Dict[str, Any]) -> str:
+    """One docstring entry, from the schema."""
+    default = spec["derived_default"] or repr(_keyword_default(spec["name"]))
+    unit = f", {spec['unit']}" if spec["unit"] else ""
+    return f"        {spec['name']}: {spec['help']} ({spec['accepted']}{unit}; default {default})."
 
 
 def _extensions(value: Optional[Sequence[str]]) -> List[str]:
@@ -71,18 +145,6 @@ def _extensions(value: Optional[Sequence[str]]) -> List[str]:
             raise ValueError(f"extensions must be names such as '.jpg' (with the dot), not {e!r}")
         out.append(e.lower())
     return out
-
-
-def _color_jitter(value: "float | Sequence[float] | None") -> List[float]:
-    """color_jitter as [brightness, contrast, saturation, hue] (None: all off)."""
-    if value is None:
-        return [0.0, 0.0, 0.0, 0.0]
-    if isinstance(value, (int, float)):
-        return [float(value)] * 3 + [0.0]
-    values = [float(v) for v in value]
-    if len(values) != 4:
-        raise ValueError(f"color_jitter must be one number or (brightness, contrast, saturation, hue), not {value!r}")
-    return values
 
 
 _LIVE: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
@@ -125,23 +187,8 @@ class DataLoader:
             a flat folder of images (class = file-name prefix up to the first ``_``, as
             ``n01440764_tench.JPEG``), or a file list of ``path label`` lines (paths relative to
             the list's folder; labels are class indices). The CLI's ``--data``.
-        batch_size: samples per batch (DataLoader's ``batch_size``).
         shuffle: permute every epoch with a generator seeded ``seed + epoch``, exactly
             DistributedSampler's order (also with one process).
-        drop_last: drop the last, shorter batch (DataLoader's ``drop_last``).
-        num_workers: decode threads (C++ threads, not processes); None or 0: the process's CPU
-            budget (the CPUs its affinity mask and cgroup quota allow); more than 1024 raises
-            ValueError. The ``num_workers`` attribute is the count in use.
-        seed: seeds the order and the augmentation; each sample's crop and flip depend only on
-            (seed, epoch, index), whatever the thread count.
-        train: True: RandomResizedCrop(image_size, scale, ratio) + RandomHorizontalFlip()
-            (torchvision's semantics); False: Resize(resize_size) + CenterCrop(image_size).
-        image_size: output height = width, pixels (train: of the first epoch; see set_image_size).
-        max_image_size: train only: the largest side ``set_image_size`` may set later
-            (progressive resizing); slots are allocated once for it. Default: image_size.
-        scale, ratio: RandomResizedCrop's area fraction and aspect-ratio ranges.
-        resize_size: eval only; default round(image_size * 256 / 224) (256 at 224), torchvision's
-            ImageNet recipe.
         device: ``"cpu"`` or ``"cuda[:N]"`` (a torch.device too). CUDA batches are copied from
             pinned slots on a copy stream and made ready on ``torch.cuda.current_stream()`` at
             the time each batch is requested.
@@ -151,36 +198,6 @@ class DataLoader:
             Normalize).
         memory_format: ``torch.contiguous_format`` (NCHW) or ``torch.channels_last`` for the
             float dtypes (uint8 is always NHWC).
-        mean, std: per RGB channel; default the ImageNet statistics torchvision's models use.
-        on_error: ``"raise"`` (DataLoader's behaviour, but naming the file): iteration raises
-            gpufeed.DecodeError for the batch's first unreadable sample; ``"skip"``: the sample is
-            replaced by the next good sample of this rank's epoch order (batch shapes and the
-            number of batches stay fixed, so DDP ranks stay in step), each skip is in
-            ``epoch_summary()``, and more than ``max_skips`` in one epoch raises
-            gpufeed.SkipLimitExceeded.
-        max_skips: see on_error.
-        prefetch_depth: batch slots, the one the caller holds included (>= 1); the loader works
-            ahead into the others. CPU uint8 batches are views of their slots and a ``for`` loop
-            holds the previous batch while it asks for the next, so they need >= 2 (1 raises
-            ValueError saying so).
-        auto_augment: train only, per sample after the flip, with torchvision.transforms.v2's
-            semantics and pixels: ``"ta_wide"`` (TrivialAugmentWide()), ``"ra"``
-            (RandAugment(ra_num_ops, ra_magnitude)) or ``"imagenet"`` (AutoAugment's ImageNet
-            policy); fill 0 (the transforms' default). The names are torchvision's references'
-            ``--auto-augment`` values.
-        augment_interpolation: the policy's ``interpolation`` for its geometric ops (shears,
-            translations, rotations): ``"nearest"`` (torchvision's default) or ``"bilinear"``
-            (what the classification references pass, their ``--interpolation`` default); both
-            give torchvision's pixels exactly.
-        ra_magnitude, ra_num_ops: RandAugment's magnitude (bin 0..30) and ops per sample.
-        color_jitter: ColorJitter(brightness, contrast, saturation, hue) before the policy: one
-            number b (= ColorJitter(b, b, b)) or four.
-        random_erase: RandomErasing probability (the references' ``--random-erase``), after the
-            policy. The references erase after Normalize; gpufeed erases the uint8 image with the
-            value that normalises nearest to ``random_erase_value`` (0: the mean colour;
-            ``"random"``: per-pixel standard normals), using ``mean``/``std``.
-        Every random choice comes from the sample's own stream (seed, epoch, index): the same
-        for any num_workers. Draw order: gpufeed/loader/augment.h.
         rank, world_size: shard as DistributedSampler(num_replicas=world_size, rank=rank,
             shuffle=shuffle, seed=seed) does (padding by repeating the start). Default: the
             initialised torch.distributed process group, else torchrun's RANK/WORLD_SIZE, else 0/1.
@@ -201,13 +218,30 @@ class DataLoader:
             drop_last=True)``, then the ``len(loader.sampler) * world_size:`` tail through
             ``Subset(loader.dataset, ...)``; the default (padding) repeats up to world_size - 1
             samples.
-        index_cache: where the dataset's listing is cached so that the next start does not walk the
-            tree: None keeps it in the user's cache folder (``$XDG_CACHE_HOME/gpufeed``, else
-            ``~/.cache/gpufeed``), ``"beside"`` beside the dataset
-            (``<parent>/<name>.gpufeed-index``; never in a folder whose mode forbids writing, even
-            as root), ``"off"`` never caches, anything else is a folder to keep it in
-            (``gpufeed train --index-cache``). A stale or corrupt cache is rebuilt, never trusted;
-            a cache folder that cannot be written means no cache, never an error.
+        **options: the keywords below, declared once in C++ beside their options structs and
+            shared with the CLI (``batch_size`` is ``gpufeed bench --batch-size``); every one
+            keyword-only. A value of the wrong type raises TypeError, a refused value ValueError,
+            both naming the keyword; None means the default.
+
+{keywords}
+
+    Notes on the keywords: ``num_workers`` threads are C++ threads, not processes (the
+    ``num_workers`` attribute is the count in use). ``seed`` with ``shuffle`` orders every epoch
+    with a generator seeded ``seed + epoch``, exactly DistributedSampler's order (also with one
+    process); each sample's crop, flip and augmentation depend only on (seed, epoch, index),
+    whatever the thread count (draw order: gpufeed/loader/augment.h). ``train`` is torchvision's
+    RandomResizedCrop(image_size, scale, ratio) + RandomHorizontalFlip(), else Resize(resize_size)
+    + CenterCrop(image_size). ``on_error="skip"`` replaces an unreadable sample by the next good
+    sample of this rank's epoch order (batch shapes and the number of batches stay fixed, so DDP
+    ranks stay in step); each skip is in ``epoch_summary()``, and more than ``max_skips`` in one
+    epoch raises gpufeed.SkipLimitExceeded. CPU uint8 batches are views of their slots and a
+    ``for`` loop holds the previous batch while it asks for the next, so they need
+    ``prefetch_depth >= 2``. The augmentations (``auto_augment``, ``color_jitter``,
+    ``random_erase``) run on the train transform after the flip with torchvision.transforms.v2's
+    semantics and pixels (fill 0); gpufeed erases the uint8 image with the value that normalises
+    nearest to ``random_erase_value`` under ``mean``/``std``. A stale or corrupt listing cache
+    (``index_cache``) is rebuilt, never trusted; a cache folder that cannot be written means no
+    cache, never an error.
 
     Iterating yields ``(images, labels)``: labels are ``[N]`` int64 on ``device``. CPU uint8
     batches are views of the loader's slot, not copies: the slot returns to the loader only when
@@ -234,46 +268,20 @@ class DataLoader:
     for bad options.
     """
 
-    def __init__(self, root: "str | os.PathLike[str]", batch_size: int = 1, shuffle: bool = False,
-                 drop_last: bool = False, num_workers: Optional[int] = None, seed: int = 0,
-                 train: bool = True, image_size: int = 224,
-                 scale: Tuple[float, float] = (0.08, 1.0),
-                 ratio: Tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
-                 resize_size: Optional[int] = None, device: "str | torch.device" = "cpu",
+    def __init__(self, root: "str | os.PathLike[str]", *, device: "str | torch.device" = "cpu",
                  dtype: torch.dtype = torch.float32,
-                 memory_format: torch.memory_format = torch.contiguous_format,
-                 mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-                 on_error: str = "raise", max_skips: int = 100, prefetch_depth: int = 3,
+                 memory_format: torch.memory_format = torch.contiguous_format, shuffle: bool = False,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
-                 auto_augment: Optional[str] = None, ra_magnitude: int = 9, ra_num_ops: int = 2,
-                 color_jitter: "float | Sequence[float] | None" = None, random_erase: float = 0.0,
-                 random_erase_value: "float | str" = 0.0, augment_interpolation: str = "nearest",
-                 max_image_size: Optional[int] = None, index_cache: Optional[str] = None,
                  sampler: "Optional[torch.utils.data.distributed.DistributedSampler]" = None,
-                 extensions: Optional[Sequence[str]] = None, _sample_only: bool = False):
-        # Everything needed to build this loader again (loader.dataset in a spawned worker).
-        self._kwargs = {k: v for k, v in locals().items() if k not in ("self", "__class__", "sampler", "_sample_only")}
+                 extensions: Optional[Sequence[str]] = None, _sample_only: bool = False, **options: Any):
         if isinstance(root, bytes):
             root = os.fsdecode(root)
         elif not isinstance(root, (str, os.PathLike)):
             raise TypeError(f"root must be a path (str or os.PathLike), not {type(root).__name__}")
-        batch_size = _integer("batch_size", batch_size, 1, _INT64_MAX)
-        prefetch_depth = _integer("prefetch_depth", prefetch_depth, 1, 1 << 16)
-        if num_workers is not None:
-            num_workers = _integer("num_workers", num_workers, 0)
-        # torch.manual_seed's range; the order of seed s is that of s mod 2**64 (as torch's).
-        seed = _integer("seed", seed, -2**63, 2**64 - 1)
-        image_size = _integer("image_size", image_size, 1, 1 << 15)
-        if max_image_size is not None:
-            max_image_size = _integer("max_image_size", max_image_size, 0, 1 << 15)
-        if resize_size is not None:
-            resize_size = _integer("resize_size", resize_size, 1, 1 << 15)
-            if not train and resize_size < image_size:
-                raise ValueError(f"resize_size={resize_size} is smaller than image_size={image_size}: "
-                                 f"CenterCrop(image_size) of Resize(resize_size) needs resize_size >= image_size")
-        max_skips = _integer("max_skips", max_skips, 0)
-        scale = _range_pair("scale", scale, 0.0, 1.0, "0 <= min <= max <= 1 (area fractions)")
-        ratio = _range_pair("ratio", ratio, 1e-6, 1e6, "0 < min <= max (aspect ratios w/h)")
+        # Everything needed to build this loader again (loader.dataset in a spawned worker).
+        self._kwargs = dict(options, root=root, device=device, dtype=dtype, memory_format=memory_format,
+                            shuffle=shuffle, rank=rank, world_size=world_size, extensions=extensions)
+        keywords = _schema_keywords(options)
         if rank is not None:
             rank = _integer("rank", rank, 0)
         if world_size is not None:
@@ -283,25 +291,19 @@ class DataLoader:
         if memory_format not in (torch.contiguous_format, torch.channels_last):
             raise ValueError(f"memory_format must be torch.contiguous_format or torch.channels_last, "
                              f"not {memory_format}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, not {batch_size}")
-        if prefetch_depth < 1:
-            raise ValueError(f"prefetch_depth must be >= 1, not {prefetch_depth}")
         device = torch.device(device)
-        if prefetch_depth < 2 and dtype == torch.uint8 and device.type == "cpu":
+        if keywords.get("prefetch_depth", 3) < 2 and dtype == torch.uint8 and device.type == "cpu":
             raise ValueError(
                 "prefetch_depth=1 with dtype=torch.uint8 on the CPU: those batches are views of the "
                 "loader's slots, and a `for images, labels in loader` loop still holds the previous "
                 "batch when it asks for the next, so one slot can never be refilled; use "
                 "prefetch_depth >= 2 (or a float dtype, whose batches are copies)")
-        if num_workers is not None and num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, not {num_workers}")
-        if len(mean) != 3 or len(std) != 3:
-            raise ValueError("mean and std need 3 values (R, G, B)")
+        seed = 0 if options.get("seed") is None else _integer("seed", options["seed"])
         sampler_drop_last = False
         if sampler is not None:
             shuffle, seed, sampler_drop_last, rank, world_size = _from_distributed_sampler(
                 sampler, shuffle, seed, rank, world_size)
+            keywords["seed"] = _keyword_value("seed", seed)
         if rank is None or world_size is None:
             env_rank, env_world = distributed_rank_world_size()
             rank = env_rank if rank is None else rank
@@ -311,33 +313,25 @@ class DataLoader:
         self.device = device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.batch_size = batch_size
-        self.prefetch_depth = prefetch_depth
-        self.shuffle = shuffle
-        self.drop_last = drop_last
-        self.seed = seed
-        self.train = train
-        self.image_size = image_size
+        self.root = os.fspath(root)
+        self._c = _C._Loader(self.root, keywords, str(self.device), _DTYPES[dtype],
+                             memory_format == torch.channels_last, rank, world_size, bool(shuffle),
+                             sampler_drop_last, _sample_only, _extensions(extensions))
+        # The options in force, read back as the C++ side resolved them.
+        resolved = {name: (keywords[name] if name in keywords else _keyword_default(name)) for name in _SPECS}
+        self.batch_size = int(resolved["batch_size"])
+        self.prefetch_depth = int(resolved["prefetch_depth"])
+        self.drop_last = bool(resolved["drop_last"])
+        self.seed = int(seed)
+        self.train = bool(resolved["train"])
+        self.image_size = int(resolved["image_size"])
+        self.mean = tuple(float(m) for m in resolved["mean"])
+        self.std = tuple(float(v) for v in resolved["std"])
+        self.shuffle = bool(shuffle)
         self.dtype = dtype
         self.memory_format = memory_format
-        self.mean = tuple(float(m) for m in mean)
-        self.std = tuple(float(s) for s in std)
         self.rank = rank
         self.world_size = world_size
-        self.root = os.fspath(root)
-        jitter = _color_jitter(color_jitter)
-        if isinstance(random_erase_value, str) and random_erase_value != "random":
-            raise ValueError(f"random_erase_value must be a number or 'random', not {random_erase_value!r}")
-        self._c = _C._Loader(
-            self.root, batch_size, bool(shuffle), bool(drop_last), num_workers or 0, seed % 2**64, bool(train),
-            image_size,
-            (float(scale[0]), float(scale[1])), (float(ratio[0]), float(ratio[1])), 0.5,
-            resize_size or 0, str(self.device), _DTYPES[dtype], memory_format == torch.channels_last,
-            list(self.mean), list(self.std), on_error, max_skips, prefetch_depth,
-            rank, world_size, auto_augment or "none", ra_num_ops, ra_magnitude, jitter,
-            float(random_erase), str(random_erase_value), augment_interpolation, max_image_size or 0,
-            "" if index_cache is None else os.fspath(index_cache), sampler_drop_last, _sample_only,
-            _extensions(extensions))
         # torch.utils.data.DataLoader's attributes, as scripts and frameworks read them.
         self.num_workers = 1 if _sample_only else int(self._c.stats()["threads"])
         self.persistent_workers = True  # the decode threads live as long as the loader
@@ -829,3 +823,19 @@ def _upgrade_state(state: Dict[str, Any]) -> Dict[str, Any]:
     if missing:
         raise ValueError(f"gpufeed.DataLoader.load_state_dict: the state lacks {', '.join(missing)}")
     return state
+
+
+def _document_schema_keywords() -> None:
+    """DataLoader's signature and docstring: its own keywords, then the schema's, keyword-only,
+    with the defaults gpufeed.DataLoader applies (inspect.signature and help() show them)."""
+    import inspect
+    own = inspect.signature(DataLoader.__init__)
+    params = [p for p in own.parameters.values() if p.kind != p.VAR_KEYWORD and p.name != "_sample_only"]
+    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=_keyword_default(name))
+               for name in _SPECS]
+    DataLoader.__init__.__signature__ = own.replace(parameters=params)
+    DataLoader.__doc__ = DataLoader.__doc__.replace(
+        "{keywords}", "\n".join(_keyword_doc(spec) for spec in _SPECS.values()))
+
+
+_document_schema_keywords()

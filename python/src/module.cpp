@@ -18,6 +18,8 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
 #ifdef GPUFEED_WITH_CUDA
@@ -41,6 +43,7 @@
 #include "gpufeed/loader/dataset.h"
 #include "gpufeed/loader/inspect.h"
 #include "gpufeed/loader/loader.h"
+#include "gpufeed/option.h"
 #include "gpufeed/prefetch/prefetcher.h"
 #include "gpufeed/sampler/sampler.h"
 #include "bindings.h"
@@ -126,6 +129,10 @@ void translate_errors(const std::exception_ptr& p, void*) {
     nb::object cls = errors_module().attr("SkipLimitExceeded");
     nb::object err = cls(e.what(), summary_dict(e.summary()), e.max_skips());
     PyErr_SetObject(cls.ptr(), err.ptr());
+  } catch (const std::invalid_argument& e) {
+    // Refused options (options::OptionError and the structs' validate()): ValueError, the
+    // backticked option names spelled as keywords (`num_workers` -> num_workers=).
+    PyErr_SetString(PyExc_ValueError, options::spell_options(e.what(), options::Front::kPython).c_str());
   }
 }
 
@@ -139,82 +146,105 @@ c10::ScalarType parse_dtype(const std::string& name) {
   throw nb::value_error(("dtype must be torch.uint8, float32, bfloat16 or float16, not " + name).c_str());
 }
 
-loader::ErrorPolicy parse_policy(const std::string& name) {
-  if (name == "raise") return loader::ErrorPolicy::kRaise;
-  if (name == "skip") return loader::ErrorPolicy::kSkip;
-  throw nb::value_error(("on_error must be 'raise' or 'skip', not '" + name + "'").c_str());
+/// The option as Python sees it: bool, int, float, str, or a tuple of floats.
+nb::object to_python(const options::Value& v) {
+  struct {
+    nb::object operator()(bool b) const { return nb::bool_(b); }
+    nb::object operator()(int64_t i) const { return nb::int_(i); }
+    nb::object operator()(double d) const { return nb::float_(d); }
+    nb::object operator()(const std::string& t) const { return nb::str(t.c_str()); }
+    nb::object operator()(const std::vector<double>& l) const {
+      nb::list out;
+      for (const double d : l) out.append(nb::float_(d));
+      return nb::tuple(out);
+    }
+  } visit;
+  return std::visit(visit, v);
 }
 
-/// The mechanism behind gpufeed.DataLoader (see python/gpufeed/_loader.py for the semantics).
-// gpufeed.DataLoader's augmentation keywords as loader::AugmentOptions (validated: a bad value is
-// std::invalid_argument, which nanobind raises as ValueError).
-loader::AugmentOptions augment_options(const std::string& auto_augment, int ra_num_ops, int ra_magnitude,
-                                       std::array<float, 4> color_jitter, float random_erase,
-                                       const std::string& random_erase_value,
-                                       const std::string& augment_interpolation, std::array<float, 3> mean,
-                                       std::array<float, 3> std) {
-  loader::AugmentOptions a;
-  a.auto_augment = loader::parse_auto_augment(auto_augment);
-  a.interpolation = loader::parse_interpolation(augment_interpolation);
-  a.ra_num_ops = ra_num_ops;
-  a.ra_magnitude = ra_magnitude;
-  a.color_jitter = {color_jitter[0], color_jitter[1], color_jitter[2], color_jitter[3]};
-  a.random_erasing.p = random_erase;
-  if (random_erase_value == "random") {
-    a.random_erasing.random_value = true;
-  } else {
-    a.random_erasing.value = std::stof(random_erase_value);
+const char* type_name(options::Type t) {
+  switch (t) {
+    case options::Type::kBool: return "bool";
+    case options::Type::kInt: return "int";
+    case options::Type::kFloat: return "float";
+    case options::Type::kString: return "str";
+    case options::Type::kChoice: return "choice";
+    case options::Type::kFloats: return "floats";
   }
-  a.mean = mean;
-  a.std = std;
-  a.validate();
-  return a;
+  return "?";
+}
+
+/// gpufeed.DataLoader's schema keywords as dicts (name, type, help, unit, min, max, words,
+/// sizes, default, derived_default), in the schemas' order: the package builds its signature,
+/// its checks of Python types and its docstring from them.
+template <class T>
+void append_specs(nb::list& out, const options::Schema<T>& schema) {
+  for (const auto& f : schema.fields()) {
+    const options::Spec& s = f.spec;
+    nb::dict d;
+    d["name"] = s.name;
+    d["type"] = type_name(s.type);
+    d["help"] = s.help;
+    d["unit"] = s.unit;
+    d["min"] = s.min ? nb::object(nb::float_(*s.min)) : nb::none();
+    d["max"] = s.max ? nb::object(nb::float_(*s.max)) : nb::none();
+    d["words"] = s.words;
+    d["sizes"] = s.sizes;
+    d["accepted"] = options::accepted(s);
+    const std::optional<options::Value> def = schema.default_value(f);
+    d["default"] = def ? to_python(*def) : nb::none();
+    d["derived_default"] = s.derived_default;
+    out.append(d);
+  }
+}
+
+nb::list option_specs() {
+  nb::list out;
+  append_specs(out, loader::loader_options_schema());
+  append_specs(out, loader::index_cache_options_schema());
+  return out;
+}
+
+/// The given keywords of each schema, applied: unknown names and refused values raise ValueError
+/// naming the keyword.
+struct KeywordOptions {
+  loader::LoaderOptions loader;
+  loader::IndexCacheOptions cache;
+};
+
+KeywordOptions apply_keywords(const std::map<std::string, options::Value>& given) {
+  std::map<std::string, options::Value> for_loader, for_cache;
+  const auto& cache_schema = loader::index_cache_options_schema();
+  for (const auto& [name, value] : given) (cache_schema.find(name) ? for_cache : for_loader)[name] = value;
+  KeywordOptions k;
+  loader::loader_options_schema().apply(k.loader, for_loader);
+  cache_schema.apply(k.cache, for_cache);
+  return k;
 }
 
 class PyLoader {
  public:
-  PyLoader(const std::string& path, int64_t batch_size, bool shuffle, bool drop_last, int num_workers,
-           uint64_t seed, bool train, int image_size, std::pair<float, float> scale,
-           std::pair<float, float> ratio, float flip_p, int resize_size, const std::string& device,
-           const std::string& dtype, bool channels_last, std::array<float, 3> mean,
-           std::array<float, 3> std, const std::string& on_error, int64_t max_skips,
-           int prefetch_depth, int64_t rank, int64_t world_size, const std::string& auto_augment,
-           int ra_num_ops, int ra_magnitude, std::array<float, 4> color_jitter, float random_erase,
-           const std::string& random_erase_value, const std::string& augment_interpolation,
-           int max_image_size, const std::string& index_cache, bool sampler_drop_last, bool sample_only,
+  /// `keywords`: gpufeed.DataLoader's schema keywords that were given (option_specs()); the rest
+  /// are the Python front's own (device, dtype, layout, the sampler's rank, world size, shuffle
+  /// and drop_last, the folder listing's extensions).
+  PyLoader(const std::string& path, const std::map<std::string, options::Value>& keywords,
+           const std::string& device, const std::string& dtype, bool channels_last, int64_t rank,
+           int64_t world_size, bool shuffle, bool sampler_drop_last, bool sample_only,
            const std::vector<std::string>& extensions) {
     device_ = c10::Device(device);
     if (!device_.is_cpu() && !device_.is_cuda())
       throw nb::value_error(("device must be 'cpu' or 'cuda[:N]', not '" + device + "'").c_str());
     dtype_ = parse_dtype(dtype);
-    loader::LoaderOptions o;
-    o.batch_size = batch_size;
-    o.drop_last = drop_last;
-    o.num_workers = num_workers;
-    o.prefetch_depth = prefetch_depth;
-    o.seed = seed;
-    o.error_policy = parse_policy(on_error);
-    o.max_skips = max_skips;
-    o.transform = loader::TransformOptions::imagenet(
-        train ? loader::TransformOptions::Kind::kTrain : loader::TransformOptions::Kind::kEval, image_size);
-    o.transform.rrc.scale_min = scale.first;
-    o.transform.rrc.scale_max = scale.second;
-    o.transform.rrc.ratio_min = ratio.first;
-    o.transform.rrc.ratio_max = ratio.second;
-    o.transform.flip_probability = flip_p;
-    if (resize_size > 0) o.transform.eval.resize = resize_size;
-    o.max_image_size = max_image_size;
-    if (train) o.transform.augment = augment_options(auto_augment, ra_num_ops, ra_magnitude, color_jitter,
-                                                     random_erase, random_erase_value, augment_interpolation,
-                                                     mean, std);
+    const KeywordOptions k = apply_keywords(keywords);
+    const loader::LoaderOptions& o = k.loader;
     options_ = o;
     nb::gil_scoped_release nogil;  // listing a large tree and allocating slots take a while
-    dataset_ = loader::open_dataset(path, {.index_cache = index_cache}, extensions);
+    dataset_ = loader::open_dataset(path, k.cache, extensions);
     sampler::DistributedSamplerOptions so;
     so.num_replicas = world_size;
     so.rank = rank;
     so.shuffle = shuffle;
-    so.seed = seed;
+    so.seed = o.seed;
     so.drop_last = sampler_drop_last;
     sampler_ = std::make_shared<sampler::DistributedSampler>(dataset_->size(), so);
     prefetch::PrefetchOptions po;
@@ -222,8 +252,8 @@ class PyLoader {
     po.dtype = dtype_;
     // uint8 stays NHWC: on CUDA the prefetcher's channels_last uint8 result is that buffer.
     po.channels_last = dtype_ == at::kByte ? true : channels_last;
-    po.normalize.mean = mean;
-    po.normalize.std = std;
+    po.normalize.mean = o.transform.augment.mean;
+    po.normalize.std = o.transform.augment.std;
     if (sample_only) return;  // load_sample only: no slots, no threads (a worker's copy of loader.dataset)
     loader_ = std::make_shared<loader::Loader>(dataset_, sampler_, o, prefetch::host_allocator_for(device_));
     raw_ = dtype_ == at::kByte && device_.is_cpu();
@@ -433,16 +463,10 @@ NB_MODULE(_C, m) {
   m.doc() = "gpufeed's C++ core; use the gpufeed package (gpufeed.DataLoader) rather than this module.";
   nb::register_exception_translator(translate_errors);
   nb::class_<PyLoader>(m, "_Loader")
-      .def(nb::init<const std::string&, int64_t, bool, bool, int, uint64_t, bool, int, std::pair<float, float>,
-                    std::pair<float, float>, float, int, const std::string&, const std::string&, bool,
-                    std::array<float, 3>, std::array<float, 3>, const std::string&, int64_t, int, int64_t,
-                    int64_t, const std::string&, int, int, std::array<float, 4>, float, const std::string&,
-                    const std::string&, int, const std::string&, bool, bool, const std::vector<std::string>&>(),
-           "path"_a, "batch_size"_a, "shuffle"_a, "drop_last"_a, "num_workers"_a, "seed"_a, "train"_a,
-           "image_size"_a, "scale"_a, "ratio"_a, "flip_p"_a, "resize_size"_a, "device"_a, "dtype"_a,
-           "channels_last"_a, "mean"_a, "std"_a, "on_error"_a, "max_skips"_a, "prefetch_depth"_a, "rank"_a,
-           "world_size"_a, "auto_augment"_a, "ra_num_ops"_a, "ra_magnitude"_a, "color_jitter"_a, "random_erase"_a,
-           "random_erase_value"_a, "augment_interpolation"_a, "max_image_size"_a, "index_cache"_a, "sampler_drop_last"_a, "sample_only"_a, "extensions"_a)
+      .def(nb::init<const std::string&, const std::map<std::string, gpufeed::options::Value>&, const std::string&,
+                    const std::string&, bool, int64_t, int64_t, bool, bool, bool, const std::vector<std::string>&>(),
+           "path"_a, "keywords"_a, "device"_a, "dtype"_a, "channels_last"_a, "rank"_a, "world_size"_a, "shuffle"_a,
+           "sampler_drop_last"_a, "sample_only"_a, "extensions"_a)
       .def("close", &PyLoader::close)
       .def("start_epoch", &PyLoader::start_epoch, "epoch"_a, "start_batch"_a)
       .def("next", &PyLoader::next, "slice_s"_a)
@@ -461,6 +485,10 @@ NB_MODULE(_C, m) {
   m.def("cuda_available", &gpufeed::prefetch::cuda_available);
   m.def("inspect_json", &inspect_json, "paths"_a, "all_files"_a, "apply_exif_orientation"_a, "strict"_a,
         "allow_truncated"_a, "max_pixels"_a, "write_png"_a);
+  m.def("option_specs", &option_specs);
+  m.def("spell_options", [](const std::string& text) {
+    return gpufeed::options::spell_options(text, gpufeed::options::Front::kPython);
+  }, "text"_a);
   m.attr("IMAGE_EXTENSIONS") = gpufeed::loader::default_image_extensions();
   m.attr("DEFAULT_MAX_PIXELS") = gpufeed::decode::DecodeOptions{}.max_pixels;
   bind_profiler(m);

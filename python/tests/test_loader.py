@@ -107,7 +107,7 @@ def test_bad_augmentation_options_raise_naming_them(folder, gpufeed_cli):
         gpufeed.DataLoader(folder, random_erase=1.5)
     out = subprocess.run([str(gpufeed_cli), "bench", "--data", str(folder), "--auto-augment", "ra",
                           "--ra-magnitude", "40"], capture_output=True, text=True)
-    assert out.returncode != 0 and "ra_magnitude" in out.stderr
+    assert out.returncode != 0 and "--ra-magnitude" in out.stderr
     out = subprocess.run([str(gpufeed_cli), "bench", "--data", str(folder), "--color-jitter", "0.1,x"],
                          capture_output=True, text=True)
     assert out.returncode != 0 and "--color-jitter" in out.stderr

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gpufeed/decode/decoder.h"  // decode::ByteBuffer
+#include "gpufeed/option.h"
 
 namespace gpufeed::loader {
 
@@ -141,6 +142,9 @@ class SampleList : public Dataset {
 struct IndexCacheOptions {
   std::string index_cache;
 };
+
+/// IndexCacheOptions' user-facing field, index_cache (gpufeed/option.h).
+const options::Schema<IndexCacheOptions>& index_cache_options_schema();
 
 /// torchvision.datasets.folder.IMG_EXTENSIONS plus ".gif" (gpufeed decodes GIF through giflib;
 /// torchvision's list leaves it out, which would silently drop such files). Lower case.

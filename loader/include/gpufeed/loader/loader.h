@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "gpufeed/decode/decoder.h"
+#include "gpufeed/option.h"
 #include "gpufeed/loader/batch.h"
 #include "gpufeed/loader/dataset.h"
 #include "gpufeed/loader/host_allocator.h"
@@ -46,6 +47,11 @@ enum class ErrorPolicy {
   kSkip,
 };
 
+/// "raise", "skip".
+std::string_view to_string(ErrorPolicy policy);
+/// Parses the names above; throws options::OptionError naming `on_error` otherwise.
+ErrorPolicy parse_error_policy(std::string_view name);
+
 /// The most threads a Loader (or gpufeed pack) runs: more is refused with std::invalid_argument
 /// instead of failing inside the thread pool (pthread_create runs out of resources somewhere
 /// above tens of thousands of threads, and the process aborts).
@@ -68,6 +74,12 @@ struct LoaderOptions {
   /// 0: transform.output_size() (the size never grows). Otherwise must be >= transform.output_size().
   int max_image_size = 0;
 };
+
+/// LoaderOptions' user-facing fields, transform and augmentations included (gpufeed/option.h):
+/// batch_size, drop_last, num_workers, prefetch_depth, seed, on_error, max_skips, strict_decode,
+/// max_image_size, then transform_options_schema()'s. The CLI's --batch-size ... and
+/// gpufeed.DataLoader's keywords are generated from it.
+const options::Schema<LoaderOptions>& loader_options_schema();
 
 /// The skip policy's account of one epoch, over the batches next() has returned so far (the
 /// whole epoch once next() has returned std::nullopt).

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "gpufeed/decode/decoder.h"
+#include "gpufeed/option.h"
 #include "gpufeed/loader/resize.h"
 
 namespace gpufeed::loader {
@@ -162,6 +163,11 @@ struct AugmentOptions {
   void validate() const;
 };
 
+/// AugmentOptions' user-facing fields (gpufeed/option.h): auto_augment, ra_num_ops, ra_magnitude,
+/// augment_interpolation, color_jitter, random_erase, random_erase_value, mean, std; applying
+/// them ends with validate().
+const options::Schema<AugmentOptions>& augment_options_schema();
+
 /// The options in the CLI's words, for logs and reports: "none", or e.g.
 /// "auto_augment=ta_wide random_erase=0.25 (value 0)".
 std::string to_string(const AugmentOptions& options);
@@ -194,6 +200,11 @@ struct TransformOptions {
     return t;
   }
 };
+
+/// TransformOptions' user-facing fields (gpufeed/option.h): train, image_size, scale, ratio,
+/// resize_size (default round(image_size x 256 / 224), as TransformOptions::imagenet), then
+/// augment_options_schema()'s. Applying them refuses an eval Resize smaller than its crop.
+const options::Schema<TransformOptions>& transform_options_schema();
 
 /// The crop box RandomResizedCrop.get_params would choose for a width x height image, with the
 /// same draws in the same order: up to 10 attempts of (uniform area fraction, log-uniform aspect

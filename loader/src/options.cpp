@@ -1,0 +1,225 @@
+// The loader's option schemas (gpufeed/option.h): every user-facing field of AugmentOptions,
+// TransformOptions, LoaderOptions and IndexCacheOptions, declared once. `gpufeed bench`, `gpufeed
+// train` and gpufeed.DataLoader build their flags and keywords from these rows.
+#include <fmt/format.h>
+
+// The rows name only the Spec fields they set (designated initialisers); the rest keep their
+// defaults on purpose, which GCC's -Wextra would report one by one.
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+#include <cmath>
+
+#include "gpufeed/loader/dataset.h"
+#include "gpufeed/loader/loader.h"
+#include "gpufeed/loader/transform.h"
+
+namespace gpufeed::loader {
+namespace {
+
+using options::Schema;
+using options::Spec;
+using options::Type;
+using options::Value;
+
+constexpr double kMaxSide = 1 << 15;  // pixels: larger sides are refused before any allocation
+
+std::vector<double> floats(const Value& v) { return std::get<std::vector<double>>(v); }
+
+/// A (min, max) pair that must be ordered.
+std::pair<float, float> ordered_pair(const std::string& name, const Value& v) {
+  const auto l = floats(v);
+  if (l[0] > l[1]) {
+    throw options::OptionError(name, fmt::format("must be (min, max) with min <= max, not ({}, {})",
+                                                 options::format_number(l[0]), options::format_number(l[1])));
+  }
+  return {static_cast<float>(l[0]), static_cast<float>(l[1])};
+}
+
+Schema<AugmentOptions> make_augment_schema() {
+  Schema<AugmentOptions> s;
+  s.add({.name = "auto_augment", .type = Type::kChoice,
+         .help = "per-sample policy: ta_wide (TrivialAugmentWide), ra (RandAugment) or imagenet "
+                 "(AutoAugment's ImageNet policy); torchvision references' --auto-augment",
+         .words = {"none", "ta_wide", "ra", "imagenet"}},
+        [](AugmentOptions& o, const Value& v) { o.auto_augment = parse_auto_augment(std::get<std::string>(v)); },
+        [](const AugmentOptions& o) -> Value { return std::string(to_string(o.auto_augment)); });
+  s.member({.name = "ra_num_ops", .type = Type::kInt, .help = "RandAugment's num_ops", .unit = "ops per sample",
+            .min = 0},
+           &AugmentOptions::ra_num_ops);
+  s.member({.name = "ra_magnitude", .type = Type::kInt,
+            .help = "RandAugment's magnitude: the bin in [0, 30] (num_magnitude_bins 31)", .min = 0},
+           &AugmentOptions::ra_magnitude);
+  s.add({.name = "augment_interpolation", .type = Type::kChoice,
+         .help = "the policy's interpolation for its geometric ops: nearest (torchvision's default) or "
+                 "bilinear (the references' --interpolation)",
+         .words = {"nearest", "bilinear"}},
+        [](AugmentOptions& o, const Value& v) { o.interpolation = parse_interpolation(std::get<std::string>(v)); },
+        [](const AugmentOptions& o) -> Value { return std::string(to_string(o.interpolation)); });
+  s.add({.name = "color_jitter", .type = Type::kFloats,
+         .help = "ColorJitter: B (brightness = contrast = saturation = B, hue 0) or B,C,S,H; 0 = off",
+         .min = 0, .sizes = {1, 4}},
+        [](AugmentOptions& o, const Value& v) {
+          const auto l = floats(v);
+          const auto f = [&](size_t i) { return static_cast<float>(l[i]); };
+          o.color_jitter = l.size() == 1 ? ColorJitterOptions{f(0), f(0), f(0), 0} : ColorJitterOptions{f(0), f(1), f(2), f(3)};
+        },
+        [](const AugmentOptions& o) -> Value {
+          const auto& j = o.color_jitter;
+          return std::vector<double>{j.brightness, j.contrast, j.saturation, j.hue};
+        });
+  s.add({.name = "random_erase", .type = Type::kFloat, .help = "RandomErasing's probability; 0 = off",
+         .min = 0, .max = 1},
+        [](AugmentOptions& o, const Value& v) { o.random_erasing.p = static_cast<float>(std::get<double>(v)); },
+        [](const AugmentOptions& o) -> Value { return double{o.random_erasing.p}; });
+  s.add({.name = "random_erase_value", .type = Type::kFloat,
+         .help = "RandomErasing's value in normalised units (0: the mean colour), or random (per-pixel normals)",
+         .words = {"random"}},
+        [](AugmentOptions& o, const Value& v) {
+          o.random_erasing.random_value = std::holds_alternative<std::string>(v);
+          if (!o.random_erasing.random_value) o.random_erasing.value = static_cast<float>(std::get<double>(v));
+        },
+        [](const AugmentOptions& o) -> Value {
+          if (o.random_erasing.random_value) return std::string("random");
+          return double{o.random_erasing.value};
+        });
+  const auto channels = [&](const char* name, const char* help, std::array<float, 3> AugmentOptions::*field) {
+    s.add({.name = name, .type = Type::kFloats, .help = help, .sizes = {3}},
+          [field](AugmentOptions& o, const Value& v) {
+            const auto l = floats(v);
+            for (size_t c = 0; c < 3; ++c) (o.*field)[c] = static_cast<float>(l[c]);
+          },
+          [field](const AugmentOptions& o) -> Value {
+            return std::vector<double>((o.*field).begin(), (o.*field).end());
+          });
+  };
+  channels("mean", "Normalize's per-channel mean (R, G, B), of [0, 1] pixels", &AugmentOptions::mean);
+  channels("std", "Normalize's per-channel std (R, G, B), > 0", &AugmentOptions::std);
+  s.finish([](AugmentOptions& o, const std::set<std::string>&) { o.validate(); });
+  return s;
+}
+
+Schema<TransformOptions> make_transform_schema() {
+  Schema<TransformOptions> s;
+  s.add({.name = "train", .type = Type::kBool,
+         .help = "the train transform, RandomResizedCrop + RandomHorizontalFlip (+ augmentations); "
+                 "false: the eval transform, Resize + CenterCrop"},
+        [](TransformOptions& t, const Value& v) {
+          t.kind = std::get<bool>(v) ? TransformOptions::Kind::kTrain : TransformOptions::Kind::kEval;
+        },
+        [](const TransformOptions& t) -> Value { return t.kind == TransformOptions::Kind::kTrain; });
+  s.add({.name = "image_size", .type = Type::kInt,
+         .help = "output side: RandomResizedCrop's size (train) or CenterCrop's (eval)", .unit = "pixels",
+         .min = 1, .max = kMaxSide},
+        [](TransformOptions& t, const Value& v) {
+          t.rrc.size = t.eval.crop = static_cast<int>(std::get<int64_t>(v));
+        },
+        [](const TransformOptions& t) -> Value { return int64_t{t.rrc.size}; });
+  s.add({.name = "scale", .type = Type::kFloats,
+         .help = "RandomResizedCrop's scale: the crop's area fraction (min, max)", .min = 0, .max = 1,
+         .sizes = {2}},
+        [](TransformOptions& t, const Value& v) { std::tie(t.rrc.scale_min, t.rrc.scale_max) = ordered_pair("scale", v); },
+        [](const TransformOptions& t) -> Value { return std::vector<double>{t.rrc.scale_min, t.rrc.scale_max}; });
+  s.add({.name = "ratio", .type = Type::kFloats,
+         .help = "RandomResizedCrop's ratio: the crop's aspect ratio w/h (min, max), drawn log-uniformly",
+         .min = 1e-6, .max = 1e6, .sizes = {2}},
+        [](TransformOptions& t, const Value& v) { std::tie(t.rrc.ratio_min, t.rrc.ratio_max) = ordered_pair("ratio", v); },
+        [](const TransformOptions& t) -> Value { return std::vector<double>{t.rrc.ratio_min, t.rrc.ratio_max}; });
+  s.add({.name = "resize_size", .type = Type::kInt,
+         .help = "eval transform: Resize's shorter side before CenterCrop(image_size)", .unit = "pixels",
+         .min = 1, .max = kMaxSide, .derived_default = "round(image_size x 256 / 224)"},
+        [](TransformOptions& t, const Value& v) { t.eval.resize = static_cast<int>(std::get<int64_t>(v)); },
+        [](const TransformOptions& t) -> Value { return int64_t{t.eval.resize}; });
+  s.mount(augment_options_schema(), [](TransformOptions& t) -> AugmentOptions& { return t.augment; });
+  s.finish([](TransformOptions& t, const std::set<std::string>& given) {
+    if (given.count("resize_size") == 0) t.eval.resize = static_cast<int>(std::lround(t.eval.crop * 256.0 / 224.0));
+    if (t.kind == TransformOptions::Kind::kEval && t.eval.resize < t.eval.crop) {
+      throw options::OptionError("resize_size", fmt::format("must be >= `image_size` (CenterCrop of the Resize), "
+                                                            "not {} < {}", t.eval.resize, t.eval.crop));
+    }
+  });
+  return s;
+}
+
+Schema<LoaderOptions> make_loader_schema() {
+  Schema<LoaderOptions> s;
+  s.member({.name = "batch_size", .type = Type::kInt, .help = "samples per batch (DataLoader's batch_size)",
+            .unit = "samples", .min = 1},
+           &LoaderOptions::batch_size);
+  s.member({.name = "drop_last", .type = Type::kBool,
+            .help = "drop each epoch's last, shorter batch (DataLoader's drop_last)"},
+           &LoaderOptions::drop_last);
+  s.member({.name = "num_workers", .type = Type::kInt,
+            .help = "decode threads; 0 = the CPU budget (the affinity mask's CPUs capped by the cgroup CPU quota)",
+            .unit = "threads", .min = 0, .max = kMaxNumWorkers, .cli_aliases = {"--workers"}},
+           &LoaderOptions::num_workers);
+  s.member({.name = "prefetch_depth", .type = Type::kInt,
+            .help = "batch slots, the one the consumer holds included", .unit = "batches", .min = 1, .max = 1 << 16},
+           &LoaderOptions::prefetch_depth);
+  s.add({.name = "seed", .type = Type::kInt,
+         .help = "seed of the shuffled order and of the augmentations' draws (sample i of epoch e draws from (seed, e, i))"},
+        [](LoaderOptions& o, const Value& v) { o.seed = static_cast<uint64_t>(std::get<int64_t>(v)); },
+        [](const LoaderOptions& o) -> Value { return static_cast<int64_t>(o.seed); });
+  s.add({.name = "on_error", .type = Type::kChoice,
+         .help = "a file that cannot be read or decoded: raise (stop, naming it) or skip (replace it by the "
+                 "next good sample, counted and reported)",
+         .words = {"raise", "skip"}},
+        [](LoaderOptions& o, const Value& v) { o.error_policy = parse_error_policy(std::get<std::string>(v)); },
+        [](const LoaderOptions& o) -> Value { return std::string(to_string(o.error_policy)); });
+  s.member({.name = "max_skips", .type = Type::kInt,
+            .help = "on_error skip: more skips than this in one epoch is an error", .unit = "samples", .min = 0},
+           &LoaderOptions::max_skips);
+  s.add({.name = "strict_decode", .type = Type::kBool,
+         .help = "every decoder warning is an error (by default benign warnings and JPEG damage confined to "
+                 "restart intervals are accepted and counted)"},
+        [](LoaderOptions& o, const Value& v) { o.decode.strict = std::get<bool>(v); },
+        [](const LoaderOptions& o) -> Value { return o.decode.strict; });
+  s.member({.name = "max_image_size", .type = Type::kInt,
+            .help = "train transform: the largest side set_image_size may set later (progressive resizing); "
+                    "0 = image_size",
+            .unit = "pixels", .min = 0, .max = kMaxSide},
+           &LoaderOptions::max_image_size);
+  s.mount(transform_options_schema(), [](LoaderOptions& o) -> TransformOptions& { return o.transform; });
+  return s;
+}
+
+Schema<IndexCacheOptions> make_index_cache_schema() {
+  Schema<IndexCacheOptions> s;
+  s.member({.name = "index_cache", .type = Type::kString,
+            .help = "where the dataset's listing is cached: unset for the user's cache folder "
+                    "($XDG_CACHE_HOME/gpufeed, else ~/.cache/gpufeed), beside (<parent>/<name>.gpufeed-index, "
+                    "never in a folder whose mode forbids writing), off, or a folder"},
+           &IndexCacheOptions::index_cache);
+  return s;
+}
+
+}  // namespace
+
+std::string_view to_string(ErrorPolicy policy) { return policy == ErrorPolicy::kSkip ? "skip" : "raise"; }
+
+ErrorPolicy parse_error_policy(std::string_view name) {
+  if (name == "raise") return ErrorPolicy::kRaise;
+  if (name == "skip") return ErrorPolicy::kSkip;
+  throw options::OptionError("on_error", fmt::format("must be raise or skip, not '{}'", name));
+}
+
+const options::Schema<AugmentOptions>& augment_options_schema() {
+  static const auto s = make_augment_schema();
+  return s;
+}
+
+const options::Schema<TransformOptions>& transform_options_schema() {
+  static const auto s = make_transform_schema();
+  return s;
+}
+
+const options::Schema<LoaderOptions>& loader_options_schema() {
+  static const auto s = make_loader_schema();
+  return s;
+}
+
+const options::Schema<IndexCacheOptions>& index_cache_options_schema() {
+  static const auto s = make_index_cache_schema();
+  return s;
+}
+
+}  // namespace gpufeed::loader
