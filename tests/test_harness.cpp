@@ -998,7 +998,7 @@ TEST(Trainer, ASchedulePlanTorchWouldRefuseStopsTheRunAtStartUp) {
   TempDir dir("badplan");
   const fs::path data = tiny_dataset(dir.path / "data");
   harness::TrainOptions o = tiny_run(data);
-  o.batch_size = 16;  // 2 steps per epoch: the example
+  o.batch_size = 16;  // 2 steps per epoch, pct_start 0.5: a zero-width warm-up
   o.lr_schedule = harness::LrScheduleKind::kOneCycle;
   o.onecycle_pct_start = 0.5;
   std::string m = construction_error(o);
