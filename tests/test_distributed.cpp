@@ -307,7 +307,7 @@ TEST(Ckpt, ListsAndConvertsAPythonCheckpointIntoAFileLibTorchReads) {
   EXPECT_EQ(src.stripped_prefix, "module.");
 }
 
-// Issue 11, kinds 1 and 3 on the command line: `ckpt list` names the wrappers it peeled,
+// Wrapper prefixes and fine-tuning on the command line: `ckpt list` names the wrappers it peeled,
 // `ckpt convert` writes keys without them (and drops keys on request), and `train
 // --init-weights-exclude` fine-tunes a 1000-class file onto a 4-class folder.
 TEST(Ckpt, ListNamesTheWrappersConvertStripsThemAndDropsKeysTrainExcludesTheHead) {
@@ -355,8 +355,9 @@ TEST(Ckpt, ListNamesTheWrappersConvertStripsThemAndDropsKeysTrainExcludesTheHead
       << read_text(dir.path / "train.log");
 }
 
-// Issue 11, kind 5 across ranks: 3 images over 4 ranks with batch 2 leave every rank one sample
-// (padded), which the single-sample rule drops: every rank refuses at start-up, naming the sizes.
+// An epoch without an optimizer step, across ranks: 3 images over 4 ranks with batch 2 leave
+// every rank one sample (padded), which the single-sample rule drops: every rank refuses at
+// start-up, naming the sizes.
 TEST(Launch, FourRanksOnThreeImagesAreRefusedAtStartUpNamingTheSizes) {
   TempDir dir("fourranks");
   const fs::path src = tiny_dataset(dir.path / "src");
@@ -884,7 +885,7 @@ TEST(Train, SyncBnIsRefusedWithDataParallelOrFrozenBatchNorm) {
 }
 
 TEST(Launch, TwoNodesOfOneRankEachSeeEverySampleOfTheShardsOnceInDistributedSamplerOrder) {
-  // Two "nodes" on this host (issue 15): two launchers with --nnodes 2 --node-rank 0|1
+  // Two "nodes" on this host: two launchers with --nnodes 2 --node-rank 0|1
   // --nproc-per-node 1 and one master address and port, Gloo, reading WebDataset shards written
   // by GNU tar. Each rank logs the dataset indices of its steps (--log-samples); per epoch each
   // rank's list must be torch's DistributedSampler's for its global rank, and together they must

@@ -223,7 +223,7 @@ TEST(LrSchedule, RejectsBadOptionsNamingThem) {
   EXPECT_NE(message_of(st).find("gamma"), std::string::npos);
 }
 
-// Issue 11, kind 4: every configuration torch.optim.lr_scheduler refuses (OneCycleLR's zero-width
+// Every configuration torch.optim.lr_scheduler refuses (OneCycleLR's zero-width
 // phases divide by zero, LinearLR's start_factor, StepLR's step_size) is refused up front, and
 // its accepted neighbours are accepted with finite rates that match torch's.
 TEST(LrSchedule, RefusesExactlyTheConfigurationsTorchRefusesAndKeepsEveryRateFinite) {
@@ -361,7 +361,7 @@ TEST(Checkpoint, FindsStateDictUnderKnownKeysAndStripsCompilePrefix) {
   }
 }
 
-// Issue 11, kind 1: wrapper prefixes in any nesting -- real torch.compile(DDP(model)) and
+// Wrapper prefixes in any nesting -- real torch.compile(DDP(model)) and
 // DDP(torch.compile(model)) saves from a 1-rank Gloo group, and a Lightning checkpoint whose
 // LightningModule holds a DDP-wrapped network as self.model -- load into the model and name the
 // wrappers they peeled.
@@ -403,7 +403,7 @@ TEST(Checkpoint, StripsWrapperPrefixesInAnyNestingAndNamesTheWrappers) {
   EXPECT_TRUE(src.wrappers.empty());
 }
 
-// Issue 11, kind 2: state_dicts without BatchNorm's num_batches_tracked (PyTorch < 0.4.1, or
+// State_dicts without BatchNorm's num_batches_tracked (PyTorch < 0.4.1, or
 // copied into a dict without _metadata) load, keeping the model's counters, as torchvision's
 // strict load does (the golden script checks that torch accepts both files).
 TEST(Checkpoint, AcceptsStateDictsWithoutNumBatchesTrackedAsTorchDoes) {
@@ -435,7 +435,7 @@ TEST(Checkpoint, AcceptsStateDictsWithoutNumBatchesTrackedAsTorchDoes) {
   }
 }
 
-// Issue 11, kind 3: torchvision's 1000-class resnet18 onto a 2-class model, by exclusion
+// Fine-tuning: torchvision's 1000-class resnet18 onto a 2-class model, by exclusion
 // pattern (module prefix, regex) or by skipping mismatched shapes; the new head keeps its fresh
 // initialisation, everything else is the file's.
 TEST(Checkpoint, FineTunesOntoAnotherClassCountByExclusionOrSkippingMismatchedShapes) {
@@ -971,7 +971,7 @@ std::string construction_error(const harness::TrainOptions& o) {
 
 }  // namespace
 
-// Issue 11, kind 5: a run whose epochs would take no optimizer step is refused at start-up,
+// A run whose epochs would take no optimizer step is refused at start-up,
 // naming the dataset size, batch size, world size and drop_last.
 TEST(Trainer, AnEpochWithoutAnOptimizerStepIsRefusedAtStartUpNamingTheSizes) {
   TempDir dir("nosteps");
@@ -993,12 +993,12 @@ TEST(Trainer, AnEpochWithoutAnOptimizerStepIsRefusedAtStartUpNamingTheSizes) {
   EXPECT_EQ(construction_error(o), "");
 }
 
-// Issue 11, kind 4: schedules that would produce a NaN rate are refused at start-up.
+// Schedules that would produce a NaN rate are refused at start-up.
 TEST(Trainer, ASchedulePlanTorchWouldRefuseStopsTheRunAtStartUp) {
   TempDir dir("badplan");
   const fs::path data = tiny_dataset(dir.path / "data");
   harness::TrainOptions o = tiny_run(data);
-  o.batch_size = 16;  // 2 steps per epoch: the issue's example
+  o.batch_size = 16;  // 2 steps per epoch, pct_start 0.5: a zero-width warm-up
   o.lr_schedule = harness::LrScheduleKind::kOneCycle;
   o.onecycle_pct_start = 0.5;
   std::string m = construction_error(o);
@@ -1015,7 +1015,7 @@ TEST(Trainer, ASchedulePlanTorchWouldRefuseStopsTheRunAtStartUp) {
   EXPECT_NE(m.find("need 0 <= warmup_steps < total_steps, got warmup 4, total 4"), std::string::npos) << m;
 }
 
-// Issue 11, kind 4: a non-finite loss in fp32 and bf16 stops the run naming the epoch and step,
+// A non-finite loss in fp32 and bf16 stops the run naming the epoch and step,
 // before that step's update, and leaves the last training checkpoint as it was. fp32: a rate
 // that explodes in epoch 2; bf16: weights with a NaN, so the very first loss is NaN.
 TEST(Trainer, NonFiniteLossStopsTheRunNamingEpochAndStepAndKeepsTheLastCheckpoint) {
@@ -1081,8 +1081,9 @@ TEST(Trainer, NonFiniteLossStopsTheRunNamingEpochAndStepAndKeepsTheLastCheckpoin
   EXPECT_FALSE(fs::exists(*b.save_checkpoint));
 }
 
-// Issue 11, kind 3 through the trainer: a 1000-class torchvision checkpoint onto a 4-class
-// dataset with init_weights_exclude; and kind 1: the same through a compile(DDP) key layout.
+// Fine-tuning through the trainer: a 1000-class torchvision checkpoint onto a 4-class
+// dataset with init_weights_exclude; and the same through a compile(DDP) key layout (wrapper
+// prefixes).
 TEST(Trainer, InitWeightsFromAnotherClassCountWithExcludedHead) {
   TempDir dir("finetune");
   const fs::path data = tiny_dataset(dir.path / "data");
@@ -1105,10 +1106,10 @@ TEST(Trainer, InitWeightsFromAnotherClassCountWithExcludedHead) {
   EXPECT_TRUE(torch::equal(t.model()->fc->weight, u.model()->fc->weight)) << "same seed, same fresh head";
 }
 
-// Issue 11, kind 11: resuming with another schedule plan (more epochs, another lr) is refused,
+// Resuming with another schedule plan (more epochs, another lr) is refused,
 // naming what changed and the next step's rate on both plans, unless resume_replan_schedule;
-// then the run continues on the new plan. Kind 1 where it applies to --resume: the checkpoint's
-// model entry with wrapper prefixes resumes as well.
+// then the run continues on the new plan. Wrapper prefixes where they apply to --resume: the
+// checkpoint's model entry with wrapper prefixes resumes as well.
 TEST(Trainer, ResumingOntoAnotherSchedulePlanIsRefusedUnlessReplanned) {
   TempDir dir("replan");
   const fs::path data = tiny_dataset(dir.path / "data");

@@ -497,7 +497,7 @@ TEST(Pack, ExistingShardsRefusedUnlessOverwrite) {
             folder.size());
 }
 
-// Stretch of issue 15: raw pixels where they pay. The samples stored as PPM hold exactly the
+// --raw-budget, raw pixels where they pay: the samples stored as PPM hold exactly the
 // loader's decode (resized where max_side asks), the choice follows the documented model and
 // budget, and it is the same for any worker count.
 TEST(Pack, RawBudgetStoresTheBestPayingSamplesAsPpm) {

@@ -638,7 +638,7 @@ TEST(Profiler, ThrottledLoaderMakesTheVerdictInputBound) {
   so.images_per_class = 2;
   // 4000-4400 pixels: crop-decode at a 1/8 DCT scale still entropy-decodes every row above the
   // crop, so the cost follows the image's area; at 1700 pixels a loaded machine brought the wait
-  // down to the 10% threshold (a run of session 4 read 10% and called it compute-bound).
+  // down to the 10% threshold (one run read 10% and called it compute-bound).
   so.min_size = 4000;
   so.max_size = 4400;
   so.quality = 95;

@@ -330,7 +330,7 @@ TEST(Quality, RealJpegsAreCloseToTorchvisionForEvalAndTrain) {
     std::vector<uint8_t> ours(224 * 224 * 3);
     load_sample(ds, 0, 0, o, ours.data());
     const double eval_diff = mean_abs_diff(ours, read_bytes(f["eval_reference"]));
-    EXPECT_LE(eval_diff, 3.0) << path;  // the bar, on the 0..255 scale
+    EXPECT_LE(eval_diff, 3.0) << path;  // mean |gpufeed - torchvision|, 0..255 scale
     // Train: torchvision's box and flip, planned and decoded as the loader does.
     std::vector<uint8_t> bytes;
     gpufeed::decode::read_file(path, bytes);

@@ -38,7 +38,7 @@ torchvision's on every file.
   .venv/bin/python tools/bench_compare.py --threads 2 --rounds 1 --skip dali,libtorch
 
 Prints a table; --json writes everything measured. --ffcv then runs tools/bench_ffcv.py (gpufeed
-on its tar shards, beside FFCV 1.0.2 and WebDataset + DataLoader; issue 15 part 4) with the same
+on its tar shards, beside FFCV 1.0.2 and WebDataset + DataLoader) with the same
 data, the largest thread count, rounds and passes (its JSON beside --json as *-ffcv.json).
 """
 import argparse

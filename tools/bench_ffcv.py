@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gpufeed beside FFCV 1.0.2 and WebDataset + PyTorch's DataLoader, in one run (issue 15 part 4).
+"""gpufeed beside FFCV 1.0.2 and WebDataset + PyTorch's DataLoader, in one run.
 
 Same files (--data, a flat folder or ImageFolder; default ../shared/data/imagenet-sample), same
 thread count (--threads, default 2), batch size, output size and train transform

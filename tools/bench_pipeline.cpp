@@ -1,6 +1,6 @@
 // bench_pipeline: the loader's batch assembler against a oneTBB parallel_pipeline doing the same
-// work, side by side in one process (issue 12: "measure tbb::parallel_pipeline against the
-// current design; keep whichever is faster or equal and simpler").
+// work, side by side in one process: the measurement behind keeping the loader's own design
+// rather than tbb::parallel_pipeline (whichever is faster or equal and simpler stays).
 //
 //   gpufeed_bench_pipeline DATA [--num-workers N] [--batch-size B] [--prefetch-depth D] [--rounds R]
 //

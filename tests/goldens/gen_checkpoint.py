@@ -68,10 +68,10 @@ def make(out: pathlib.Path) -> None:
     }
     torch.save(nested, out / "ckpt_nested_module.pt", pickle_protocol=4)
     torch.save({"x": x, "logits": logits}, out / "ckpt_io.pt")
-    make_issue11(out, m, sd)
+    make_foreign_layouts(out, m, sd)
 
 
-# --- issue 11: state_dicts as wrapped, old, or other-headed models leave them ----------------------
+# --- state_dicts as wrapped, old, or other-headed models leave them -------------------------------
 #
 #  ckpt_compile_ddp.pt    torch.compile(DistributedDataParallel(model)).state_dict() from a real
 #                         1-rank Gloo group: keys "_orig_mod.module.conv1.weight"
@@ -85,7 +85,8 @@ def make(out: pathlib.Path) -> None:
 #  ckpt_r18_1000.pt       torchvision.models.resnet18() (1000 classes) state_dict: fine-tuning source
 # Every file is first loaded by torchvision the way the reference does (strict load_state_dict after
 # the wrapper is peeled), so the C++ side is held to what PyTorch accepts.
-def make_issue11(out: pathlib.Path, m: torch.nn.Module, sd: "collections.OrderedDict") -> None:
+def make_foreign_layouts(out: pathlib.Path, m: torch.nn.Module,
+                         sd: "collections.OrderedDict") -> None:
     import os
     import tempfile
 

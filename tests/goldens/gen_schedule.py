@@ -84,7 +84,7 @@ def make_raises(out: pathlib.Path) -> None:
             "div_factor": 25.0, "final_div_factor": 1e4, "three_phase": False}
     cases = [
         # OneCycle: a phase of zero width holding a step.
-        {"kind": "onecycle", "total": 2, "pct_start": 0.5},     # the example
+        {"kind": "onecycle", "total": 2, "pct_start": 0.5},     # 2 steps: a zero-width warm-up
         {"kind": "onecycle", "total": 10, "pct_start": 0.1},    # pct_start x total == 1
         {"kind": "onecycle", "total": 1, "pct_start": 1.0},
         {"kind": "onecycle", "total": 3, "pct_start": 1.0},     # the last phase, at step T
