@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "gpufeed/option.h"
 #include "torch_errors.h"
 #include "gpufeed/harness/torch_file.h"
 #include "gpufeed/harness/trainer.h"
@@ -171,7 +172,7 @@ std::string profile_report(const harness::RunProfile& p, const harness::TrainOpt
     if (auto util = s.gpu_util_percent()) out += format(", NVML utilization %.0f%%", *util);
     out += format("; NVML %s\n", p.nvml_status.c_str());
   }
-  out += "verdict: " + p.verdict.text + "\n";
+  out += "verdict: " + options::spell_options(p.verdict.text, options::Front::kCli) + "\n";
   if (o.profile.metrics_path) out += "metrics: " + o.profile.metrics_path->string() + "\n";
   if (o.profile.trace_path) {
     out += format("trace: %s (%lld events", o.profile.trace_path->string().c_str(),
@@ -184,7 +185,7 @@ std::string profile_report(const harness::RunProfile& p, const harness::TrainOpt
 
 // The presets of --recipe: each published recipe as gpufeed train flags (torchvision's and
 // FFCV's names mapped to ours; lr per 256 images, so the references' absolute rate is divided
-// by their global batch / 256). Documented in README.md ("Recipes").
+// by their global batch / 256). Documented in docs/CLI.md ("Recipes").
 struct Recipe {
   const char* name;
   const char* source;

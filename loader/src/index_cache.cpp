@@ -64,7 +64,7 @@ void note_once(const std::string& dir, const std::string& why) {
     if (!told.insert(dir).second) return;
   }
   gpufeed::log()->info("index cache: {}; running without one (the dataset is listed on every start; "
-                       "--index-cache DIR or index_cache=DIR picks a folder, 'off' silences this)", why);
+                       "the `index_cache` option picks a folder, 'off' silences this)", why);
 }
 
 }  // namespace

@@ -25,6 +25,9 @@ constexpr double kMaxSide = 1 << 15;  // pixels: larger sides are refused before
 
 std::vector<double> floats(const Value& v) { return std::get<std::vector<double>>(v); }
 
+/// A float field as its value reads (0.08f -> 0.08).
+double f(float x) { return options::from_float(x); }
+
 /// A (min, max) pair that must be ordered.
 std::pair<float, float> ordered_pair(const std::string& name, const Value& v) {
   const auto l = floats(v);
@@ -60,17 +63,18 @@ Schema<AugmentOptions> make_augment_schema() {
          .min = 0, .sizes = {1, 4}},
         [](AugmentOptions& o, const Value& v) {
           const auto l = floats(v);
-          const auto f = [&](size_t i) { return static_cast<float>(l[i]); };
-          o.color_jitter = l.size() == 1 ? ColorJitterOptions{f(0), f(0), f(0), 0} : ColorJitterOptions{f(0), f(1), f(2), f(3)};
+          const auto at = [&](size_t i) { return static_cast<float>(l[i]); };
+          o.color_jitter = l.size() == 1 ? ColorJitterOptions{at(0), at(0), at(0), 0}
+                                         : ColorJitterOptions{at(0), at(1), at(2), at(3)};
         },
         [](const AugmentOptions& o) -> Value {
           const auto& j = o.color_jitter;
-          return std::vector<double>{j.brightness, j.contrast, j.saturation, j.hue};
+          return std::vector<double>{f(j.brightness), f(j.contrast), f(j.saturation), f(j.hue)};
         });
   s.add({.name = "random_erase", .type = Type::kFloat, .help = "RandomErasing's probability; 0 = off",
          .min = 0, .max = 1},
         [](AugmentOptions& o, const Value& v) { o.random_erasing.p = static_cast<float>(std::get<double>(v)); },
-        [](const AugmentOptions& o) -> Value { return double{o.random_erasing.p}; });
+        [](const AugmentOptions& o) -> Value { return f(o.random_erasing.p); });
   s.add({.name = "random_erase_value", .type = Type::kFloat,
          .help = "RandomErasing's value in normalised units (0: the mean colour), or random (per-pixel normals)",
          .words = {"random"}},
@@ -80,7 +84,7 @@ Schema<AugmentOptions> make_augment_schema() {
         },
         [](const AugmentOptions& o) -> Value {
           if (o.random_erasing.random_value) return std::string("random");
-          return double{o.random_erasing.value};
+          return f(o.random_erasing.value);
         });
   const auto channels = [&](const char* name, const char* help, std::array<float, 3> AugmentOptions::*field) {
     s.add({.name = name, .type = Type::kFloats, .help = help, .sizes = {3}},
@@ -89,7 +93,8 @@ Schema<AugmentOptions> make_augment_schema() {
             for (size_t c = 0; c < 3; ++c) (o.*field)[c] = static_cast<float>(l[c]);
           },
           [field](const AugmentOptions& o) -> Value {
-            return std::vector<double>((o.*field).begin(), (o.*field).end());
+            const auto& a = o.*field;
+            return std::vector<double>{f(a[0]), f(a[1]), f(a[2])};
           });
   };
   channels("mean", "Normalize's per-channel mean (R, G, B), of [0, 1] pixels", &AugmentOptions::mean);
@@ -118,12 +123,12 @@ Schema<TransformOptions> make_transform_schema() {
          .help = "RandomResizedCrop's scale: the crop's area fraction (min, max)", .min = 0, .max = 1,
          .sizes = {2}},
         [](TransformOptions& t, const Value& v) { std::tie(t.rrc.scale_min, t.rrc.scale_max) = ordered_pair("scale", v); },
-        [](const TransformOptions& t) -> Value { return std::vector<double>{t.rrc.scale_min, t.rrc.scale_max}; });
+        [](const TransformOptions& t) -> Value { return std::vector<double>{f(t.rrc.scale_min), f(t.rrc.scale_max)}; });
   s.add({.name = "ratio", .type = Type::kFloats,
          .help = "RandomResizedCrop's ratio: the crop's aspect ratio w/h (min, max), drawn log-uniformly",
          .min = 1e-6, .max = 1e6, .sizes = {2}},
         [](TransformOptions& t, const Value& v) { std::tie(t.rrc.ratio_min, t.rrc.ratio_max) = ordered_pair("ratio", v); },
-        [](const TransformOptions& t) -> Value { return std::vector<double>{t.rrc.ratio_min, t.rrc.ratio_max}; });
+        [](const TransformOptions& t) -> Value { return std::vector<double>{f(t.rrc.ratio_min), f(t.rrc.ratio_max)}; });
   s.add({.name = "resize_size", .type = Type::kInt,
          .help = "eval transform: Resize's shorter side before CenterCrop(image_size)", .unit = "pixels",
          .min = 1, .max = kMaxSide, .derived_default = "round(image_size x 256 / 224)"},

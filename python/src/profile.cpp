@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "bindings.h"
+#include "gpufeed/option.h"
 #include "gpufeed/cpu_budget.h"
 #include "gpufeed/harness/profiler.h"
 #include "gpufeed/prefetch/prefetcher.h"
@@ -118,8 +119,9 @@ class PyProfiler {
     v["read_fraction"] = verdict.read_fraction;
     v["decode_fraction"] = verdict.decode_fraction;
     v["resize_fraction"] = verdict.resize_fraction;
-    v["knob"] = verdict.knob;
-    v["text"] = verdict.text;
+    // The profiler names options in backticks (`num_workers`): keywords here (num_workers=).
+    v["knob"] = options::spell_options(verdict.knob, options::Front::kPython);
+    v["text"] = options::spell_options(verdict.text, options::Front::kPython);
     d["verdict"] = v;
     d["allreduce_measured"] = p.allreduce_measured;
     d["nvml_status"] = p.nvml_status;

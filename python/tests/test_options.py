@@ -139,3 +139,14 @@ def test_an_unknown_keyword_is_a_type_error_with_the_nearest_name(folder):
 def test_library_errors_are_spelled_per_front():
     assert _C.spell_options("raise `num_workers` or `prefetch_depth`; see `torch.compile`") == \
         "raise num_workers= or prefetch_depth=; see `torch.compile`"
+
+
+def test_docs_options_table_is_generated_from_the_schema():
+    import importlib.util
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("gen_options_doc", root / "tools" / "gen_options_doc.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (root / "docs" / "OPTIONS.md").read_text() == gen.render(SPECS), \
+        "docs/OPTIONS.md is stale: run tools/gen_options_doc.py"

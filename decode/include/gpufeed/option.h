@@ -81,6 +81,17 @@ inline std::string format_number(double v) {
   return std::to_string(v);
 }
 
+/// A float field as the double its shortest decimal text names (0.08f -> 0.08, not
+/// 0.07999999821186066), so defaults read as they were written.
+inline double from_float(float f) {
+  for (int digits = 1; digits <= 9; ++digits) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(f));
+    if (std::strtof(buf, nullptr) == f) return std::strtod(buf, nullptr);
+  }
+  return f;
+}
+
 /// The value as text, as the CLI would accept it back ("true", "3", "0.08,1", "raise").
 inline std::string format_value(const Value& v) {
   struct {
@@ -382,6 +393,8 @@ class Schema {
       return m;
     } else if constexpr (std::is_integral_v<M>) {
       return static_cast<int64_t>(m);
+    } else if constexpr (std::is_same_v<M, float>) {
+      return from_float(m);
     } else if constexpr (std::is_floating_point_v<M>) {
       return static_cast<double>(m);
     } else {

@@ -233,7 +233,7 @@ class FlatFolder : public SampleList {
 /// .tar paths: TarShards in shards.h); otherwise a regular file is a FileList (paths relative to
 /// the file's folder); a folder with class subfolders is an ImageFolder; a folder of images
 /// only is a FlatFolder. ImageFolders and file lists use the index cache as `cache` says
-/// (default: beside the dataset when writable). Throws std::runtime_error naming the path when
+/// (default: the user's cache folder, IndexCacheOptions). Throws std::runtime_error naming the path when
 /// it is none of these.
 std::shared_ptr<Dataset> open_dataset(const std::filesystem::path& path, const IndexCacheOptions& cache = {});
 

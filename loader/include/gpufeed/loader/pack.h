@@ -198,7 +198,7 @@ std::string pack_key(int64_t index, int64_t size, std::string_view path, std::st
                      const std::filesystem::path& base);
 
 /// Writes `dataset` as WebDataset shards into `out_dir` (created when missing) and writes
-/// `out_dir`/manifest.json (see docs in README "Packing into shards"). `source` is what the user
+/// `out_dir`/manifest.json (see docs/DATASETS.md, "Packing into shards"). `source` is what the user
 /// named (recorded in the manifest; the key base when options.base is empty). `progress`, when
 /// set, is called from the calling thread after each chunk.
 /// Throws std::runtime_error before writing anything when out_dir already holds
