@@ -30,6 +30,7 @@
 #include "gpufeed/decode/error.h"
 #include "gpufeed/loader/shards.h"
 #include "gpufeed/log.h"
+#include "gpufeed/unique_fd.h"
 #include "index_cache.h"
 
 namespace gpufeed::loader {
@@ -245,24 +246,15 @@ void read_sample_into(const SampleRef& s, Bytes& out) {
   const auto fail = [&](const std::string& reason) {
     throw decode::DecodeError(decode::ErrorKind::kIo, s.source(), reason);
   };
-  const auto os_reason = [] { return std::error_code(errno, std::generic_category()).message(); };
-  const int fd = ::open(s.path.data(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) fail("cannot open " + std::string(s.path) + ": " + os_reason());
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const auto os_reason = [](int err) { return std::error_code(err, std::generic_category()).message(); };
+  const UniqueFd fd(::open(s.path.data(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (!fd) fail("cannot open " + std::string(s.path) + ": " + os_reason(errno));
   out.resize(static_cast<size_t>(s.size));
-  size_t got = 0;
-  while (got < out.size()) {
-    const ssize_t n = ::pread(fd, out.data() + got, out.size() - got, static_cast<off_t>(s.offset) + static_cast<off_t>(got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail("read failed: " + os_reason());
-    if (n == 0)
-      fail("the archive ends " + std::to_string(s.size - static_cast<int64_t>(got)) +
-           " bytes before the member does (cut short since it was indexed)");
-    got += static_cast<size_t>(n);
-  }
+  const PreadResult got = pread_full(fd.get(), out.data(), out.size(), s.offset);
+  if (got.error != 0) fail("read failed: " + os_reason(got.error));
+  if (got.bytes < out.size())
+    fail("the archive ends " + std::to_string(s.size - static_cast<int64_t>(got.bytes)) +
+         " bytes before the member does (cut short since it was indexed)");
 }
 
 }  // namespace
@@ -514,15 +506,11 @@ std::string unreadable_reason(const char* p) {
 
 FileList::FileList(const fs::path& list_file, const fs::path& root, const IndexCacheOptions& cache_options,
                    FileListOptions options) {
-  const int fd = ::open(list_file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw std::runtime_error("FileList: cannot open " + list_file.string());
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const UniqueFd fd(::open(list_file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) throw std::runtime_error("FileList: cannot open " + list_file.string());
   struct stat st {};
   const int64_t started = detail::wall_clock_ns();
-  if (::fstat(fd, &st) != 0) throw std::runtime_error("FileList: cannot stat " + list_file.string());
+  if (::fstat(fd.get(), &st) != 0) throw std::runtime_error("FileList: cannot stat " + list_file.string());
   // Keyed by the canonical paths of the list and of the root relative lines are joined to; the
   // paths are built from the root's text, `prefix` (relative lines only when it is empty).
   const detail::CacheKey key{"FileList", detail::canonical_source(list_file), detail::canonical_source(root)};
@@ -535,7 +523,7 @@ FileList::FileList(const fs::path& list_file, const fs::path& root, const IndexC
   std::vector<int64_t> line_of;  // line number of each sample, for the file check's message
   // Two passes: count (and check every line), then fill the table at its exact size.
   for (int pass = 0; pass < 2; ++pass) {
-    for_each_line(fd, list_file, [&](std::string_view line, int64_t lineno) {
+    for_each_line(fd.get(), list_file, [&](std::string_view line, int64_t lineno) {
       if (lineno == 1) {
         // A Windows editor's UTF-8 byte-order mark would otherwise become part of the first path
         // (invisible in a terminal, "cannot open" only when that sample is loaded).

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "gpufeed/unique_fd.h"
 #include "index_cache.h"
 
 namespace gpufeed::loader {
@@ -448,23 +449,13 @@ TarShards::TarShards(std::vector<std::string> shards, const fs::path& source, co
   int64_t max_label = -1;
   for (size_t s = 0; s < shards_.size(); ++s) {
     const std::string& path = shards_[s];
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) throw std::runtime_error("shards: cannot open " + path + ": " + std::error_code(errno, std::generic_category()).message());
-    struct Closer {
-      int fd;
-      ~Closer() { ::close(fd); }
-    } closer{fd};
+    const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+    if (!fd) throw std::runtime_error("shards: cannot open " + path + ": " + std::error_code(errno, std::generic_category()).message());
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw std::runtime_error("shards: " + path + " is not a regular file");
-    const ReadAt read_at = [fd](int64_t offset, void* buf, size_t n) -> size_t {
-      size_t got = 0;
-      while (got < n) {
-        const ssize_t r = ::pread(fd, static_cast<char*>(buf) + got, n - got, static_cast<off_t>(offset) + static_cast<off_t>(got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += static_cast<size_t>(r);
-      }
-      return got;
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) throw std::runtime_error("shards: " + path + " is not a regular file");
+    // A short read is the archive's end, which index_shard reports.
+    const ReadAt read_at = [&fd](int64_t offset, void* buf, size_t n) -> size_t {
+      return pread_full(fd.get(), buf, n, offset).bytes;
     };
     for (ShardSample& x : index_shard(read_at, static_cast<int64_t>(st.st_size), path)) {
       shard_.push_back(static_cast<uint32_t>(s));
