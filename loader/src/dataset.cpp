@@ -320,9 +320,18 @@ SampleRef SampleList::at(int64_t i) const {
 
 // ---- listing
 
+const std::vector<std::string>& torchvision_image_extensions() {
+  static const std::vector<std::string> exts = {".jpg", ".jpeg", ".png", ".ppm", ".bmp",
+                                                ".pgm", ".tif", ".tiff", ".webp"};
+  return exts;
+}
+
 const std::vector<std::string>& default_image_extensions() {
-  static const std::vector<std::string> exts = {".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm",
-                                                ".tif", ".tiff", ".webp", ".gif"};
+  static const std::vector<std::string> exts = [] {
+    std::vector<std::string> e = torchvision_image_extensions();
+    e.push_back(".gif");
+    return e;
+  }();
   return exts;
 }
 

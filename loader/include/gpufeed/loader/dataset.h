@@ -142,8 +142,15 @@ struct IndexCacheOptions {
   std::string index_cache;
 };
 
-/// torchvision.datasets.folder.IMG_EXTENSIONS plus ".gif" (gpufeed decodes GIF through giflib;
-/// torchvision's list leaves it out, which would silently drop such files). Lower case.
+/// torchvision.datasets.folder.IMG_EXTENSIONS, in its order: the files torchvision's ImageFolder
+/// lists (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp). Lower case, with the dot. The one
+/// spelling of that list in C++; python/gpufeed/_loader.py's TORCHVISION_IMG_EXTENSIONS (what
+/// gpufeed.DataLoader passes to open_dataset by default) must stay equal to it.
+const std::vector<std::string>& torchvision_image_extensions();
+
+/// torchvision_image_extensions() followed by ".gif": gpufeed decodes GIF through giflib, and
+/// torchvision's list leaves it out, which would silently drop such files. The C++ folder
+/// listings' default (ImageFolderOptions, open_dataset, the CLI) and gpufeed.IMAGE_EXTENSIONS.
 const std::vector<std::string>& default_image_extensions();
 
 /// Files under `dir`, recursively, in torchvision's ImageFolder order (folders sorted by path,
