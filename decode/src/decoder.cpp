@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "gpufeed/unique_fd.h"
 #include "internal.h"
 
 namespace gpufeed::decode {
@@ -229,10 +230,7 @@ void read_whole_file(const char* path, Bytes& out) {
   // effect on regular files, the only kind read below).
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) os_error("cannot open");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const UniqueFd closer(fd);
   struct stat st {};
   if (::fstat(fd, &st) != 0) os_error("cannot stat");
   if (S_ISDIR(st.st_mode)) {

@@ -18,6 +18,8 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "gpufeed/unique_fd.h"
+
 namespace gpufeed::harness {
 namespace fs = std::filesystem;
 namespace {
@@ -755,8 +757,9 @@ void write_file_atomically(const fs::path& requested, const std::vector<char>& b
   }
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail(tmp.string(), std::string("cannot create: ") + std::strerror(errno));
+  gpufeed::UniqueFd owner(fd);  // closed on every way out but the checked close below
   auto cleanup = [&](const std::string& why) {
-    ::close(fd);
+    owner.reset();
     std::error_code ec;
     fs::remove(tmp, ec);
     fail(path.string(), why);
@@ -780,7 +783,7 @@ void write_file_atomically(const fs::path& requested, const std::vector<char>& b
     }
   }
   if (::fsync(fd) != 0) cleanup(std::string("fsync failed: ") + std::strerror(errno));
-  if (::close(fd) != 0) {
+  if (::close(owner.release()) != 0) {
     std::error_code ec;
     fs::remove(tmp, ec);
     fail(path.string(), std::string("close failed: ") + std::strerror(errno));

@@ -14,6 +14,7 @@
 #include <charconv>
 #include <climits>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <system_error>
@@ -30,6 +31,7 @@
 #include "gpufeed/decode/error.h"
 #include "gpufeed/loader/shards.h"
 #include "gpufeed/log.h"
+#include "gpufeed/unique_fd.h"
 #include "index_cache.h"
 
 namespace gpufeed::loader {
@@ -245,24 +247,15 @@ void read_sample_into(const SampleRef& s, Bytes& out) {
   const auto fail = [&](const std::string& reason) {
     throw decode::DecodeError(decode::ErrorKind::kIo, s.source(), reason);
   };
-  const auto os_reason = [] { return std::error_code(errno, std::generic_category()).message(); };
-  const int fd = ::open(s.path.data(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) fail("cannot open " + std::string(s.path) + ": " + os_reason());
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const auto os_reason = [](int err) { return std::error_code(err, std::generic_category()).message(); };
+  const UniqueFd fd(::open(s.path.data(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (!fd) fail("cannot open " + std::string(s.path) + ": " + os_reason(errno));
   out.resize(static_cast<size_t>(s.size));
-  size_t got = 0;
-  while (got < out.size()) {
-    const ssize_t n = ::pread(fd, out.data() + got, out.size() - got, static_cast<off_t>(s.offset) + static_cast<off_t>(got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail("read failed: " + os_reason());
-    if (n == 0)
-      fail("the archive ends " + std::to_string(s.size - static_cast<int64_t>(got)) +
-           " bytes before the member does (cut short since it was indexed)");
-    got += static_cast<size_t>(n);
-  }
+  const PreadResult got = pread_full(fd.get(), out.data(), out.size(), s.offset);
+  if (got.error != 0) fail("read failed: " + os_reason(got.error));
+  if (got.bytes < out.size())
+    fail("the archive ends " + std::to_string(s.size - static_cast<int64_t>(got.bytes)) +
+         " bytes before the member does (cut short since it was indexed)");
 }
 
 }  // namespace
@@ -328,9 +321,18 @@ SampleRef SampleList::at(int64_t i) const {
 
 // ---- listing
 
+const std::vector<std::string>& torchvision_image_extensions() {
+  static const std::vector<std::string> exts = {".jpg", ".jpeg", ".png", ".ppm", ".bmp",
+                                                ".pgm", ".tif", ".tiff", ".webp"};
+  return exts;
+}
+
 const std::vector<std::string>& default_image_extensions() {
-  static const std::vector<std::string> exts = {".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm",
-                                                ".tif", ".tiff", ".webp", ".gif"};
+  static const std::vector<std::string> exts = [] {
+    std::vector<std::string> e = torchvision_image_extensions();
+    e.push_back(".gif");
+    return e;
+  }();
   return exts;
 }
 
@@ -347,6 +349,88 @@ std::vector<fs::path> list_files(const fs::path& dir, const std::vector<std::str
   return out;
 }
 
+namespace {
+
+// The class folders of an ImageFolder's root (every entry that is a folder, or a link to one),
+// sorted. Throws std::runtime_error naming the root when it cannot be listed or holds none.
+std::vector<std::string> list_classes(const std::string& root_text) {
+  std::vector<std::string> classes;
+  try {
+    for_each_entry(root_text, [&](std::string_view name, const dirent* e) {
+      if (kind_of(root_text, e) != Kind::kOther) classes.emplace_back(name);
+    });
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("ImageFolder: ") + e.what());
+  }
+  std::sort(classes.begin(), classes.end());
+  if (classes.empty()) {
+    throw std::runtime_error("ImageFolder: couldn't find any class folder in " + root_text);
+  }
+  return classes;
+}
+
+// Each class folder's walk, indexed by label: its groups of files, the folders it read (for the
+// index cache), and what it threw, if anything.
+struct ClassListings {
+  std::vector<std::vector<Group>> groups;
+  std::vector<std::vector<detail::Dependency>> deps;
+  std::vector<std::exception_ptr> errors;
+};
+
+// Walks every class folder on up to 8 threads: folders are independent, and most of the time
+// is the kernel's getdents. A class that fails (or holds no accepted file) has its error kept.
+ClassListings walk_classes(const fs::path& root, const std::vector<std::string>& classes,
+                           const std::vector<std::string>& exts, bool follow_symlinks) {
+  const size_t n = classes.size();
+  ClassListings out{std::vector<std::vector<Group>>(n), std::vector<std::vector<detail::Dependency>>(n),
+                    std::vector<std::exception_ptr>(n)};
+  std::atomic<size_t> next{0};
+  const auto work = [&] {
+    for (size_t label; (label = next.fetch_add(1)) < n;) {
+      try {
+        const std::string dir = (root / classes[label]).string();
+        struct stat st {};
+        if (::stat(dir.c_str(), &st) != 0) throw cannot_list(dir, errno);
+        out.deps[label].push_back(detail::dependency_of(dir, st));
+        Walk w{exts, follow_symlinks, &out.deps[label], {}, {}};
+        w.run(dir, st);
+        if (w.groups.empty()) {
+          throw std::runtime_error("found no valid file for the class " + classes[label] + " in " + dir);
+        }
+        out.groups[label] = std::move(w.groups);
+      } catch (...) {
+        out.errors[label] = std::current_exception();
+      }
+    }
+  };
+  const size_t threads = std::min<size_t>({8, static_cast<size_t>(gpufeed::cpu_budget()), n});
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  return out;
+}
+
+// Fills `table` with every class's files, label by label, at its exact size (no growth
+// copies), freeing each class's groups once copied.
+void fill_table(std::vector<std::vector<Group>>& per_class, SampleTable& table) {
+  int64_t samples = 0, path_bytes = 0;
+  for (const std::vector<Group>& groups : per_class) {
+    for (const Group& g : groups) {
+      samples += static_cast<int64_t>(g.count());
+      path_bytes += static_cast<int64_t>(g.names.size() - g.count()) + static_cast<int64_t>((g.dir.size() + 1) * g.count());
+    }
+  }
+  table.reserve(samples, path_bytes);
+  for (size_t label = 0; label < per_class.size(); ++label) {
+    for (const Group& g : per_class[label])
+      for (size_t i = 0; i < g.count(); ++i) table.add_joined(g.dir, g.name(i), static_cast<int64_t>(label));
+    std::vector<Group>().swap(per_class[label]);
+  }
+}
+
+}  // namespace
+
 ImageFolder::ImageFolder(const fs::path& root, ImageFolderOptions options) : root_(root) {
   struct stat root_st {};
   if (::stat(root.c_str(), &root_st) != 0 || !S_ISDIR(root_st.st_mode)) {
@@ -362,71 +446,20 @@ ImageFolder::ImageFolder(const fs::path& root, ImageFolderOptions options) : roo
   if ((from_cache_ = read_cached_list(cache, key, prefix, classes_, table_))) return;
 
   std::vector<detail::Dependency> deps{detail::dependency_of(root.string(), root_st)};
-  const std::string root_text = root.string();
-  try {
-    for_each_entry(root_text, [&](std::string_view name, const dirent* e) {
-      if (kind_of(root_text, e) != Kind::kOther) classes_.emplace_back(name);
-    });
-  } catch (const std::runtime_error& e) {
-    throw std::runtime_error(std::string("ImageFolder: ") + e.what());
-  }
-  std::sort(classes_.begin(), classes_.end());
-  if (classes_.empty()) {
-    throw std::runtime_error("ImageFolder: couldn't find any class folder in " + root.string());
-  }
-  // Every class is listed first (on up to 8 threads: folders are independent, and most of the
-  // time is the kernel's getdents), then the table is filled at its exact size: no growth copies.
-  const size_t n = classes_.size();
-  std::vector<std::vector<Group>> per_class(n);
-  std::vector<std::vector<detail::Dependency>> class_deps(n);
-  std::vector<std::exception_ptr> errors(n);
-  std::atomic<size_t> next{0};
-  const auto work = [&] {
-    for (size_t label; (label = next.fetch_add(1)) < n;) {
+  classes_ = list_classes(root.string());
+  // Every class is listed first, then the table is filled at its exact size.
+  ClassListings listed = walk_classes(root, classes_, exts, options.follow_symlinks);
+  for (size_t label = 0; label < classes_.size(); ++label) {
+    if (listed.errors[label]) {  // the first failing class in label order, whatever the threads did
       try {
-        const std::string dir = (root / classes_[label]).string();
-        struct stat st {};
-        if (::stat(dir.c_str(), &st) != 0) throw cannot_list(dir, errno);
-        class_deps[label].push_back(detail::dependency_of(dir, st));
-        Walk w{exts, options.follow_symlinks, &class_deps[label], {}, {}};
-        w.run(dir, st);
-        if (w.groups.empty()) {
-          throw std::runtime_error("found no valid file for the class " + classes_[label] + " in " + dir);
-        }
-        per_class[label] = std::move(w.groups);
-      } catch (...) {
-        errors[label] = std::current_exception();
-      }
-    }
-  };
-  {
-    const size_t threads = std::min<size_t>({8, static_cast<size_t>(gpufeed::cpu_budget()), n});
-    std::vector<std::thread> pool;
-    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
-    work();
-    for (std::thread& t : pool) t.join();
-  }
-  int64_t samples = 0, path_bytes = 0;
-  for (size_t label = 0; label < n; ++label) {
-    if (errors[label]) {  // the first failing class in label order, whatever the threads did
-      try {
-        std::rethrow_exception(errors[label]);
+        std::rethrow_exception(listed.errors[label]);
       } catch (const std::runtime_error& e) {
         throw std::runtime_error(std::string("ImageFolder: ") + e.what());
       }
     }
-    deps.insert(deps.end(), class_deps[label].begin(), class_deps[label].end());
-    for (const Group& g : per_class[label]) {
-      samples += static_cast<int64_t>(g.count());
-      path_bytes += static_cast<int64_t>(g.names.size() - g.count()) + static_cast<int64_t>((g.dir.size() + 1) * g.count());
-    }
+    deps.insert(deps.end(), listed.deps[label].begin(), listed.deps[label].end());
   }
-  table_.reserve(samples, path_bytes);
-  for (size_t label = 0; label < classes_.size(); ++label) {
-    for (const Group& g : per_class[label])
-      for (size_t i = 0; i < g.count(); ++i) table_.add_joined(g.dir, g.name(i), static_cast<int64_t>(label));
-    std::vector<Group>().swap(per_class[label]);
-  }
+  fill_table(listed.groups, table_);
   write_cached_list(cache, key, prefix, deps, started, classes_, table_);
 }
 
@@ -512,17 +545,91 @@ std::string unreadable_reason(const char* p) {
 
 }  // namespace
 
+namespace {
+
+// One sample line of a file list: the path as written and its label.
+struct ListedSample {
+  std::string_view path;
+  int64_t label = 0;
+};
+
+// Line `lineno` of `list_file` read as "<path> <label>": nullopt for a blank or '#' line. Throws
+// std::runtime_error naming the file and line for anything else that is not such a line (and,
+// on line 1, for a UTF-16 or UTF-32 byte-order mark).
+std::optional<ListedSample> parse_list_line(std::string_view line, int64_t lineno, const fs::path& list_file) {
+  if (lineno == 1) {
+    // A Windows editor's UTF-8 byte-order mark would otherwise become part of the first path
+    // (invisible in a terminal, "cannot open" only when that sample is loaded).
+    if (line.substr(0, 3) == "\xEF\xBB\xBF") line.remove_prefix(3);
+    std::string_view mark;
+    if (const char* encoding = foreign_encoding(line, mark)) {
+      throw std::runtime_error("FileList: " + list_file.string() + " is " + encoding +
+                               " text (it starts with the byte-order mark " + hex_bytes(mark) +
+                               "); file lists are read as UTF-8: save it as UTF-8, e.g. iconv -f " +
+                               std::string(encoding).substr(0, 6) + " -t UTF-8");
+    }
+  }
+  if (line.find('\0') != std::string_view::npos) {
+    throw std::runtime_error("FileList: " + list_file.string() + ":" + std::to_string(lineno) +
+                             ": the line contains NUL bytes: is the list UTF-16 or UTF-32 text "
+                             "without a byte-order mark? File lists are read as UTF-8: save it "
+                             "as UTF-8");
+  }
+  while (!line.empty() && is_space(line.back())) line.remove_suffix(1);
+  while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+  if (line.empty() || line.front() == '#') return std::nullopt;
+  const size_t split = line.find_last_of(" \t");
+  const auto where = [&] { return list_file.string() + ":" + std::to_string(lineno); };
+  if (split == std::string_view::npos) {
+    throw std::runtime_error("FileList: " + where() + ": expected '<path> <label>', got '" + std::string(line) + "'");
+  }
+  std::string_view path_part = line.substr(0, split);
+  while (!path_part.empty() && is_space(path_part.back())) path_part.remove_suffix(1);
+  const std::string_view label_part = line.substr(split + 1);
+  int64_t label = 0;
+  const auto [end, ec] = std::from_chars(label_part.data(), label_part.data() + label_part.size(), label);
+  if (ec != std::errc() || end != label_part.data() + label_part.size()) {
+    throw std::runtime_error("FileList: " + where() + ": label '" + std::string(label_part) + "' is not an integer");
+  }
+  if (label < 0) throw std::runtime_error("FileList: " + where() + ": negative label " + std::string(label_part));
+  if (label > kMaxLabel)
+    throw std::runtime_error("FileList: " + where() + ": label " + std::string(label_part) +
+                             " is above the largest class index, " + std::to_string(kMaxLabel) +
+                             " (2^24-1): the class count is the largest label + 1");
+  return ListedSample{path_part, label};
+}
+
+// Every listed file, checked in parallel (a list of a million files on a network file system is
+// a million round trips); throws std::runtime_error naming the first bad line (`line_of`: each
+// sample's line number) and counting the rest.
+void check_listed_files(const SampleTable& table, const std::vector<int64_t>& line_of, const fs::path& list_file) {
+  std::vector<std::string> reasons(static_cast<size_t>(table.size()));
+  detail::parallel_for_ordered(tbb::blocked_range<size_t>(0, reasons.size(), 64), [&](const tbb::blocked_range<size_t>& r) {
+    for (size_t i = r.begin(); i != r.end(); ++i)
+      reasons[i] = unreadable_reason(table.path(static_cast<int64_t>(i)).data());
+  });
+  const auto bad = [](const std::string& r) { return !r.empty(); };
+  const auto first = std::find_if(reasons.begin(), reasons.end(), bad);
+  if (first == reasons.end()) return;
+  const auto i = static_cast<size_t>(first - reasons.begin());
+  const auto others = std::count_if(first + 1, reasons.end(), bad);
+  std::string message = "FileList: " + list_file.string() + ":" + std::to_string(line_of[i]) + ": cannot read " +
+                        std::string(table.path(static_cast<int64_t>(i))) + ": " + *first;
+  if (others > 0)
+    message += " (and " + std::to_string(others) + " more of the " + std::to_string(reasons.size()) +
+               " listed files)";
+  throw std::runtime_error(message);
+}
+
+}  // namespace
+
 FileList::FileList(const fs::path& list_file, const fs::path& root, const IndexCacheOptions& cache_options,
                    FileListOptions options) {
-  const int fd = ::open(list_file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw std::runtime_error("FileList: cannot open " + list_file.string());
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const UniqueFd fd(::open(list_file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) throw std::runtime_error("FileList: cannot open " + list_file.string());
   struct stat st {};
   const int64_t started = detail::wall_clock_ns();
-  if (::fstat(fd, &st) != 0) throw std::runtime_error("FileList: cannot stat " + list_file.string());
+  if (::fstat(fd.get(), &st) != 0) throw std::runtime_error("FileList: cannot stat " + list_file.string());
   // Keyed by the canonical paths of the list and of the root relative lines are joined to; the
   // paths are built from the root's text, `prefix` (relative lines only when it is empty).
   const detail::CacheKey key{"FileList", detail::canonical_source(list_file), detail::canonical_source(root)};
@@ -535,53 +642,16 @@ FileList::FileList(const fs::path& list_file, const fs::path& root, const IndexC
   std::vector<int64_t> line_of;  // line number of each sample, for the file check's message
   // Two passes: count (and check every line), then fill the table at its exact size.
   for (int pass = 0; pass < 2; ++pass) {
-    for_each_line(fd, list_file, [&](std::string_view line, int64_t lineno) {
-      if (lineno == 1) {
-        // A Windows editor's UTF-8 byte-order mark would otherwise become part of the first path
-        // (invisible in a terminal, "cannot open" only when that sample is loaded).
-        if (line.substr(0, 3) == "\xEF\xBB\xBF") line.remove_prefix(3);
-        std::string_view mark;
-        if (const char* encoding = foreign_encoding(line, mark)) {
-          throw std::runtime_error("FileList: " + list_file.string() + " is " + encoding +
-                                   " text (it starts with the byte-order mark " + hex_bytes(mark) +
-                                   "); file lists are read as UTF-8: save it as UTF-8, e.g. iconv -f " +
-                                   std::string(encoding).substr(0, 6) + " -t UTF-8");
-        }
-      }
-      if (line.find('\0') != std::string_view::npos) {
-        throw std::runtime_error("FileList: " + list_file.string() + ":" + std::to_string(lineno) +
-                                 ": the line contains NUL bytes: is the list UTF-16 or UTF-32 text "
-                                 "without a byte-order mark? File lists are read as UTF-8: save it "
-                                 "as UTF-8");
-      }
-      while (!line.empty() && is_space(line.back())) line.remove_suffix(1);
-      while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
-      if (line.empty() || line.front() == '#') return;
-      const size_t split = line.find_last_of(" \t");
-      const auto where = [&] { return list_file.string() + ":" + std::to_string(lineno); };
-      if (split == std::string_view::npos) {
-        throw std::runtime_error("FileList: " + where() + ": expected '<path> <label>', got '" + std::string(line) + "'");
-      }
-      std::string_view path_part = line.substr(0, split);
-      while (!path_part.empty() && is_space(path_part.back())) path_part.remove_suffix(1);
-      const std::string_view label_part = line.substr(split + 1);
-      int64_t label = 0;
-      const auto [end, ec] = std::from_chars(label_part.data(), label_part.data() + label_part.size(), label);
-      if (ec != std::errc() || end != label_part.data() + label_part.size()) {
-        throw std::runtime_error("FileList: " + where() + ": label '" + std::string(label_part) + "' is not an integer");
-      }
-      if (label < 0) throw std::runtime_error("FileList: " + where() + ": negative label " + std::string(label_part));
-      if (label > kMaxLabel)
-        throw std::runtime_error("FileList: " + where() + ": label " + std::string(label_part) +
-                                 " is above the largest class index, " + std::to_string(kMaxLabel) +
-                                 " (2^24-1): the class count is the largest label + 1");
-      const bool absolute = path_part.front() == '/';
+    for_each_line(fd.get(), list_file, [&](std::string_view line, int64_t lineno) {
+      const std::optional<ListedSample> sample = parse_list_line(line, lineno, list_file);
+      if (!sample) return;
+      const bool absolute = sample->path.front() == '/';
       if (pass == 0) {
         ++samples;
-        path_bytes += static_cast<int64_t>(path_part.size() + (absolute ? 0 : root_text.size() + 1));
-        max_label = std::max(max_label, label);
+        path_bytes += static_cast<int64_t>(sample->path.size() + (absolute ? 0 : root_text.size() + 1));
+        max_label = std::max(max_label, sample->label);
       } else {
-        table_.add_joined(absolute ? std::string_view() : std::string_view(root_text), path_part, label);
+        table_.add_joined(absolute ? std::string_view() : std::string_view(root_text), sample->path, sample->label);
         if (options.check_files) line_of.push_back(lineno);
       }
     });
@@ -591,28 +661,8 @@ FileList::FileList(const fs::path& list_file, const fs::path& root, const IndexC
     }
   }
   for (int64_t c = 0; c <= max_label; ++c) classes_.push_back(std::to_string(c));
-  if (options.check_files) {
-    // Every listed file, checked in parallel (a list of a million files on a network file system
-    // is a million round trips); the error names the first bad line and counts the rest. A list
-    // read back from the index cache is not checked again (the cache start stays one read).
-    std::vector<std::string> reasons(static_cast<size_t>(table_.size()));
-    detail::parallel_for_ordered(tbb::blocked_range<size_t>(0, reasons.size(), 64), [&](const tbb::blocked_range<size_t>& r) {
-      for (size_t i = r.begin(); i != r.end(); ++i)
-        reasons[i] = unreadable_reason(table_.path(static_cast<int64_t>(i)).data());
-    });
-    const auto bad = [](const std::string& r) { return !r.empty(); };
-    const auto first = std::find_if(reasons.begin(), reasons.end(), bad);
-    if (first != reasons.end()) {
-      const auto i = static_cast<size_t>(first - reasons.begin());
-      const auto others = std::count_if(first + 1, reasons.end(), bad);
-      std::string message = "FileList: " + list_file.string() + ":" + std::to_string(line_of[i]) + ": cannot read " +
-                            std::string(table_.path(static_cast<int64_t>(i))) + ": " + *first;
-      if (others > 0)
-        message += " (and " + std::to_string(others) + " more of the " + std::to_string(reasons.size()) +
-                   " listed files)";
-      throw std::runtime_error(message);
-    }
-  }
+  // A list read back from the index cache is not checked again (the cache start stays one read).
+  if (options.check_files) check_listed_files(table_, line_of, list_file);
   write_cached_list(cache, key, prefix, {detail::dependency_of(list_file.string(), st)}, started, classes_, table_);
 }
 

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "gpufeed/log.h"
+#include "gpufeed/unique_fd.h"
 
 namespace gpufeed::loader::detail {
 namespace fs = std::filesystem;
@@ -26,13 +27,6 @@ namespace {
 // keyed by the canonical path, dependencies by absolute path, lists with the spelling of their
 // root), so that no listing made by an earlier rule is trusted.
 constexpr char kMagic[8] = {'G', 'P', 'U', 'F', 'I', 'D', 'X', 3};
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 std::string os_reason() { return std::error_code(errno, std::generic_category()).message(); }
 
@@ -301,18 +295,18 @@ void rebase_paths(SampleTable& table, std::string_view from, std::string_view to
 }
 
 bool read_cache(const fs::path& file, const CacheKey& key, const std::function<void(CacheReader&)>& payload) {
-  Fd f{::open(file.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (f.fd < 0) {
+  const UniqueFd f(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!f) {
     if (errno != ENOENT) gpufeed::log()->info("index cache {}: cannot open ({}): listing again", file.string(), os_reason());
     return false;
   }
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(f.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
     gpufeed::log()->warn("index cache {}: not a regular file: listing again", file.string());
     return false;
   }
   try {
-    CacheReader in(f.fd, static_cast<uint64_t>(st.st_size));
+    CacheReader in(f.get(), static_cast<uint64_t>(st.st_size));
     std::vector<char> m;
     in.section(m);
     if (m.size() == sizeof kMagic && std::memcmp(m.data(), kMagic, sizeof kMagic - 1) == 0 &&
@@ -386,9 +380,9 @@ void write_cache(const fs::path& file, const CacheKey& key, const std::vector<De
   }
   const fs::path tmp = file.string() + fmt::format(".tmp.{}.{}", ::getpid(), counter.fetch_add(1));
   try {
-    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-    if (f.fd < 0) throw std::runtime_error(os_reason());
-    CacheWriter out(f.fd);
+    UniqueFd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!f) throw std::runtime_error(os_reason());
+    CacheWriter out(f.get());
     out.section(kMagic, sizeof kMagic);
     out.section(key.kind);
     out.section(key.source);
@@ -406,11 +400,7 @@ void write_cache(const fs::path& file, const CacheKey& key, const std::vector<De
     }
     payload(out);
     out.finish();
-    if (::close(f.fd) != 0) {
-      f.fd = -1;
-      throw std::runtime_error(os_reason());
-    }
-    f.fd = -1;
+    if (::close(f.release()) != 0) throw std::runtime_error(os_reason());  // close can report a delayed write error
     if (::rename(tmp.c_str(), file.c_str()) != 0) throw std::runtime_error(os_reason());
     gpufeed::log()->debug("index cache {} written", file.string());
   } catch (const std::exception& e) {

@@ -287,91 +287,125 @@ struct RawPlan {
   std::vector<std::unique_ptr<Item>> encoded, ppm;
 };
 
-RawPlan plan_raw(const Dataset& dataset, const PackOptions& o, tbb::task_arena& arena,
-                 tbb::enumerable_thread_specific<WorkerState>& states) {
-  struct Model {
-    int64_t pixels = 0, jpeg = 0, extra = 0;
-    bool ok = false;
-  };
-  const int64_t n = dataset.size();
-  std::vector<Model> models(static_cast<size_t>(n));
-  std::vector<std::unique_ptr<Item>> kept(static_cast<size_t>(n)), kept_ppm(static_cast<size_t>(n));
-  std::atomic<int64_t> kept_jpeg_bytes{0}, kept_ppm_bytes{0};
-  const auto reserve = [&](std::atomic<int64_t>& kept, int64_t bytes) {
-    return kept.fetch_add(bytes) + bytes <= o.plan_keep_bytes;
-  };
+// One sample as the raw budget weighs it: its pixels, its member's bytes as JPEG, and the extra
+// bytes storing it as PPM would cost (ok: it could be read and probed).
+struct SampleModel {
+  int64_t pixels = 0, jpeg = 0, extra = 0;
+  bool ok = false;
+};
+
+// plan_raw's first pass: every sample's model, and the encoded forms kept for the main pass
+// (RawPlan::encoded, ppm).
+class RawSurvey {
+ public:
+  RawSurvey(const Dataset& dataset, const PackOptions& o)
+      : models(static_cast<size_t>(dataset.size())), kept(models.size()), kept_ppm(models.size()),
+        dataset_(dataset), o_(o), n_(dataset.size()) {}
+
+  void run(tbb::task_arena& arena, tbb::enumerable_thread_specific<WorkerState>& states) {
+    arena.execute([&] {
+      detail::parallel_for_ordered(tbb::blocked_range<int64_t>(0, n_, 1), [&](const tbb::blocked_range<int64_t>& range) {
+        std::vector<uint8_t> bytes;
+        std::string source;
+        Item encoded;
+        for (int64_t i = range.begin(); i < range.end(); ++i) {
+          try {
+            model(i, bytes, source, encoded, states);
+          } catch (const std::exception&) {
+            models[static_cast<size_t>(i)].ok = false;  // the main pass reports it (or skips it)
+          }
+        }
+      });
+    });
+  }
+
+  std::vector<SampleModel> models;
+  std::vector<std::unique_ptr<Item>> kept, kept_ppm;
+
+ private:
+  // Sample i's model; a resized or re-encoded one is encoded to learn its JPEG size, and its
+  // JPEG and PPM kept as the allowances and ppm_worth_keeping say. `bytes`, `source` and
+  // `encoded` are the calling thread's buffers.
+  void model(int64_t i, std::vector<uint8_t>& bytes, std::string& source, Item& encoded,
+             tbb::enumerable_thread_specific<WorkerState>& states) {
+    SampleModel& m = models[static_cast<size_t>(i)];
+    const SampleRef s = dataset_.at(i);
+    s.source(source);
+    read_sample(s, bytes);
+    const decode::ImageInfo info = decode::probe(bytes, source);
+    const bool resize = o_.max_side > 0 && std::max(info.width, info.height) > o_.max_side;
+    const auto [w, h] = resize ? target_size(info.width, info.height, o_.max_side) : std::pair{info.width, info.height};
+    m.pixels = int64_t{w} * h;
+    m.jpeg = static_cast<int64_t>(bytes.size());
+    const std::string header = ppm_header(w, h);
+    const int64_t ppm = static_cast<int64_t>(header.size()) + 3 * m.pixels;
+    if (resize || o_.reencode) {  // the re-encoded JPEG's size: encode it
+      WorkerState& st = states.local();
+      process(dataset_, i, o_, /*raw=*/false, st, encoded);
+      if (encoded.error) return;
+      m.jpeg = static_cast<int64_t>(encoded.bytes.size());
+      m.extra = TarWriter::member_bytes(ppm) - TarWriter::member_bytes(m.jpeg);
+      if (ppm_worth_keeping(m.jpeg, m.extra) && reserve(kept_ppm_bytes_, ppm)) {
+        // The pixels process() encoded: the resize's output, or the whole decode.
+        const uint8_t* pixels = resize ? st.resized.data() : st.image.pixels.data();
+        auto raw = std::make_unique<Item>();
+        raw->bytes.reserve(static_cast<size_t>(ppm));
+        raw->bytes.assign(header.begin(), header.end());
+        raw->bytes.insert(raw->bytes.end(), pixels, pixels + 3 * m.pixels);
+        raw->ext = "ppm";
+        raw->raw = true;
+        raw->bytes_in = encoded.bytes_in;
+        kept_ppm[static_cast<size_t>(i)] = std::move(raw);
+      }
+      if (reserve(kept_jpeg_bytes_, m.jpeg)) kept[static_cast<size_t>(i)] = std::make_unique<Item>(std::move(encoded));
+    } else {
+      m.extra = TarWriter::member_bytes(ppm) - TarWriter::member_bytes(m.jpeg);
+      ppm_worth_keeping(m.jpeg, m.extra);  // counted for the estimate
+    }
+    m.ok = true;
+  }
+
+  // Takes `bytes` of an allowance (PackOptions::plan_keep_bytes); false when they do not fit.
+  bool reserve(std::atomic<int64_t>& kept_bytes, int64_t bytes) const {
+    return kept_bytes.fetch_add(bytes) + bytes <= o_.plan_keep_bytes;
+  }
+
   // Keeping a PPM costs its copy into fresh memory (~0.2 ms for 0.5 MB here) and pays only if the
   // plan picks the sample (it then skips a decode and resize, ~1.5 ms). The share of samples
   // the budget takes is about the budget over every sample's extra bytes, estimated from the
   // samples seen so far; below 1 in 8, no PPM is kept (measured on 900 ImageNet files: a 17 MB
   // budget over ~440 MB of extra bytes packed 9% faster without them; a 144 MB one over ~300 MB,
   // 30% faster with them). What is kept never changes the output.
-  std::atomic<int64_t> seen{0}, seen_jpeg_member_bytes{0}, seen_extra{0};
-  const auto ppm_worth_keeping = [&](int64_t jpeg, int64_t extra) {
+  bool ppm_worth_keeping(int64_t jpeg, int64_t extra) {
     const int64_t j = TarWriter::member_bytes(jpeg), x = std::max<int64_t>(extra, 0);
-    const auto k = static_cast<double>(seen.fetch_add(1) + 1);
-    const auto jpeg_seen = static_cast<double>(seen_jpeg_member_bytes.fetch_add(j) + j);
-    const auto extra_seen = static_cast<double>(seen_extra.fetch_add(x) + x);
+    const auto k = static_cast<double>(seen_.fetch_add(1) + 1);
+    const auto jpeg_seen = static_cast<double>(seen_jpeg_member_bytes_.fetch_add(j) + j);
+    const auto extra_seen = static_cast<double>(seen_extra_.fetch_add(x) + x);
     if (extra_seen <= 0) return true;
     // The budget's share of the samples seen so far: a byte budget scaled to k of n samples, a
     // fraction of the JPEG bytes applied to those seen.
-    const double budget_seen = o.raw_budget > 0 ? static_cast<double>(o.raw_budget) * k / static_cast<double>(n)
-                                                : o.raw_budget_fraction * jpeg_seen;
+    const double budget_seen = o_.raw_budget > 0 ? static_cast<double>(o_.raw_budget) * k / static_cast<double>(n_)
+                                                 : o_.raw_budget_fraction * jpeg_seen;
     return budget_seen / extra_seen >= 0.125;
-  };
-  arena.execute([&] {
-    detail::parallel_for_ordered(tbb::blocked_range<int64_t>(0, n, 1), [&](const tbb::blocked_range<int64_t>& range) {
-      std::vector<uint8_t> bytes;
-      std::string source;
-      Item encoded;
-      for (int64_t i = range.begin(); i < range.end(); ++i) {
-        Model& m = models[static_cast<size_t>(i)];
-        try {
-          const SampleRef s = dataset.at(i);
-          s.source(source);
-          read_sample(s, bytes);
-          const decode::ImageInfo info = decode::probe(bytes, source);
-          const bool resize = o.max_side > 0 && std::max(info.width, info.height) > o.max_side;
-          const auto [w, h] = resize ? target_size(info.width, info.height, o.max_side) : std::pair{info.width, info.height};
-          m.pixels = int64_t{w} * h;
-          m.jpeg = static_cast<int64_t>(bytes.size());
-          const std::string header = ppm_header(w, h);
-          const int64_t ppm = static_cast<int64_t>(header.size()) + 3 * m.pixels;
-          if (resize || o.reencode) {  // the re-encoded JPEG's size: encode it
-            WorkerState& st = states.local();
-            process(dataset, i, o, /*raw=*/false, st, encoded);
-            if (encoded.error) continue;
-            m.jpeg = static_cast<int64_t>(encoded.bytes.size());
-            m.extra = TarWriter::member_bytes(ppm) - TarWriter::member_bytes(m.jpeg);
-            if (ppm_worth_keeping(m.jpeg, m.extra) && reserve(kept_ppm_bytes, ppm)) {
-              // The pixels process() encoded: the resize's output, or the whole decode.
-              const uint8_t* pixels = resize ? st.resized.data() : st.image.pixels.data();
-              auto raw = std::make_unique<Item>();
-              raw->bytes.reserve(static_cast<size_t>(ppm));
-              raw->bytes.assign(header.begin(), header.end());
-              raw->bytes.insert(raw->bytes.end(), pixels, pixels + 3 * m.pixels);
-              raw->ext = "ppm";
-              raw->raw = true;
-              raw->bytes_in = encoded.bytes_in;
-              kept_ppm[static_cast<size_t>(i)] = std::move(raw);
-            }
-            if (reserve(kept_jpeg_bytes, m.jpeg))
-              kept[static_cast<size_t>(i)] = std::make_unique<Item>(std::move(encoded));
-          } else {
-            m.extra = TarWriter::member_bytes(ppm) - TarWriter::member_bytes(m.jpeg);
-            ppm_worth_keeping(m.jpeg, m.extra);  // counted for the estimate
-          }
-          m.ok = true;
-        } catch (const std::exception&) {
-          m.ok = false;  // the main pass reports it (or skips it)
-        }
-      }
-    });
-  });
+  }
+
+  const Dataset& dataset_;
+  const PackOptions& o_;
+  const int64_t n_;
+  std::atomic<int64_t> kept_jpeg_bytes_{0}, kept_ppm_bytes_{0};
+  std::atomic<int64_t> seen_{0}, seen_jpeg_member_bytes_{0}, seen_extra_{0};
+};
+
+// The choice from the survey's models: the budget (PackOptions::raw_budget, or its fraction of
+// every modelled sample's JPEG member bytes) filled greedily with the samples of most pixels per
+// extra byte; of what the survey kept, only each sample's chosen form stays.
+RawPlan choose_raw(RawSurvey& survey, const PackOptions& o) {
+  const std::vector<SampleModel>& models = survey.models;
+  const auto n = static_cast<int64_t>(models.size());
   RawPlan plan;
   plan.pick.assign(static_cast<size_t>(n), 0);
-  plan.encoded = std::move(kept);
-  plan.ppm = std::move(kept_ppm);
+  plan.encoded = std::move(survey.kept);
+  plan.ppm = std::move(survey.kept_ppm);
   std::vector<int64_t> order;
   double jpeg_total = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -382,7 +416,7 @@ RawPlan plan_raw(const Dataset& dataset, const PackOptions& o, tbb::task_arena& 
   plan.budget = o.raw_budget > 0 ? o.raw_budget : static_cast<int64_t>(std::llround(o.raw_budget_fraction * jpeg_total));
   // Pixels per extra byte, highest first: a.pixels / a.extra > b.pixels / b.extra (extra >= 1).
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    const Model &ma = models[static_cast<size_t>(a)], &mb = models[static_cast<size_t>(b)];
+    const SampleModel &ma = models[static_cast<size_t>(a)], &mb = models[static_cast<size_t>(b)];
     return static_cast<__int128>(ma.pixels) * std::max<int64_t>(mb.extra, 1) >
            static_cast<__int128>(mb.pixels) * std::max<int64_t>(ma.extra, 1);
   });
@@ -396,6 +430,13 @@ RawPlan plan_raw(const Dataset& dataset, const PackOptions& o, tbb::task_arena& 
   }
   for (int64_t i = 0; i < n; ++i) (plan.pick[static_cast<size_t>(i)] ? plan.encoded : plan.ppm)[static_cast<size_t>(i)].reset();
   return plan;
+}
+
+RawPlan plan_raw(const Dataset& dataset, const PackOptions& o, tbb::task_arena& arena,
+                 tbb::enumerable_thread_specific<WorkerState>& states) {
+  RawSurvey survey(dataset, o);
+  survey.run(arena, states);
+  return choose_raw(survey, o);
 }
 
 bool is_shard_name(const std::string& name, const std::string& prefix) {
@@ -463,6 +504,188 @@ nlohmann::json manifest(const PackResult& r, const PackOptions& o, const fs::pat
   };
 }
 
+// Throws std::invalid_argument for the options pack_dataset refuses (pack.h).
+void check_options(const PackOptions& o) {
+  if (o.prefix.empty() || o.prefix.find('/') != std::string::npos || o.prefix.find('\0') != std::string::npos)
+    throw std::invalid_argument("pack: the prefix '" + o.prefix + "' must be a non-empty file name part without '/'");
+  if (o.shard_size <= 0) throw std::invalid_argument("pack: shard_size must be positive");
+  if (o.max_samples_per_shard < 0) throw std::invalid_argument("pack: max_samples_per_shard must be >= 0");
+  if (o.max_side < 0) throw std::invalid_argument("pack: max_side must be >= 0");
+  if (o.quality < 1 || o.quality > 100) throw std::invalid_argument("pack: quality must be in 1..100");
+  if (o.chunk_samples < 1) throw std::invalid_argument("pack: chunk_samples must be >= 1");
+  if (o.max_skips < 0) throw std::invalid_argument("pack: max_skips must be >= 0");
+  if (o.num_workers < 0 || o.num_workers > kMaxNumWorkers)
+    throw std::invalid_argument(fmt::format("pack: num_workers {} must be in 0..{} (0 = the CPU budget)",
+                                            o.num_workers, kMaxNumWorkers));
+  if (o.plan_keep_bytes < 0) throw std::invalid_argument("pack: plan_keep_bytes must be >= 0");
+  if (o.raw_budget < 0 || !(o.raw_budget_fraction >= 0) || (o.raw_budget > 0 && o.raw_budget_fraction > 0))
+    throw std::invalid_argument("pack: give raw_budget (bytes >= 0) or raw_budget_fraction (>= 0), not both");
+}
+
+// What the output folder already holds of this prefix.
+struct OutputFolder {
+  std::vector<std::string> existing;  // shards of this prefix, and the manifest, already there
+  std::vector<std::string> stale;     // the unfinished shard of a killed pack of this prefix
+};
+
+// Creates `out_dir` and lists what it holds of this prefix; throws std::runtime_error when it
+// holds such shards or a manifest and o.overwrite is not set.
+OutputFolder prepare_output(const fs::path& out_dir, const PackOptions& o) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw std::runtime_error("pack: cannot create " + out_dir.string() + ": " + ec.message());
+  OutputFolder folder;
+  for (const auto& e : fs::directory_iterator(out_dir)) {
+    const std::string name = e.path().filename().string();
+    if (is_shard_name(name, o.prefix) || name == "manifest.json") folder.existing.push_back(name);
+    if (name.size() > 4 && name.ends_with(".tmp") && is_shard_name(name.substr(0, name.size() - 4), o.prefix))
+      folder.stale.push_back(name);
+  }
+  std::sort(folder.existing.begin(), folder.existing.end());
+  if (!folder.existing.empty() && !o.overwrite)
+    throw std::runtime_error(fmt::format("pack: {} already holds {}{}: pass --overwrite to replace them",
+                                         out_dir.string(), folder.existing.front(),
+                                         folder.existing.size() > 1
+                                             ? fmt::format(" (and {} more)", folder.existing.size() - 1)
+                                             : ""));
+  return folder;
+}
+
+// Once this pack's manifest is written: an older, longer set of this prefix (its remaining
+// shards would join any folder read), and a killed pack's (SIGKILL, a power cut) unfinished
+// shard, which is not a shard, go.
+void remove_leftovers(const fs::path& out_dir, const OutputFolder& folder, const PackResult& r) {
+  std::error_code ec;
+  for (const std::string& name : folder.existing) {
+    if (name == "manifest.json") continue;
+    if (std::none_of(r.shards.begin(), r.shards.end(), [&](const PackedShard& s) { return s.file == name; }))
+      fs::remove(out_dir / name, ec);
+  }
+  for (const std::string& name : folder.stale) fs::remove(out_dir / name, ec);
+}
+
+// The shards of one pack, written in order: each to "<name>.tmp", renamed into place when full
+// (recorded in the result's shards and bytes_out). Until commit(), destruction (any failure)
+// removes the unfinished shard and the shards this pack renamed into place.
+class ShardSet {
+ public:
+  ShardSet(const fs::path& out_dir, const PackOptions& o, PackResult& r) : out_dir_(out_dir), o_(o), r_(r) {}
+  ShardSet(const ShardSet&) = delete;
+  ShardSet& operator=(const ShardSet&) = delete;
+  ~ShardSet() {
+    if (!armed_) return;
+    shard_.reset();
+    std::error_code e;
+    if (!tmp_.empty()) fs::remove(tmp_, e);
+    for (const fs::path& p : written_) fs::remove(p, e);
+  }
+
+  // Adds a sample's members, KEY.<ext> and KEY.cls, first closing the current shard when they
+  // would take it past shard_size or max_samples_per_shard.
+  void add(const std::string& key, int64_t label, const Item& it) {
+    const std::string text = std::to_string(label);
+    cls_.assign(text.begin(), text.end());
+    const int64_t sample_bytes = TarWriter::member_bytes(static_cast<int64_t>(it.bytes.size())) +
+                                 TarWriter::member_bytes(static_cast<int64_t>(cls_.size()));
+    if (shard_ && (shard_->bytes() + sample_bytes + TarWriter::kEndBytes > o_.shard_size ||
+                   (o_.max_samples_per_shard > 0 && shard_samples_ >= o_.max_samples_per_shard)))
+      close_shard();
+    if (!shard_) {
+      tmp_ = out_dir_ / (shard_name(o_.prefix, r_.shards.size()) + ".tmp");
+      shard_.emplace(tmp_);
+      shard_samples_ = 0;
+    }
+    shard_->add(key + "." + it.ext, it.bytes);
+    shard_->add(key + ".cls", cls_);
+    ++shard_samples_;
+  }
+
+  // Closes the current shard, if any.
+  void close() {
+    if (shard_) close_shard();
+  }
+
+  // Shards so far (the open one included), and their bytes.
+  int64_t count() const { return static_cast<int64_t>(r_.shards.size()) + (shard_ ? 1 : 0); }
+  int64_t bytes() const { return r_.bytes_out + (shard_ ? shard_->bytes() : 0); }
+
+  // The pack succeeded: the shards stay.
+  void commit() { armed_ = false; }
+
+ private:
+  void close_shard() {
+    shard_->close();
+    const std::string name = shard_name(o_.prefix, r_.shards.size());
+    const fs::path final_path = out_dir_ / name;
+    r_.shards.push_back({name, shard_samples_, shard_->bytes()});
+    r_.bytes_out += shard_->bytes();
+    shard_.reset();
+    std::error_code e;
+    fs::rename(tmp_, final_path, e);
+    if (e) throw std::runtime_error("pack: cannot rename " + tmp_.string() + " to " + final_path.string() + ": " + e.message());
+    tmp_.clear();
+    written_.push_back(final_path);
+  }
+
+  const fs::path& out_dir_;
+  const PackOptions& o_;
+  PackResult& r_;
+  std::optional<TarWriter> shard_;
+  int64_t shard_samples_ = 0;
+  fs::path tmp_;
+  std::vector<fs::path> written_;  // renamed into place by this pack
+  std::vector<uint8_t> cls_;       // the label member's bytes
+  bool armed_ = true;
+};
+
+// Fills items[0, end - start) with samples start..end-1, in parallel: what the raw plan's first
+// pass kept (made, and so validated, already), else process()'s output.
+void process_chunk(const Dataset& dataset, const PackOptions& o, int64_t start, int64_t end, RawPlan& raw_plan,
+                   tbb::task_arena& arena, tbb::enumerable_thread_specific<WorkerState>& states,
+                   std::vector<Item>& items) {
+  arena.execute([&] {
+    detail::parallel_for_ordered(tbb::blocked_range<int64_t>(start, end, 1), [&](const tbb::blocked_range<int64_t>& range) {
+      WorkerState& st = states.local();
+      for (int64_t i = range.begin(); i < range.end(); ++i) {
+        const bool raw = raw_plan.pick[static_cast<size_t>(i)] != 0;
+        Item& it = items[static_cast<size_t>(i - start)];
+        std::unique_ptr<Item>* kept =
+            raw_plan.encoded.empty() ? nullptr : &(raw ? raw_plan.ppm : raw_plan.encoded)[static_cast<size_t>(i)];
+        if (kept && *kept) {
+          it = std::move(**kept);
+          kept->reset();
+        } else {
+          process(dataset, i, o, raw, st, it);
+        }
+      }
+    });
+  });
+}
+
+// Sample i, which failed: rethrown under ErrorPolicy::kRaise, else recorded as skipped (by
+// kind), which throws std::runtime_error once more than max_skips are.
+void skip(const Dataset& dataset, int64_t i, const PackOptions& o, const Item& it, PackResult& r) {
+  if (o.error_policy == ErrorPolicy::kRaise) std::rethrow_exception(it.error);
+  const SampleRef s = dataset.at(i);
+  r.skipped.push_back({i, s.source(), it.kind, it.reason});
+  ++r.skipped_by_kind[it.kind];
+  if (static_cast<int64_t>(r.skipped.size()) > o.max_skips)
+    throw std::runtime_error(fmt::format("pack: more than {} files skipped (--max-skips); the last: {}: {}: {}",
+                                         o.max_skips, r.skipped.back().path, it.kind, it.reason));
+}
+
+// A packed sample in the result's totals.
+void count_packed(const Item& it, PackResult& r) {
+  ++r.samples;
+  r.bytes_in += it.bytes_in;
+  if (it.raw) {
+    ++r.raw;
+    r.raw_bytes += static_cast<int64_t>(it.bytes.size());
+  } else {
+    ++(it.reencoded ? r.reencoded : r.copied);
+  }
+}
+
 }  // namespace
 
 std::string PackResult::summary() const {
@@ -481,75 +704,14 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
                         const PackOptions& o, const std::function<void(const PackProgress&)>& progress) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  if (o.prefix.empty() || o.prefix.find('/') != std::string::npos || o.prefix.find('\0') != std::string::npos)
-    throw std::invalid_argument("pack: the prefix '" + o.prefix + "' must be a non-empty file name part without '/'");
-  if (o.shard_size <= 0) throw std::invalid_argument("pack: shard_size must be positive");
-  if (o.max_samples_per_shard < 0) throw std::invalid_argument("pack: max_samples_per_shard must be >= 0");
-  if (o.max_side < 0) throw std::invalid_argument("pack: max_side must be >= 0");
-  if (o.quality < 1 || o.quality > 100) throw std::invalid_argument("pack: quality must be in 1..100");
-  if (o.chunk_samples < 1) throw std::invalid_argument("pack: chunk_samples must be >= 1");
-  if (o.max_skips < 0) throw std::invalid_argument("pack: max_skips must be >= 0");
-  if (o.num_workers < 0 || o.num_workers > kMaxNumWorkers)
-    throw std::invalid_argument(fmt::format("pack: num_workers {} must be in 0..{} (0 = the CPU budget)",
-                                            o.num_workers, kMaxNumWorkers));
-  if (o.plan_keep_bytes < 0) throw std::invalid_argument("pack: plan_keep_bytes must be >= 0");
-  if (o.raw_budget < 0 || !(o.raw_budget_fraction >= 0) || (o.raw_budget > 0 && o.raw_budget_fraction > 0))
-    throw std::invalid_argument("pack: give raw_budget (bytes >= 0) or raw_budget_fraction (>= 0), not both");
-
+  check_options(o);
+  const OutputFolder folder = prepare_output(out_dir, o);
   std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) throw std::runtime_error("pack: cannot create " + out_dir.string() + ": " + ec.message());
-  std::vector<std::string> existing;  // shards of this prefix, and the manifest, already there
-  std::vector<std::string> stale;     // the unfinished shard of a killed pack of this prefix
-  for (const auto& e : fs::directory_iterator(out_dir)) {
-    const std::string name = e.path().filename().string();
-    if (is_shard_name(name, o.prefix) || name == "manifest.json") existing.push_back(name);
-    if (name.size() > 4 && name.ends_with(".tmp") && is_shard_name(name.substr(0, name.size() - 4), o.prefix))
-      stale.push_back(name);
-  }
-  std::sort(existing.begin(), existing.end());
-  if (!existing.empty() && !o.overwrite)
-    throw std::runtime_error(fmt::format("pack: {} already holds {}{}: pass --overwrite to replace them",
-                                         out_dir.string(), existing.front(),
-                                         existing.size() > 1 ? fmt::format(" (and {} more)", existing.size() - 1) : ""));
-
   const fs::path base = !o.base.empty() ? o.base : fs::is_directory(source, ec) ? source : source.parent_path();
   const int64_t n = dataset.size();
   PackResult r;
   r.classes = dataset.classes();
-
-  std::optional<TarWriter> shard;
-  int64_t shard_samples = 0;
-  fs::path shard_tmp;
-  std::vector<fs::path> written;  // renamed into place by this call
-  // On any failure: the unfinished shard and the shards this call wrote go.
-  struct Cleanup {
-    std::optional<TarWriter>& shard;
-    fs::path& tmp;
-    std::vector<fs::path>& written;
-    bool armed = true;
-    ~Cleanup() {
-      if (!armed) return;
-      shard.reset();
-      std::error_code e;
-      if (!tmp.empty()) fs::remove(tmp, e);
-      for (const fs::path& p : written) fs::remove(p, e);
-    }
-  } cleanup{shard, shard_tmp, written};
-
-  const auto close_shard = [&] {
-    shard->close();
-    const std::string name = shard_name(o.prefix, r.shards.size());
-    const fs::path final_path = out_dir / name;
-    r.shards.push_back({name, shard_samples, shard->bytes()});
-    r.bytes_out += shard->bytes();
-    shard.reset();
-    std::error_code e;
-    fs::rename(shard_tmp, final_path, e);
-    if (e) throw std::runtime_error("pack: cannot rename " + shard_tmp.string() + " to " + final_path.string() + ": " + e.message());
-    shard_tmp.clear();
-    written.push_back(final_path);
-  };
+  ShardSet shards(out_dir, o, r);
 
   const int workers = o.num_workers > 0 ? o.num_workers : gpufeed::cpu_budget();
   // As the loader does: num_workers threads even where oneTBB's default pool is smaller (the
@@ -565,70 +727,22 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
   r.raw_budget = raw_plan.budget;
   r.raw_extra = raw_plan.extra;
   std::vector<Item> items(static_cast<size_t>(std::min<int64_t>(o.chunk_samples, std::max<int64_t>(n, 1))));
-  std::vector<uint8_t> cls;
   for (int64_t start = 0; start < n; start += o.chunk_samples) {
     const int64_t end = std::min(n, start + o.chunk_samples);
-    arena.execute([&] {
-      detail::parallel_for_ordered(tbb::blocked_range<int64_t>(start, end, 1), [&](const tbb::blocked_range<int64_t>& range) {
-        WorkerState& st = states.local();
-        for (int64_t i = range.begin(); i < range.end(); ++i) {
-          const bool raw = raw_plan.pick[static_cast<size_t>(i)] != 0;
-          Item& it = items[static_cast<size_t>(i - start)];
-          std::unique_ptr<Item>* kept =
-              raw_plan.encoded.empty() ? nullptr : &(raw ? raw_plan.ppm : raw_plan.encoded)[static_cast<size_t>(i)];
-          if (kept && *kept) {  // made (and so validated) by the first pass
-            it = std::move(**kept);
-            kept->reset();
-          } else {
-            process(dataset, i, o, raw, st, it);
-          }
-        }
-      });
-    });
-    for (int64_t i = start; i < end; ++i) {
-      Item& it = items[static_cast<size_t>(i - start)];
+    process_chunk(dataset, o, start, end, raw_plan, arena, states, items);
+    for (int64_t i = start; i < end; ++i) {  // written in dataset order, whatever the threads did
+      const Item& it = items[static_cast<size_t>(i - start)];
       if (it.error) {
-        if (o.error_policy == ErrorPolicy::kRaise) std::rethrow_exception(it.error);
-        const SampleRef s = dataset.at(i);
-        r.skipped.push_back({i, s.source(), it.kind, it.reason});
-        ++r.skipped_by_kind[it.kind];
-        if (static_cast<int64_t>(r.skipped.size()) > o.max_skips)
-          throw std::runtime_error(fmt::format("pack: more than {} files skipped (--max-skips); the last: {}: {}: {}",
-                                               o.max_skips, r.skipped.back().path, it.kind, it.reason));
+        skip(dataset, i, o, it, r);
         continue;
       }
       const SampleRef s = dataset.at(i);
-      const std::string key = pack_key(i, n, s.path, s.member, base);
-      const std::string label = std::to_string(s.label);
-      cls.assign(label.begin(), label.end());
-      const int64_t sample_bytes = TarWriter::member_bytes(static_cast<int64_t>(it.bytes.size())) +
-                                   TarWriter::member_bytes(static_cast<int64_t>(cls.size()));
-      if (shard && (shard->bytes() + sample_bytes + TarWriter::kEndBytes > o.shard_size ||
-                    (o.max_samples_per_shard > 0 && shard_samples >= o.max_samples_per_shard)))
-        close_shard();
-      if (!shard) {
-        shard_tmp = out_dir / (shard_name(o.prefix, r.shards.size()) + ".tmp");
-        shard.emplace(shard_tmp);
-        shard_samples = 0;
-      }
-      shard->add(key + "." + it.ext, it.bytes);
-      shard->add(key + ".cls", cls);
-      ++shard_samples;
-      ++r.samples;
-      r.bytes_in += it.bytes_in;
-      if (it.raw) {
-        ++r.raw;
-        r.raw_bytes += static_cast<int64_t>(it.bytes.size());
-      } else {
-        ++(it.reencoded ? r.reencoded : r.copied);
-      }
+      shards.add(pack_key(i, n, s.path, s.member, base), s.label, it);
+      count_packed(it, r);
     }
-    if (progress) {
-      progress({end, n, static_cast<int64_t>(r.shards.size()) + (shard ? 1 : 0),
-                r.bytes_out + (shard ? shard->bytes() : 0), elapsed()});
-    }
+    if (progress) progress({end, n, shards.count(), shards.bytes(), elapsed()});
   }
-  if (shard) close_shard();
+  shards.close();
   if (r.samples == 0)
     throw std::runtime_error(fmt::format("pack: no sample of {} could be packed ({} skipped)", source.string(),
                                          r.skipped.size()));
@@ -637,15 +751,8 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
                   : fmt::format("{}-{{{:06d}..{:06d}}}.tar", o.prefix, 0, r.shards.size() - 1);
   r.seconds = elapsed();
   write_text_atomically(out_dir / "manifest.json", json_text(manifest(r, o, source), 1) + "\n");
-  cleanup.armed = false;
-  // An older, longer set of this prefix: its remaining shards would join any folder read.
-  for (const std::string& name : existing) {
-    if (name == "manifest.json") continue;
-    if (std::none_of(r.shards.begin(), r.shards.end(), [&](const PackedShard& s) { return s.file == name; }))
-      fs::remove(out_dir / name, ec);
-  }
-  // A killed pack's (SIGKILL, a power cut) unfinished shard is not a shard: it goes once this one is done.
-  for (const std::string& name : stale) fs::remove(out_dir / name, ec);
+  shards.commit();
+  remove_leftovers(out_dir, folder, r);
   r.seconds = elapsed();
   return r;
 }

@@ -453,9 +453,12 @@ void Resizer::compute_axis(int in_size, double in0, double in1, int out_size, in
   }
 }
 
-void Resizer::resize(const uint8_t* src, int src_width, int src_height, size_t src_stride,
-                     const BoxF& box, uint8_t* dst, int dst_width, int dst_height,
-                     size_t dst_stride, bool flip) {
+namespace {
+
+// Throws std::invalid_argument for the arguments resize() refuses (resize.h).
+void check_resize_arguments(const uint8_t* src, int src_width, int src_height, size_t src_stride,
+                            const BoxF& box, const uint8_t* dst, int dst_width, int dst_height,
+                            size_t dst_stride) {
   if (src == nullptr || dst == nullptr) bad("null image");
   if (src_width <= 0 || src_height <= 0 || dst_width <= 0 || dst_height <= 0)
     bad("sizes must be positive: source " + std::to_string(src_width) + "x" +
@@ -469,7 +472,15 @@ void Resizer::resize(const uint8_t* src, int src_width, int src_height, size_t s
     bad("box [" + std::to_string(box.x0) + ", " + std::to_string(box.x1) + ") x [" +
         std::to_string(box.y0) + ", " + std::to_string(box.y1) + ") is empty or outside the " +
         std::to_string(src_width) + "x" + std::to_string(src_height) + " source");
+}
 
+}  // namespace
+
+void Resizer::resize(const uint8_t* src, int src_width, int src_height, size_t src_stride,
+                     const BoxF& box, uint8_t* dst, int dst_width, int dst_height,
+                     size_t dst_stride, bool flip) {
+  check_resize_arguments(src, src_width, src_height, src_stride, box, dst, dst_width, dst_height,
+                         dst_stride);
   // Horizontal taps padded to four (two pmaddwd pairs per 16-byte load), or to two for the AVX2
   // kernel, which has a last-pair step (an upscale's two taps would otherwise be half zeros).
   compute_axis(src_width, box.x0, box.x1, dst_width, kernel_ == ResizeKernel::kAvx2 ? 2 : 4, flip,
@@ -479,7 +490,12 @@ void Resizer::resize(const uint8_t* src, int src_width, int src_height, size_t s
     rows_.resize(static_cast<size_t>(vertical_.taps));
     pairs_.resize(static_cast<size_t>(vertical_.taps + 1) / 2);
   }
+  const Columns columns = prepare_columns(src_width, dst_width);
+  const int16_t* lane_coeffs = prepare_lane_coeffs(dst_width);
+  resize_rows(src, src_stride, columns, lane_coeffs, dst, dst_width, dst_height, dst_stride);
+}
 
+Resizer::Columns Resizer::prepare_columns(int src_width, int dst_width) {
   // The source columns the horizontal pass reads; the vertical pass produces only those.
   int x_begin = src_width, x_end = 0;
   for (int j = 0; j < dst_width; ++j) {
@@ -500,46 +516,54 @@ void Resizer::resize(const uint8_t* src, int src_width, int src_height, size_t s
   if (row_.size() < padded) row_.resize(padded);
   std::memset(row_.data() + row_bytes, 0, padded - row_bytes);
   if (acc_.size() < row_bytes) acc_.resize(row_bytes);
+  return {x_begin, row_bytes};
+}
 
-  // The SIMD kernels read the horizontal weights rearranged per block of `lanes` output pixels
-  // and per group of four taps: two vectors, taps (4g, 4g+1) and (4g+2, 4g+3), whose 128-bit lane
-  // l holds [c0 c1 c0 c1 c0 c1 0 0] for pixel (block * lanes + l) (the last pixel repeated past
-  // the end), to multiply words r0 r1 g0 g1 b0 b1 0 0 of two source pixels; when the taps end in
-  // a pair (AVX2 only: 4 * groups + 2 taps), one more vector for it. AVX2 reads blocks of two
-  // pixels two at a time, so their count is made even.
+// The SIMD kernels read the horizontal weights rearranged per block of `lanes` output pixels
+// and per group of four taps: two vectors, taps (4g, 4g+1) and (4g+2, 4g+3), whose 128-bit lane
+// l holds [c0 c1 c0 c1 c0 c1 0 0] for pixel (block * lanes + l) (the last pixel repeated past
+// the end), to multiply words r0 r1 g0 g1 b0 b1 0 0 of two source pixels; when the taps end in
+// a pair (AVX2 only: 4 * groups + 2 taps), one more vector for it. AVX2 reads blocks of two
+// pixels two at a time, so their count is made even.
+const int16_t* Resizer::prepare_lane_coeffs(int dst_width) {
   const int lanes = kernel_ == ResizeKernel::kAvx512 ? 4 : kernel_ == ResizeKernel::kAvx2 ? 2 : 0;
-  int16_t* lane_coeffs = nullptr;
-  if (lanes > 0) {
-    const int groups = horizontal_.taps / 4;
-    const int vectors = 2 * groups + (horizontal_.taps % 4 != 0 ? 1 : 0);  // per block
-    size_t blocks = static_cast<size_t>(dst_width + lanes - 1) / lanes;
-    if (kernel_ == ResizeKernel::kAvx2) blocks = (blocks + 1) / 2 * 2;
-    const size_t words = static_cast<size_t>(lanes) * 8;  // one vector: lanes * 8 words
-    lane_coeffs_.resize(blocks * vectors * words + 32);  // + room to align to 64 bytes
-    lane_coeffs = reinterpret_cast<int16_t*>(
-        (reinterpret_cast<uintptr_t>(lane_coeffs_.data()) + 63) & ~uintptr_t{63});
-    for (size_t b = 0; b < blocks; ++b) {
-      for (int lane = 0; lane < lanes; ++lane) {
-        const int j = std::min(static_cast<int>(b * lanes) + lane, dst_width - 1);
-        const int16_t* c = &horizontal_.coeffs[static_cast<size_t>(j) * horizontal_.taps];
-        for (int k = 0; k < vectors; ++k) {  // vector k: taps 2k, 2k + 1
-          int16_t* l = lane_coeffs + (b * vectors + k) * words + lane * 8;
-          const int16_t c0 = c[2 * k], c1 = c[2 * k + 1];
-          l[0] = l[2] = l[4] = c0;
-          l[1] = l[3] = l[5] = c1;
-          l[6] = l[7] = 0;
-        }
+  if (lanes == 0) return nullptr;
+  const int groups = horizontal_.taps / 4;
+  const int vectors = 2 * groups + (horizontal_.taps % 4 != 0 ? 1 : 0);  // per block
+  size_t blocks = static_cast<size_t>(dst_width + lanes - 1) / lanes;
+  if (kernel_ == ResizeKernel::kAvx2) blocks = (blocks + 1) / 2 * 2;
+  const size_t words = static_cast<size_t>(lanes) * 8;  // one vector: lanes * 8 words
+  lane_coeffs_.resize(blocks * vectors * words + 32);  // + room to align to 64 bytes
+  int16_t* lane_coeffs = reinterpret_cast<int16_t*>(
+      (reinterpret_cast<uintptr_t>(lane_coeffs_.data()) + 63) & ~uintptr_t{63});
+  for (size_t b = 0; b < blocks; ++b) {
+    for (int lane = 0; lane < lanes; ++lane) {
+      const int j = std::min(static_cast<int>(b * lanes) + lane, dst_width - 1);
+      const int16_t* c = &horizontal_.coeffs[static_cast<size_t>(j) * horizontal_.taps];
+      for (int k = 0; k < vectors; ++k) {  // vector k: taps 2k, 2k + 1
+        int16_t* l = lane_coeffs + (b * vectors + k) * words + lane * 8;
+        const int16_t c0 = c[2 * k], c1 = c[2 * k + 1];
+        l[0] = l[2] = l[4] = c0;
+        l[1] = l[3] = l[5] = c1;
+        l[6] = l[7] = 0;
       }
     }
   }
+  return lane_coeffs;
+}
 
+void Resizer::resize_rows(const uint8_t* src, size_t src_stride, Columns columns,
+                          const int16_t* lane_coeffs, uint8_t* dst, int dst_width, int dst_height,
+                          size_t dst_stride) {
+  const size_t row_bytes = columns.row_bytes;
   const uint8_t** rows = rows_.data();
   for (int v = 0; v < dst_height; ++v) {
     const int first = vertical_.first[static_cast<size_t>(v)];
     const int count = vertical_.count[static_cast<size_t>(v)];
     const int16_t* c = &vertical_.coeffs[static_cast<size_t>(v) * vertical_.taps];
     for (int k = 0; k < count; ++k)
-      rows[k] = src + static_cast<size_t>(first + k) * src_stride + static_cast<size_t>(x_begin) * 3;
+      rows[k] = src + static_cast<size_t>(first + k) * src_stride +
+                static_cast<size_t>(columns.x_begin) * 3;
     uint8_t* out = dst + static_cast<size_t>(v) * dst_stride;
 #if GPUFEED_RESIZE_X86
     if (kernel_ == ResizeKernel::kAvx512) {

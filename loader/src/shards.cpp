@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "gpufeed/unique_fd.h"
 #include "index_cache.h"
 
 namespace gpufeed::loader {
@@ -78,6 +79,36 @@ std::string quoted_field(const uint8_t* f, size_t n) {
   out += printable(std::string_view(reinterpret_cast<const char*>(f), n));
   out += '\'';
   return out;
+}
+
+// A header's member name: its name field, after ustar's prefix field and a '/' when it has one.
+std::string header_name(const uint8_t* h) {
+  std::string name = field_text(h, 100);
+  if (std::memcmp(h + 257, "ustar", 5) == 0) {
+    const std::string prefix = field_text(h + 345, 155);
+    if (!prefix.empty()) {
+      std::string full;
+      full.reserve(prefix.size() + 1 + name.size());
+      full.append(prefix).append(1, '/').append(name);
+      name = std::move(full);
+    }
+  }
+  return name;
+}
+
+// The header block at `pos` against its checksum field, which tar writers sum with bytes
+// unsigned (POSIX) or signed (some historic ones): either is accepted, as Python's tarfile does.
+void check_checksum(const uint8_t* h, const std::string& shard, const std::string& name, int64_t pos) {
+  const std::optional<int64_t> sum = parse_number(h + 148, 8);
+  if (!sum) fail(shard, name, "checksum field " + quoted_field(h + 148, 8) + " is not an octal number");
+  int64_t unsigned_sum = 0, signed_sum = 0;
+  for (int64_t i = 0; i < kBlock; ++i) {
+    const bool in_field = i >= 148 && i < 156;
+    unsigned_sum += in_field ? ' ' : h[i];
+    signed_sum += in_field ? ' ' : static_cast<int8_t>(h[i]);
+  }
+  if (*sum != unsigned_sum && *sum != signed_sum)
+    fail(shard, name, fmt::format("header checksum mismatch at offset {} (not a tar archive, or corrupt)", pos));
 }
 
 void check_name(const std::string& shard, const std::string& name) {
@@ -190,26 +221,8 @@ std::vector<TarMember> index_tar(const ReadAt& read, int64_t file_size, const st
     read_exact(read, pos, h, kBlock, shard, "");
     if (std::all_of(h, h + kBlock, [](uint8_t b) { return b == 0; })) break;  // end of archive
 
-    std::string name = field_text(h, 100);
-    if (std::memcmp(h + 257, "ustar", 5) == 0) {
-      const std::string prefix = field_text(h + 345, 155);
-      if (!prefix.empty()) {
-        std::string full;
-        full.reserve(prefix.size() + 1 + name.size());
-        full.append(prefix).append(1, '/').append(name);
-        name = std::move(full);
-      }
-    }
-    const std::optional<int64_t> sum = parse_number(h + 148, 8);
-    if (!sum) fail(shard, name, "checksum field " + quoted_field(h + 148, 8) + " is not an octal number");
-    int64_t unsigned_sum = 0, signed_sum = 0;
-    for (int64_t i = 0; i < kBlock; ++i) {
-      const bool in_field = i >= 148 && i < 156;
-      unsigned_sum += in_field ? ' ' : h[i];
-      signed_sum += in_field ? ' ' : static_cast<int8_t>(h[i]);
-    }
-    if (*sum != unsigned_sum && *sum != signed_sum)
-      fail(shard, name, fmt::format("header checksum mismatch at offset {} (not a tar archive, or corrupt)", pos));
+    const std::string name = header_name(h);
+    check_checksum(h, shard, name, pos);
     const std::optional<int64_t> header_size = parse_number(h + 124, 12);
     if (!header_size) fail(shard, name, "size field " + quoted_field(h + 124, 12) + " is not an octal number");
     const char type = static_cast<char>(h[156]);
@@ -408,17 +421,43 @@ std::optional<std::vector<std::string>> shard_paths(const fs::path& data) {
 
 // ---- the dataset
 
+namespace {
+
+std::string os_reason(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+// Each shard's identity, for the index cache; throws std::runtime_error naming a shard that
+// cannot be stat'ed.
+std::vector<detail::Dependency> shard_dependencies(const std::vector<std::string>& shards) {
+  std::vector<detail::Dependency> deps;
+  for (const std::string& s : shards) {
+    struct stat st {};
+    if (::stat(s.c_str(), &st) != 0) throw std::runtime_error("shards: cannot open " + s + ": " + os_reason(errno));
+    deps.push_back(detail::dependency_of(s, st));
+  }
+  return deps;
+}
+
+// index_shard over the file at `path`, read with pread (a short read is the archive's end, which
+// index_shard reports); throws std::runtime_error when it cannot be opened or is not a regular
+// file.
+std::vector<ShardSample> index_shard_file(const std::string& path) {
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (!fd) throw std::runtime_error("shards: cannot open " + path + ": " + os_reason(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) throw std::runtime_error("shards: " + path + " is not a regular file");
+  const ReadAt read_at = [&fd](int64_t offset, void* buf, size_t n) -> size_t {
+    return pread_full(fd.get(), buf, n, offset).bytes;
+  };
+  return index_shard(read_at, static_cast<int64_t>(st.st_size), path);
+}
+
+}  // namespace
+
 TarShards::TarShards(std::vector<std::string> shards, const fs::path& source, const IndexCacheOptions& cache_options)
     : shards_(std::move(shards)) {
   if (shards_.empty()) throw std::runtime_error("shards: " + source.string() + " names no shard");
   const int64_t started = detail::wall_clock_ns();
-  std::vector<detail::Dependency> deps;
-  for (const std::string& s : shards_) {
-    struct stat st {};
-    if (::stat(s.c_str(), &st) != 0)
-      throw std::runtime_error("shards: cannot open " + s + ": " + std::error_code(errno, std::generic_category()).message());
-    deps.push_back(detail::dependency_of(s, st));
-  }
+  const std::vector<detail::Dependency> deps = shard_dependencies(shards_);
   // Keyed by canonical paths: the same shards however they are spelled (the cache holds no path).
   std::string shard_list;
   for (const std::string& s : shards_) shard_list += detail::canonical_source(s) + '\n';
@@ -447,26 +486,7 @@ TarShards::TarShards(std::vector<std::string> shards, const fs::path& source, co
 
   int64_t max_label = -1;
   for (size_t s = 0; s < shards_.size(); ++s) {
-    const std::string& path = shards_[s];
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) throw std::runtime_error("shards: cannot open " + path + ": " + std::error_code(errno, std::generic_category()).message());
-    struct Closer {
-      int fd;
-      ~Closer() { ::close(fd); }
-    } closer{fd};
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw std::runtime_error("shards: " + path + " is not a regular file");
-    const ReadAt read_at = [fd](int64_t offset, void* buf, size_t n) -> size_t {
-      size_t got = 0;
-      while (got < n) {
-        const ssize_t r = ::pread(fd, static_cast<char*>(buf) + got, n - got, static_cast<off_t>(offset) + static_cast<off_t>(got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += static_cast<size_t>(r);
-      }
-      return got;
-    };
-    for (ShardSample& x : index_shard(read_at, static_cast<int64_t>(st.st_size), path)) {
+    for (ShardSample& x : index_shard_file(shards_[s])) {
       shard_.push_back(static_cast<uint32_t>(s));
       offsets_.push_back(x.offset);
       sizes_.push_back(x.size);

@@ -28,7 +28,7 @@ IMAGENET_MEAN = tuple(_SPECS["mean"]["default"])
 IMAGENET_STD = tuple(_SPECS["std"]["default"])
 _STATE_VERSION = 2
 # torchvision.datasets.folder.IMG_EXTENSIONS: the files torchvision's ImageFolder lists.
-TORCHVISION_IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+TORCHVISION_IMG_EXTENSIONS = tuple(_C.TORCHVISION_IMG_EXTENSIONS)
 
 
 def distributed_rank_world_size() -> Tuple[int, int]:

@@ -490,6 +490,7 @@ NB_MODULE(_C, m) {
     return gpufeed::options::spell_options(text, gpufeed::options::Front::kPython);
   }, "text"_a);
   m.attr("IMAGE_EXTENSIONS") = gpufeed::loader::default_image_extensions();
+  m.attr("TORCHVISION_IMG_EXTENSIONS") = gpufeed::loader::torchvision_image_extensions();
   m.attr("DEFAULT_MAX_PIXELS") = gpufeed::decode::DecodeOptions{}.max_pixels;
   bind_profiler(m);
 }

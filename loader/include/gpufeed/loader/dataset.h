@@ -146,8 +146,14 @@ struct IndexCacheOptions {
 /// IndexCacheOptions' user-facing field, index_cache (gpufeed/option.h).
 const options::Schema<IndexCacheOptions>& index_cache_options_schema();
 
-/// torchvision.datasets.folder.IMG_EXTENSIONS plus ".gif" (gpufeed decodes GIF through giflib;
-/// torchvision's list leaves it out, which would silently drop such files). Lower case.
+/// torchvision.datasets.folder.IMG_EXTENSIONS, in its order: the files torchvision's ImageFolder
+/// lists (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp). Lower case, with the dot. The one
+/// spelling of that list: gpufeed.DataLoader's default (_C.TORCHVISION_IMG_EXTENSIONS).
+const std::vector<std::string>& torchvision_image_extensions();
+
+/// torchvision_image_extensions() followed by ".gif": gpufeed decodes GIF through giflib, and
+/// torchvision's list leaves it out, which would silently drop such files. The C++ folder
+/// listings' default (ImageFolderOptions, open_dataset, the CLI) and gpufeed.IMAGE_EXTENSIONS.
 const std::vector<std::string>& default_image_extensions();
 
 /// Files under `dir`, recursively, in torchvision's ImageFolder order (folders sorted by path,

@@ -78,6 +78,18 @@ class Resizer {
   };
   void compute_axis(int in_size, double in0, double in1, int out_size, int pad_to, bool reverse,
                     Axis& axis);
+  // The source columns the horizontal pass reads: from x_begin, row_bytes bytes of each row.
+  struct Columns {
+    int x_begin = 0;
+    size_t row_bytes = 0;
+  };
+  // The steps of resize() after the tap tables: the source columns (and the row buffers sized
+  // for them), the SIMD kernels' weight layout (nullptr for the scalar kernel), the rows.
+  Columns prepare_columns(int src_width, int dst_width);
+  const int16_t* prepare_lane_coeffs(int dst_width);
+  void resize_rows(const uint8_t* src, size_t src_stride, Columns columns,
+                   const int16_t* lane_coeffs, uint8_t* dst, int dst_width, int dst_height,
+                   size_t dst_stride);
 
   ResizeKernel kernel_;
   std::vector<double> weights_;           // one output pixel's weights, before fixed point
