@@ -42,8 +42,6 @@ CropRect clamp_crop(const CropRect& crop, int width, int height) {
                   static_cast<int>(y1 - y0)};
 }
 
-bool orientation_swaps_axes(int orientation) { return orientation >= 5 && orientation <= 8; }
-
 // EXIF orientation n says how the stored image must be transformed for display:
 // 2 mirror left-right, 3 rotate 180, 4 mirror top-bottom, 5 transpose, 6 rotate 90 clockwise,
 // 7 transverse, 8 rotate 90 counter-clockwise. The interval maps below follow from the pixel maps
@@ -178,6 +176,8 @@ void ImageBuffer::reshape(int w, int h) {
   height = h;
 }
 
+bool orientation_swaps_axes(int orientation) { return orientation >= 5 && orientation <= 8; }
+
 int scaled_size(int dim, ScaleFactor scale) {
   return static_cast<int>((int64_t{dim} * scale.num + 7) / 8);
 }
@@ -305,7 +305,7 @@ DecodeResult Decoder::decode(std::span<const uint8_t> bytes, std::string_view so
   }
 
   const int orientation = options.apply_exif_orientation ? info.orientation : 1;
-  const bool swap = detail::orientation_swaps_axes(orientation);
+  const bool swap = orientation_swaps_axes(orientation);
   const int display_w = swap ? info.height : info.width;
   const int display_h = swap ? info.width : info.height;
   const CropRect display_crop = detail::clamp_crop(options.crop, display_w, display_h);

@@ -32,9 +32,6 @@ struct PnmHeader {
 /// The PNM header of bytes that probe() accepted as PNM. Throws DecodeError like probe().
 PnmHeader pnm_header(std::span<const uint8_t> bytes, std::string_view source);
 
-/// Dimensions as seen after EXIF orientation `orientation` (1..8): 5..8 swap width and height.
-bool orientation_swaps_axes(int orientation);
-
 /// Maps a rectangle given in the displayed frame of an image (after EXIF orientation) to the
 /// stored frame. `stored_width`/`stored_height` are the stored image's dimensions.
 CropRect display_to_stored(const CropRect& rect, int orientation, int stored_width,

@@ -547,6 +547,157 @@ bool holds_huffman_tables(const jpeg_decompress_struct& cinfo) {
   return false;
 }
 
+// --- one decode, step by step ------------------------------------------------------------------
+
+/// The requested region in the DCT-scaled image: [x0, x1) x [y0, y1).
+struct ScaledRegion {
+  int x0, y0, x1, y1;
+  int width() const { return x1 - x0; }
+  int height() const { return y1 - y0; }
+};
+
+/// `crop` (source pixels) scaled by num/8: its first row and column rounded down, its end up.
+ScaledRegion scaled_region(const CropRect& crop, int64_t num) {
+  return ScaledRegion{static_cast<int>(crop.x * num / 8), static_cast<int>(crop.y * num / 8),
+                      static_cast<int>(((crop.x + int64_t{crop.width}) * num + 7) / 8),
+                      static_cast<int>(((crop.y + int64_t{crop.height}) * num + 7) / 8)};
+}
+
+/// The source rectangle a decoded region covers. Output pixel i covers source
+/// [i * 8 / num, (i + 1) * 8 / num): the integer rectangle that contains all of them, clamped to
+/// the image (see DecodeResult::region).
+CropRect source_region(const ScaledRegion& r, int64_t num, const ImageInfo& info) {
+  const int x0 = static_cast<int>(int64_t{r.x0} * 8 / num);
+  const int y0 = static_cast<int>(int64_t{r.y0} * 8 / num);
+  const int x1 =
+      static_cast<int>(std::min<int64_t>((int64_t{r.x1} * 8 + num - 1) / num, info.width));
+  const int y1 =
+      static_cast<int>(std::min<int64_t>((int64_t{r.y1} * 8 + num - 1) / num, info.height));
+  return CropRect{x0, y0, x1 - x0, y1 - y0};
+}
+
+/// Forgets what the callbacks recorded in an earlier attempt (the policy fields stay).
+void reset_attempt(ErrorManager& err) {
+  err.warnings = 0;
+  err.saw_eof = false;
+  err.outcome = kOutcomeNone;
+  err.code = 0;
+  err.message[0] = '\0';
+  err.confine_damage = false;
+  err.total_intervals = 0;
+  err.interval = 0;
+  err.last_damaged = -1;
+  err.damaged_intervals = 0;
+  err.damage_pending = false;
+  err.damage[0] = '\0';
+}
+
+/// Restart markers confine damaged entropy data to its interval in a single-scan Huffman image
+/// (Motion-JPEG webcams' frames are such): libjpeg resynchronises at the next marker. (strict
+/// rejects every warning and allow_truncated accepts every one: neither needs it.)
+void confine_damage_to_intervals(ErrorManager& err, const jpeg_decompress_struct& cinfo,
+                                 const DecodeOptions& options) {
+  if (!options.strict && !options.allow_truncated && cinfo.restart_interval > 0 &&
+      !cinfo.progressive_mode && !cinfo.arith_code && cinfo.comps_in_scan == cinfo.num_components) {
+    const int64_t mcus = int64_t{cinfo.MCUs_per_row} * cinfo.MCU_rows_in_scan;
+    err.total_intervals =
+        static_cast<int>((mcus + cinfo.restart_interval - 1) / cinfo.restart_interval);
+    err.confine_damage = true;
+  }
+}
+
+/// Reads the header and starts the decompression at options.scale, checking that libjpeg sees
+/// the frame the probe saw. Throws DecodeError.
+void start_decompress(State& s, std::span<const uint8_t> bytes, std::string_view source,
+                      const ImageInfo& info, const DecodeOptions& options) {
+  jpeg_decompress_struct& cinfo = s.cinfo;
+  const int64_t num = options.scale.num;
+  if (!guarded_header(&s, bytes.data(), bytes.size())) throw_failure(s.err, source);
+  if (cinfo.image_width != static_cast<JDIMENSION>(info.width) ||
+      cinfo.image_height != static_cast<JDIMENSION>(info.height)) {
+    fail(ErrorKind::kCorrupt, source,
+         fmt::format("libjpeg read a {}x{} frame where the header says {}x{}", cinfo.image_width,
+                     cinfo.image_height, info.width, info.height));
+  }
+  // Grayscale, YCbCr and RGB all convert to RGB inside libjpeg-turbo; CMYK/YCCK come out as
+  // CMYK (YCCK converted) and are turned into RGB by the row loop as Pillow does.
+  cinfo.out_color_space = cinfo.num_components == 4 ? JCS_CMYK : JCS_EXT_RGB;
+  cinfo.scale_num = static_cast<unsigned int>(num);
+  cinfo.scale_denom = 8;
+  if (!guarded_start(&s)) throw_failure(s.err, source);
+  confine_damage_to_intervals(s.err, cinfo, options);
+  if (static_cast<int>(cinfo.output_width) != scaled_size(info.width, options.scale) ||
+      static_cast<int>(cinfo.output_height) != scaled_size(info.height, options.scale)) {
+    fail(ErrorKind::kCorrupt, source,
+         fmt::format("libjpeg scaled {}x{} by {}/8 to {}x{}", info.width, info.height, num,
+                     cinfo.output_width, cinfo.output_height));
+  }
+}
+
+/// Columns libjpeg decodes: [xoffset, xoffset + width) of the scaled image.
+struct DecodedColumns {
+  JDIMENSION xoffset;
+  JDIMENSION width;
+};
+
+/// Narrows decoding to the region's columns with jpeg_crop_scanline. False, with the
+/// decompressor aborted, when libjpeg refuses (an error) or returns columns that do not fit the
+/// region: the caller decodes whole rows instead. Throws DecodeError for any other failure.
+bool crop_columns(State& s, std::string_view source, const ScaledRegion& region,
+                  DecodedColumns& columns) {
+  columns.xoffset = static_cast<JDIMENSION>(region.x0);
+  columns.width = static_cast<JDIMENSION>(region.width());
+  if (!guarded_crop(&s, &columns.xoffset, &columns.width)) {
+    if (s.err.outcome != kOutcomeError) throw_failure(s.err, source);
+    log()->debug("{}: jpeg_crop_scanline failed ({}); decoding whole rows", source, s.err.message);
+    jpeg_abort_decompress(&s.cinfo);
+    return false;
+  }
+  // The decoded rows must start at or left of the region and end exactly at its right edge.
+  if (columns.xoffset > static_cast<JDIMENSION>(region.x0) ||
+      columns.xoffset + columns.width != static_cast<JDIMENSION>(region.x1)) {
+    log()->debug("{}: jpeg_crop_scanline returned [{}, {}) for [{}, {}); decoding whole rows",
+                 source, columns.xoffset, columns.xoffset + columns.width, region.x0, region.x1);
+    jpeg_abort_decompress(&s.cinfo);
+    return false;
+  }
+  return true;
+}
+
+/// The rows of `region` out of decoded `columns`, into `out` (already reshaped to the region).
+RowPlan row_plan(const jpeg_decompress_struct& cinfo, const ScaledRegion& region,
+                 const DecodedColumns& columns, bool use_skip, uint8_t* scratch, ImageBuffer& out) {
+  const bool cmyk = cinfo.num_components == 4;
+  RowPlan plan{};
+  plan.skip_rows = static_cast<JDIMENSION>(region.y0);
+  plan.rows = static_cast<JDIMENSION>(region.height());
+  plan.use_skip = use_skip;
+  plan.scratch = scratch;
+  plan.out = out.pixels.data();
+  plan.out_stride = static_cast<size_t>(region.width()) * 3;
+  plan.col_offset = static_cast<size_t>(region.x0) - columns.xoffset;
+  plan.width = static_cast<size_t>(region.width());
+  plan.cmyk = cmyk;
+  plan.inverted = cmyk && cinfo.saw_Adobe_marker;
+  plan.direct = !cmyk && plan.col_offset == 0 &&
+                columns.width == static_cast<JDIMENSION>(region.width());
+  return plan;
+}
+
+/// After the region's rows: a region that reaches the last row reads on to EOI as well, so a
+/// file that ends without one is reported, and warnings about bytes after the scan are counted.
+/// Throws DecodeError, also for damage that no restart marker confined.
+void finish_region(State& s, std::string_view source, const ScaledRegion& region) {
+  if (region.y1 == static_cast<int>(s.cinfo.output_height)) {
+    if (!guarded_finish(&s)) throw_failure(s.err, source);
+  }
+  if (s.err.damage_pending) {
+    fail(ErrorKind::kCorrupt, source,
+         std::string("libjpeg: ") + s.err.damage +
+             "; the entropy data does not resynchronise at a restart marker before the end of "
+             "the image (the rest of its interval is lost)");
+  }
+}
 }  // namespace
 
 JpegDecoder::JpegDecoder() : state_(std::make_unique<JpegState>()) {
@@ -606,7 +757,6 @@ void JpegDecoder::decode(std::span<const uint8_t> bytes, std::string_view source
   jpeg_decompress_struct& cinfo = s.cinfo;
   err.allow_data_loss = options.allow_truncated;
   err.strict = options.strict;
-  const int64_t num = options.scale.num;
   // However decode() leaves (return, DecodeError, bad_alloc from a buffer), the decompressor goes
   // back to its idle state and frees this image's pools, ready for the next image. Aborting an
   // idle or finished decompressor is a no-op.
@@ -615,149 +765,51 @@ void JpegDecoder::decode(std::span<const uint8_t> bytes, std::string_view source
     ~AbortOnExit() { jpeg_abort_decompress(cinfo); }
   } abort_on_exit{&cinfo};
 
-  // The region in the scaled image: [xs0, xs1) x [ys0, ys1).
-  const int xs0 = static_cast<int>(crop.x * num / 8);
-  const int ys0 = static_cast<int>(crop.y * num / 8);
-  const int xs1 = static_cast<int>(((crop.x + int64_t{crop.width}) * num + 7) / 8);
-  const int ys1 = static_cast<int>(((crop.y + int64_t{crop.height}) * num + 7) / 8);
-  const int want_w = xs1 - xs0, want_h = ys1 - ys0;
-
+  const ScaledRegion region = scaled_region(crop, options.scale.num);
   // jpeg_crop_scanline and jpeg_skip_scanlines refuse some layouts in libjpeg-turbo 2.1; when a
   // libjpeg error follows their use, decode again without them (whole rows, read-and-discard).
   // Both only save work. Warnings made fatal by the options are never retried.
   bool use_crop = true, use_skip = true;
   JDIMENSION decoded_columns = 0, image_rows = 0, read_rows_end = 0;
   for (;;) {
-    err.warnings = 0;
-    err.saw_eof = false;
-    err.outcome = kOutcomeNone;
-    err.code = 0;
-    err.message[0] = '\0';
-    err.confine_damage = false;
-    err.total_intervals = 0;
-    err.interval = 0;
-    err.last_damaged = -1;
-    err.damaged_intervals = 0;
-    err.damage_pending = false;
-    err.damage[0] = '\0';
-    const auto give_up = [&] { throw_failure(err, source); };
-
-    if (!guarded_header(&s, bytes.data(), bytes.size())) give_up();
-    if (cinfo.image_width != static_cast<JDIMENSION>(info.width) ||
-        cinfo.image_height != static_cast<JDIMENSION>(info.height)) {
-      fail(ErrorKind::kCorrupt, source,
-           fmt::format("libjpeg read a {}x{} frame where the header says {}x{}", cinfo.image_width,
-                       cinfo.image_height, info.width, info.height));
+    reset_attempt(err);
+    start_decompress(s, bytes, source, info, options);
+    DecodedColumns columns{0, cinfo.output_width};
+    const bool cropped = use_crop && region.width() < static_cast<int>(cinfo.output_width);
+    const bool skipped = use_skip && region.y0 > 0;
+    if (cropped && !crop_columns(s, source, region, columns)) {
+      use_crop = false;
+      continue;
     }
     const bool cmyk = cinfo.num_components == 4;
-    // Grayscale, YCbCr and RGB all convert to RGB inside libjpeg-turbo; CMYK/YCCK come out as
-    // CMYK (YCCK converted) and are turned into RGB below as Pillow does.
-    cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_EXT_RGB;
-    cinfo.scale_num = static_cast<unsigned int>(num);
-    cinfo.scale_denom = 8;
-    if (!guarded_start(&s)) give_up();
-    // Restart markers confine damaged entropy data to its interval in a single-scan Huffman
-    // image (Motion-JPEG webcams' frames are such): libjpeg resynchronises at the next marker.
-    // (strict rejects every warning and allow_truncated accepts every one: neither needs it.)
-    if (!options.strict && !options.allow_truncated && cinfo.restart_interval > 0 &&
-        !cinfo.progressive_mode && !cinfo.arith_code && cinfo.comps_in_scan == cinfo.num_components) {
-      const int64_t mcus = int64_t{cinfo.MCUs_per_row} * cinfo.MCU_rows_in_scan;
-      err.total_intervals = static_cast<int>((mcus + cinfo.restart_interval - 1) / cinfo.restart_interval);
-      err.confine_damage = true;
-    }
-
-    const auto out_width = static_cast<int>(cinfo.output_width);
-    if (out_width != scaled_size(info.width, options.scale) ||
-        static_cast<int>(cinfo.output_height) != scaled_size(info.height, options.scale)) {
-      fail(ErrorKind::kCorrupt, source,
-           fmt::format("libjpeg scaled {}x{} by {}/8 to {}x{}", info.width, info.height, num,
-                       cinfo.output_width, cinfo.output_height));
-    }
-
-    JDIMENSION xoffset = 0, width = cinfo.output_width;
-    const bool cropped = use_crop && want_w < out_width;
-    const bool skipped = use_skip && ys0 > 0;
-    if (cropped) {
-      xoffset = static_cast<JDIMENSION>(xs0);
-      width = static_cast<JDIMENSION>(want_w);
-      if (!guarded_crop(&s, &xoffset, &width)) {
-        if (err.outcome != kOutcomeError) give_up();
-        log()->debug("{}: jpeg_crop_scanline failed ({}); decoding whole rows", source,
-                     err.message);
-        jpeg_abort_decompress(&cinfo);
-        use_crop = false;
-        continue;
-      }
-      // The decoded rows must start at or left of the region and end exactly at its right edge.
-      if (xoffset > static_cast<JDIMENSION>(xs0) ||
-          xoffset + width != static_cast<JDIMENSION>(xs1)) {
-        log()->debug("{}: jpeg_crop_scanline returned [{}, {}) for [{}, {}); decoding whole rows",
-                     source, xoffset, xoffset + width, xs0, xs1);
-        jpeg_abort_decompress(&cinfo);
-        use_crop = false;
-        continue;
-      }
-    }
-
-    const size_t components = cmyk ? 4 : 3;
-    const size_t row_bytes = static_cast<size_t>(width) * components;
+    const size_t row_bytes = static_cast<size_t>(columns.width) * (cmyk ? 4 : 3);
     if (row_.size() < row_bytes) row_.resize(row_bytes);
-    out.reshape(want_w, want_h);
-
-    RowPlan plan{};
-    plan.skip_rows = static_cast<JDIMENSION>(ys0);
-    plan.rows = static_cast<JDIMENSION>(want_h);
-    plan.use_skip = use_skip;
-    plan.scratch = row_.data();
-    plan.out = out.pixels.data();
-    plan.out_stride = static_cast<size_t>(want_w) * 3;
-    plan.col_offset = static_cast<size_t>(xs0) - xoffset;
-    plan.width = static_cast<size_t>(want_w);
-    plan.cmyk = cmyk;
-    plan.inverted = cmyk && cinfo.saw_Adobe_marker;
-    plan.direct = !cmyk && plan.col_offset == 0 && width == static_cast<JDIMENSION>(want_w);
+    out.reshape(region.width(), region.height());
+    const RowPlan plan = row_plan(cinfo, region, columns, use_skip, row_.data(), out);
     if (!guarded_rows(&s, &plan)) {
-      if (err.outcome != kOutcomeError || (!cropped && !skipped)) give_up();
+      if (err.outcome != kOutcomeError || (!cropped && !skipped)) throw_failure(err, source);
       log()->debug("{}: libjpeg failed after {} ({}); decoding again without it", source,
                    cropped ? "jpeg_crop_scanline" : "jpeg_skip_scanlines", err.message);
       jpeg_abort_decompress(&cinfo);
       (cropped ? use_crop : use_skip) = false;
       continue;
     }
-    decoded_columns = width;
+    decoded_columns = columns.width;
     image_rows = cinfo.output_height;
     read_rows_end = cinfo.output_scanline;
-    if (ys1 == static_cast<int>(cinfo.output_height)) {
-      // The region reaches the last row: read on to EOI as well, so a file that ends without
-      // one is reported, and warnings about bytes after the scan are counted.
-      if (!guarded_finish(&s)) give_up();
-    }
-    if (err.damage_pending) {
-      fail(ErrorKind::kCorrupt, source,
-           std::string("libjpeg: ") + err.damage +
-               "; the entropy data does not resynchronise at a restart marker before the end of "
-               "the image (the rest of its interval is lost)");
-    }
+    finish_region(s, source, region);
     // Otherwise rows below the region are never decoded: abort_on_exit ends the decompression.
     break;
   }
 
   result.warnings = err.warnings;
-  result.skipped_rows = use_skip ? ys0 : 0;
+  result.skipped_rows = use_skip ? region.y0 : 0;
   result.unread_rows = info.progressive ? 0 : static_cast<int>(image_rows - read_rows_end);
   result.damaged_intervals = err.damaged_intervals;
   result.decoded_columns = static_cast<int>(decoded_columns);
   result.scale = options.scale;
-  result.scaled_region = CropRect{xs0, ys0, want_w, want_h};
-  // Output pixel i covers source [i * 8 / num, (i + 1) * 8 / num): report the integer rectangle
-  // that contains all of them, clamped to the image (see DecodeResult::region).
-  const int x0 = static_cast<int>(int64_t{xs0} * 8 / num);
-  const int y0 = static_cast<int>(int64_t{ys0} * 8 / num);
-  const int x1 =
-      static_cast<int>(std::min<int64_t>((int64_t{xs1} * 8 + num - 1) / num, info.width));
-  const int y1 =
-      static_cast<int>(std::min<int64_t>((int64_t{ys1} * 8 + num - 1) / num, info.height));
-  result.region = CropRect{x0, y0, x1 - x0, y1 - y0};
+  result.scaled_region = CropRect{region.x0, region.y0, region.width(), region.height()};
+  result.region = source_region(region, options.scale.num, info);
 }
 
 }  // namespace gpufeed::decode::detail

@@ -84,6 +84,94 @@ struct GifCloser {
   fail(kind, source, fmt::format("giflib: {}: {}", doing, text ? text : "unknown error"));
 }
 
+/// Reads records up to the first image descriptor (the first frame), skipping extensions.
+/// Returns the transparent index the last graphic control extension before it gives, -1 for none.
+/// Throws DecodeError, also for a GIF that ends without an image.
+int read_to_first_frame(GifFileType* gif, std::string_view source) {
+  int transparent = -1;
+  for (;;) {
+    GifRecordType type = UNDEFINED_RECORD_TYPE;
+    if (DGifGetRecordType(gif, &type) == GIF_ERROR)
+      gif_fail(gif->Error, source, "reading a record");
+    if (type == TERMINATE_RECORD_TYPE) fail(ErrorKind::kCorrupt, source, "GIF contains no image");
+    if (type == IMAGE_DESC_RECORD_TYPE) break;
+    if (type != EXTENSION_RECORD_TYPE) continue;
+    int code = 0;
+    GifByteType* ext = nullptr;
+    if (DGifGetExtension(gif, &code, &ext) == GIF_ERROR)
+      gif_fail(gif->Error, source, "reading an extension");
+    // Graphic control extension: ext[0] = 4, ext[1] flags (bit 0: transparency), ext[4] index.
+    if (code == GRAPHICS_EXT_FUNC_CODE && ext && ext[0] >= 4)
+      transparent = (ext[1] & 1) ? ext[4] : -1;
+    while (ext) {
+      if (DGifGetExtensionNext(gif, &ext) == GIF_ERROR)
+        gif_fail(gif->Error, source, "reading an extension");
+    }
+  }
+  if (DGifGetImageDesc(gif) == GIF_ERROR)
+    gif_fail(gif->Error, source, "reading the image descriptor");
+  return transparent;
+}
+
+/// Decodes the frame gif->Image describes, one row of `line` (its width) at a time, into the
+/// logical screen's palette indices (`screen`, sw x sh): the part of the frame on the screen is
+/// drawn, the rest dropped. A non-interlaced frame stops at screen row `end_row` (the crop's
+/// end), as rows from there on are never shown.
+void draw_frame(GifFileType* gif, uint8_t* line, uint8_t* screen, int sw, int sh, int end_row,
+                std::string_view source) {
+  const GifImageDesc& desc = gif->Image;
+  const int fw = desc.Width, fh = desc.Height;
+  const auto put_row = [&](int y) {
+    const int sy = desc.Top + y;
+    if (sy < 0 || sy >= sh) return;
+    const int x0 = std::max(0, -desc.Left);
+    const int x1 = std::min(fw, sw - desc.Left);
+    if (x1 > x0)
+      std::memcpy(screen + static_cast<size_t>(sy) * sw + desc.Left + x0, line + x0,
+                  static_cast<size_t>(x1 - x0));
+  };
+  if (desc.Interlace) {
+    static constexpr int kStart[4] = {0, 4, 2, 1};
+    static constexpr int kStep[4] = {8, 8, 4, 2};
+    for (int pass = 0; pass < 4; ++pass) {
+      for (int y = kStart[pass]; y < fh; y += kStep[pass]) {
+        if (DGifGetLine(gif, line, fw) == GIF_ERROR)
+          gif_fail(gif->Error, source, "decoding the first frame");
+        put_row(y);
+      }
+    }
+  } else {
+    // Rows below the screen (or the crop) are never shown: stop decoding there.
+    const int last = std::min(fh, end_row - desc.Top);
+    for (int y = 0; y < last; ++y) {
+      if (DGifGetLine(gif, line, fw) == GIF_ERROR)
+        gif_fail(gif->Error, source, "decoding the first frame");
+      put_row(y);
+    }
+  }
+}
+
+/// The crop of the screen's indices (`screen`, sw wide) through colour table `map` into `out`.
+void paint_crop(const uint8_t* screen, int sw, const ColorMapObject& map, const CropRect& crop,
+                ImageBuffer& out) {
+  out.reshape(crop.width, crop.height);
+  const int colors = map.ColorCount;
+  for (int y = 0; y < crop.height; ++y) {
+    const uint8_t* idx = screen + static_cast<size_t>(crop.y + y) * sw + crop.x;
+    uint8_t* d = out.row(y);
+    for (int x = 0; x < crop.width; ++x, d += 3) {
+      const int i = idx[x];
+      if (i < colors) {
+        d[0] = map.Colors[i].Red;
+        d[1] = map.Colors[i].Green;
+        d[2] = map.Colors[i].Blue;
+      } else {
+        d[0] = d[1] = d[2] = 0;  // index past the table: black, as a zero-padded palette gives
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // The first frame as Pillow's Image.open(gif).convert("RGB") shows it (torchvision's path): the
@@ -102,94 +190,25 @@ void WholeImageDecoder::decode_gif(std::span<const uint8_t> bytes, std::string_v
   if (sw != info.width || sh != info.height)
     fail(ErrorKind::kCorrupt, source, "giflib read a different screen size than the header's");
 
-  int transparent = -1;
-  for (;;) {
-    GifRecordType type = UNDEFINED_RECORD_TYPE;
-    if (DGifGetRecordType(gif.get(), &type) == GIF_ERROR)
-      gif_fail(gif->Error, source, "reading a record");
-    if (type == TERMINATE_RECORD_TYPE) fail(ErrorKind::kCorrupt, source, "GIF contains no image");
-    if (type == EXTENSION_RECORD_TYPE) {
-      int code = 0;
-      GifByteType* ext = nullptr;
-      if (DGifGetExtension(gif.get(), &code, &ext) == GIF_ERROR)
-        gif_fail(gif->Error, source, "reading an extension");
-      // Graphic control extension: ext[0] = 4, ext[1] flags (bit 0: transparency), ext[4] index.
-      if (code == GRAPHICS_EXT_FUNC_CODE && ext && ext[0] >= 4)
-        transparent = (ext[1] & 1) ? ext[4] : -1;
-      while (ext) {
-        if (DGifGetExtensionNext(gif.get(), &ext) == GIF_ERROR)
-          gif_fail(gif->Error, source, "reading an extension");
-      }
-      continue;
-    }
-    if (type != IMAGE_DESC_RECORD_TYPE) continue;
+  const int transparent = read_to_first_frame(gif.get(), source);
+  const GifImageDesc& desc = gif->Image;
+  const ColorMapObject* map = desc.ColorMap ? desc.ColorMap : gif->SColorMap;
+  if (!map) fail(ErrorKind::kCorrupt, source, "GIF frame has no colour table");
+  const int fw = desc.Width, fh = desc.Height;
+  if (fw <= 0 || fh <= 0)
+    fail(ErrorKind::kCorrupt, source, fmt::format("GIF frame has size {}x{}", fw, fh));
+  // The frame may claim more than the screen; its rows are decoded one at a time, but the LZW
+  // work is still bounded by the same pixel limit.
+  if (int64_t{fw} * fh > options.max_pixels)
+    fail(ErrorKind::kTooLarge, source,
+         fmt::format("GIF frame {}x{} = {} pixels exceeds max_pixels {}", fw, fh,
+                     int64_t{fw} * fh, options.max_pixels));
 
-    if (DGifGetImageDesc(gif.get()) == GIF_ERROR)
-      gif_fail(gif->Error, source, "reading the image descriptor");
-    const GifImageDesc& desc = gif->Image;
-    const ColorMapObject* map = desc.ColorMap ? desc.ColorMap : gif->SColorMap;
-    if (!map) fail(ErrorKind::kCorrupt, source, "GIF frame has no colour table");
-    const int fw = desc.Width, fh = desc.Height;
-    if (fw <= 0 || fh <= 0)
-      fail(ErrorKind::kCorrupt, source, fmt::format("GIF frame has size {}x{}", fw, fh));
-    // The frame may claim more than the screen; its rows are decoded one at a time, but the LZW
-    // work is still bounded by the same pixel limit.
-    if (int64_t{fw} * fh > options.max_pixels)
-      fail(ErrorKind::kTooLarge, source,
-           fmt::format("GIF frame {}x{} = {} pixels exceeds max_pixels {}", fw, fh,
-                       int64_t{fw} * fh, options.max_pixels));
-
-    indices_.assign(static_cast<size_t>(sw) * sh,
-                    static_cast<uint8_t>(transparent >= 0 ? transparent : 0));
-    if (scratch_.size() < static_cast<size_t>(fw)) scratch_.resize(static_cast<size_t>(fw));
-    uint8_t* line = scratch_.data();
-    const auto put_row = [&](int y) {
-      const int sy = desc.Top + y;
-      if (sy < 0 || sy >= sh) return;
-      const int x0 = std::max(0, -desc.Left);
-      const int x1 = std::min(fw, sw - desc.Left);
-      if (x1 > x0)
-        std::memcpy(indices_.data() + static_cast<size_t>(sy) * sw + desc.Left + x0, line + x0,
-                    static_cast<size_t>(x1 - x0));
-    };
-    if (desc.Interlace) {
-      static constexpr int kStart[4] = {0, 4, 2, 1};
-      static constexpr int kStep[4] = {8, 8, 4, 2};
-      for (int pass = 0; pass < 4; ++pass) {
-        for (int y = kStart[pass]; y < fh; y += kStep[pass]) {
-          if (DGifGetLine(gif.get(), line, fw) == GIF_ERROR)
-            gif_fail(gif->Error, source, "decoding the first frame");
-          put_row(y);
-        }
-      }
-    } else {
-      // Rows below the screen (or the crop) are never shown: stop decoding there.
-      const int last = std::min(fh, crop.y + crop.height - desc.Top);
-      for (int y = 0; y < last; ++y) {
-        if (DGifGetLine(gif.get(), line, fw) == GIF_ERROR)
-          gif_fail(gif->Error, source, "decoding the first frame");
-        put_row(y);
-      }
-    }
-
-    out.reshape(crop.width, crop.height);
-    const int colors = map->ColorCount;
-    for (int y = 0; y < crop.height; ++y) {
-      const uint8_t* idx = indices_.data() + static_cast<size_t>(crop.y + y) * sw + crop.x;
-      uint8_t* d = out.row(y);
-      for (int x = 0; x < crop.width; ++x, d += 3) {
-        const int i = idx[x];
-        if (i < colors) {
-          d[0] = map->Colors[i].Red;
-          d[1] = map->Colors[i].Green;
-          d[2] = map->Colors[i].Blue;
-        } else {
-          d[0] = d[1] = d[2] = 0;  // index past the table: black, as a zero-padded palette gives
-        }
-      }
-    }
-    return;
-  }
+  indices_.assign(static_cast<size_t>(sw) * sh,
+                  static_cast<uint8_t>(transparent >= 0 ? transparent : 0));
+  if (scratch_.size() < static_cast<size_t>(fw)) scratch_.resize(static_cast<size_t>(fw));
+  draw_frame(gif.get(), scratch_.data(), indices_.data(), sw, sh, crop.y + crop.height, source);
+  paint_crop(indices_.data(), sw, *map, crop, out);
 }
 
 // --- WebP ---------------------------------------------------------------------------------------

@@ -79,6 +79,13 @@ struct ImageInfo {
   int orientation = 1;
 };
 
+/// Whether EXIF orientation `orientation` (ImageInfo::orientation) turns the image a quarter
+/// turn, so that the displayed width is the stored height and the displayed height the stored
+/// width: true for 5..8 (transpose, rotations by 90 degrees, transverse), false for 1..4 and for
+/// anything outside 1..8. decode() swaps by it under DecodeOptions::apply_exif_orientation, so a
+/// caller that plans a crop in the displayed frame takes the frame's size from it too.
+bool orientation_swaps_axes(int orientation);
+
 /// DCT scale factor num/8 for JPEG (libjpeg-turbo supports 1/8 ... 8/8, and 9/8 ... 16/8 which
 /// gpufeed never requests). An image of width w decodes to ceil(w * num / 8) columns.
 struct ScaleFactor {
