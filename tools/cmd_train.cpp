@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "schema_cli.h"
 #include "gpufeed/option.h"
 #include "torch_errors.h"
 #include "gpufeed/harness/torch_file.h"
@@ -268,6 +269,38 @@ std::shared_ptr<std::ofstream> open_sample_log(std::string path, int rank) {
   return out;
 }
 
+// The loader's schema options with TrainOptions' values (its defaults: batch 64 per process).
+loader::LoaderOptions loader_options_of(const harness::TrainOptions& o) {
+  loader::LoaderOptions lo;
+  lo.batch_size = o.batch_size;
+  lo.drop_last = o.drop_last;
+  lo.num_workers = o.num_workers;
+  lo.prefetch_depth = o.prefetch_depth;
+  lo.seed = o.seed;
+  lo.error_policy = o.error_policy;
+  lo.max_skips = o.max_skips;
+  lo.decode.strict = o.strict_decode;
+  lo.transform.rrc.size = lo.transform.eval.crop = o.image_size;
+  lo.transform.augment = o.augment;
+  return lo;
+}
+
+// And back: the flags' values into TrainOptions' fields of the same names.
+void take_loader_options(harness::TrainOptions& o, const loader::LoaderOptions& lo,
+                         const loader::IndexCacheOptions& cache) {
+  o.batch_size = lo.batch_size;
+  o.drop_last = lo.drop_last;
+  o.num_workers = lo.num_workers;
+  o.prefetch_depth = lo.prefetch_depth;
+  o.seed = lo.seed;
+  o.error_policy = lo.error_policy;
+  o.max_skips = lo.max_skips;
+  o.strict_decode = lo.decode.strict;
+  o.image_size = lo.transform.rrc.size;
+  o.augment = lo.transform.augment;
+  o.index_cache = cache.index_cache;
+}
+
 }  // namespace
 
 Run add_train(CLI::App& app) {
@@ -280,12 +313,8 @@ Run add_train(CLI::App& app) {
   str("--data", "training set: ImageFolder root, flat folder of <class>_*.jpg, file list, or WebDataset "
       "tar shards ('dir/train-{000000..000146}.tar', a folder of .tar files, a list of .tar paths)")->required();
   str("--val-data", "validation set, same classes (evaluated after every epoch)");
-  str("--index-cache", "where the datasets' listings are cached: unset for the user's cache folder "
-      "($XDG_CACHE_HOME/gpufeed, else ~/.cache/gpufeed), 'beside' for <parent>/<name>.gpufeed-index beside "
-      "each dataset (never in a folder whose mode forbids writing), 'off', or a folder");
   app.add_option("--arch", o->arch, "resnet18, resnet34, resnet50, resnet101, resnet152")->capture_default_str();
   app.add_option("--epochs", o->epochs)->capture_default_str()->check(kAtLeastOne);
-  app.add_option("--batch-size", o->batch_size, "per process and micro-batch")->capture_default_str()->check(kAtLeastOne);
   app.add_option("--accum-steps", o->accum_steps, "micro-batches per optimizer step (gradient accumulation)")
       ->capture_default_str()->check(kAtLeastOne);
   app.add_option("--lr", o->lr, "learning rate per 256 images, scaled by the global batch "
@@ -330,12 +359,6 @@ Run add_train(CLI::App& app) {
   app.add_option("--loss-scale-init", o->grad_scaler.init_scale, "fp16: initial loss scale")->capture_default_str();
   app.add_option("--loss-scale-growth-interval", o->grad_scaler.growth_interval, "fp16: finite steps before growing")
       ->capture_default_str();
-  app.add_option("--num-workers", o->num_workers, "loader threads per process (0 = the CPU budget: the affinity mask's CPUs, capped by the cgroup CPU quota)")
-      ->capture_default_str()->check(kAtLeastZero);
-  // The old name, kept working (hidden from --help): --workers N is --num-workers N.
-  app.add_option("--workers", o->num_workers)->check(kAtLeastZero)->group("");
-  auto* image_size = app.add_option("--image-size,--train-crop-size", o->image_size,
-                                    "train crop side, pixels (without --min-res/--max-res)")->capture_default_str();
   // Progressive resizing, FFCV's names (its config's resolution section) and formula.
   str("--min-res", "progressive resizing (FFCV's): train crop side up to --start-ramp, pixels")->check(kAtLeastOne);
   str("--max-res", "progressive resizing: side from --end-ramp on (between: linear, rounded to a "
@@ -368,22 +391,9 @@ Run add_train(CLI::App& app) {
   app.add_flag("--activation-checkpointing", o->activation_checkpointing,
                "recompute the ResNet stages' activations in backward instead of keeping them (less memory, "
                "about one more forward of compute; not with --devices)");
-  app.add_flag("--drop-last", o->drop_last,
-               "drop each rank's last, shorter training batch (on by itself when it would hold 1 sample)");
-  app.add_option("--seed", o->seed)->capture_default_str();
   app.add_flag("--ra-sampler", o->ra_sampler, "repeated-augmentation sampler (torchvision references' RASampler)");
   app.add_option("--ra-reps", o->ra_reps, "--ra-sampler: repetitions of each image per epoch")
       ->capture_default_str()->check(kAtLeastOne);
-  app.add_option("--prefetch-depth", o->prefetch_depth, "loader batch slots")->capture_default_str();
-  str("--on-error", "a file that cannot be read or decoded: raise (stop, naming it) or skip (replace "
-      "it by the next good sample, counted and reported)", "raise")
-      ->check(CLI::IsMember({"raise", "skip"}))->capture_default_str();
-  app.add_option("--max-skips", o->max_skips, "--on-error skip: more skips than this in one epoch is an error")
-      ->capture_default_str()
-      ->check(kAtLeastZero);
-  app.add_flag("--strict-decode", o->strict_decode,
-               "treat every decoder warning as an error (by default benign warnings and JPEG "
-               "damage confined to restart intervals are accepted and counted)");
   str("--init-weights", "load this state_dict first (Python or gpufeed file; wrapper prefixes "
       "module., _orig_mod., model. are stripped): fine-tuning");
   app.add_option("--init-weights-exclude", o->init_weights_exclude,
@@ -416,12 +426,19 @@ Run add_train(CLI::App& app) {
       ->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "plain", "off"}));
   static const std::string recipe_help = "expand a published recipe's flags first (explicit flags override): " + recipe_names();
   str("--recipe", recipe_help.c_str());
-  // Per-sample augmentations (--auto-augment, --ra-magnitude, --ra-num-ops, --color-jitter,
-  // --random-erase, --random-erase-value): shared with `gpufeed bench`.
-  auto finish_augment = add_augment_options(app, o->augment);
-  return without_backtrace([o, s, no_benchmark, finish_augment, image_size, &app] {
+  // The loader's flags (--batch-size, --num-workers, --image-size, --on-error, --auto-augment, ...),
+  // from its schema (gpufeed/loader/loader.h), with this command's defaults; the eval transform's
+  // are --val-resize-size and --val-crop-size, the train crop's schedule --min-res/--max-res.
+  auto lo = std::make_shared<loader::LoaderOptions>(loader_options_of(*o));
+  auto cache = std::make_shared<loader::IndexCacheOptions>();
+  const SchemaFlags loader_flags = add_schema_options(
+      app, loader::loader_options_schema(), *lo, {"train", "scale", "ratio", "resize_size", "max_image_size", "mean", "std"});
+  const SchemaFlags cache_flags = add_schema_options(app, loader::index_cache_options_schema(), *cache);
+  return without_backtrace([o, s, no_benchmark, lo, cache, loader_flags, cache_flags, &app] {
     if (!s->at("--recipe").empty()) apply_recipe(app, s->at("--recipe"));  // before reading any flag
-    finish_augment();
+    loader_flags.apply();
+    cache_flags.apply();
+    take_loader_options(*o, *lo, *cache);
     auto get = [&](const char* k) -> const std::string& { return s->at(k); };
     auto path = [&](const char* k) -> std::optional<std::filesystem::path> {
       if (get(k).empty()) return std::nullopt;
@@ -429,7 +446,6 @@ Run add_train(CLI::App& app) {
     };
     o->data = get("--data");
     o->val_data = path("--val-data");
-    o->index_cache = get("--index-cache");
     o->checkpoint = path("--checkpoint");
     o->save_checkpoint = path("--save-checkpoint");
     o->resume = path("--resume");
@@ -437,13 +453,12 @@ Run add_train(CLI::App& app) {
     o->profile.metrics_path = path("--metrics");
     o->profile.trace_path = path("--trace");
     o->lr_schedule = harness::parse_lr_schedule_kind(get("--lr-schedule"));
-    o->error_policy = loader::parse_error_policy(get("--on-error"));
     if (!get("--min-res").empty() || !get("--max-res").empty() || !get("--end-ramp").empty()) {
       if (get("--min-res").empty() || get("--max-res").empty() || get("--end-ramp").empty()) {
         throw std::invalid_argument("progressive resizing needs --min-res, --max-res and --end-ramp "
                                     "(--start-ramp defaults to 0)");
       }
-      if (image_size->count() > 0) {
+      if (loader_flags.given->count("image_size") > 0) {
         throw std::invalid_argument("--image-size/--train-crop-size and progressive resizing (--min-res, "
                                     "--max-res, --end-ramp) both given: for a fixed size pass --min-res and "
                                     "--max-res equal");

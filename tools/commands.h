@@ -16,12 +16,6 @@ using Run = std::function<int()>;
 inline const CLI::Range kAtLeastOne{int64_t{1}, int64_t{std::numeric_limits<int>::max()}};
 inline const CLI::Range kAtLeastZero{int64_t{0}, int64_t{std::numeric_limits<int>::max()}};
 
-/// The augmentation flags (--auto-augment, --ra-magnitude, --ra-num-ops, --color-jitter,
-/// --random-erase, --random-erase-value) on `app`, writing into `o` (which must outlive the
-/// parse). Returns what to call after parsing: it fills the text-valued options in and validates
-/// `o`, throwing std::invalid_argument naming the option.
-std::function<void()> add_augment_options(CLI::App& app, loader::AugmentOptions& o);
-
 Run add_train(CLI::App& app);
 Run add_bench(CLI::App& app);
 Run add_make_dataset(CLI::App& app);

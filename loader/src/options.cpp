@@ -114,7 +114,7 @@ Schema<TransformOptions> make_transform_schema() {
         [](const TransformOptions& t) -> Value { return t.kind == TransformOptions::Kind::kTrain; });
   s.add({.name = "image_size", .type = Type::kInt,
          .help = "output side: RandomResizedCrop's size (train) or CenterCrop's (eval)", .unit = "pixels",
-         .min = 1, .max = kMaxSide},
+         .min = 1, .max = kMaxSide, .cli_aliases = {"--train-crop-size"}},
         [](TransformOptions& t, const Value& v) {
           t.rrc.size = t.eval.crop = static_cast<int>(std::get<int64_t>(v));
         },
