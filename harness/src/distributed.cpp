@@ -294,6 +294,40 @@ struct DistributedDataParallel::State {
   size_t next_bucket = 0;
   bool armed = false;
 
+  // Buckets: reverse registration order, one dtype/device each, up to cap_bytes (a parameter
+  // larger than that gets a bucket of its own), each with its flat buffer.
+  void make_buckets(int64_t cap_bytes) {
+    bucket_of.resize(params.size());
+    slot_of.resize(params.size());
+    ready.assign(params.size(), 0);
+    int64_t bytes = 0;
+    for (size_t k = params.size(); k-- > 0;) {
+      const at::Tensor& p = params[k];
+      const int64_t pb = p.numel() * static_cast<int64_t>(p.element_size());
+      bool fresh = buckets.empty() || bytes + pb > cap_bytes;
+      if (!fresh) {
+        const at::Tensor& first = params[buckets.back().params.front()];
+        fresh = first.scalar_type() != p.scalar_type() || first.device() != p.device();
+      }
+      if (fresh) {
+        buckets.emplace_back();
+        bytes = 0;
+      }
+      Bucket& b = buckets.back();
+      bucket_of[k] = buckets.size() - 1;
+      slot_of[k] = b.params.size();
+      b.offsets.push_back(b.params.empty() ? 0
+                                           : b.offsets.back() + params[b.params.back()].numel());
+      b.params.push_back(k);
+      bytes += pb;
+    }
+    for (auto& b : buckets) {
+      const at::Tensor& last = params[b.params.back()];
+      const int64_t n = b.offsets.back() + last.numel();
+      b.buffer = at::empty({n}, last.options().memory_format(c10::MemoryFormat::Contiguous));
+    }
+  }
+
   void arm() {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& b : buckets) {
@@ -335,6 +369,38 @@ struct GradReadyHook : torch::autograd::PostAccumulateGradHook {
   std::weak_ptr<DistributedDataParallel::State> state;
   size_t index;
 };
+
+// Same model on every rank? Compares (count, elements, a fingerprint of the shapes) of the
+// trained parameters across the group; throws naming this rank's when they differ.
+void check_same_model(ProcessGroup& group, const std::vector<at::Tensor>& params) {
+  int64_t numel = 0, fingerprint = 0;
+  for (const auto& p : params) {
+    numel += p.numel();
+    for (int64_t d : p.sizes()) fingerprint = (fingerprint * 31 + d) % 1000000007;
+  }
+  std::vector<int64_t> mine{static_cast<int64_t>(params.size()), numel, fingerprint};
+  std::vector<at::Tensor> t{
+      at::tensor(mine, at::TensorOptions().dtype(at::kLong)).to(group.device())};
+  group.all_reduce_sum(t);
+  const at::Tensor total = t[0].cpu();
+  for (int k = 0; k < 3; ++k) {
+    if (total[k].item<int64_t>() != mine[static_cast<size_t>(k)] * group.size()) {
+      throw std::runtime_error("DistributedDataParallel: rank " + std::to_string(group.rank()) +
+                               ": the model differs across ranks (parameter count " +
+                               std::to_string(params.size()) + ", elements " +
+                               std::to_string(numel) + " here)");
+    }
+  }
+}
+
+// Rank 0's parameters and buffers (all of them, trained or not) everywhere.
+void broadcast_rank0_state(torch::nn::Module& module, ProcessGroup& group) {
+  std::vector<at::Tensor> states;
+  for (const auto& p : module.named_parameters(true)) states.push_back(p.value().detach());
+  for (const auto& b : module.named_buffers(true)) states.push_back(b.value().detach());
+  at::NoGradGuard no_grad;
+  group.broadcast_coalesced(states, 0);
+}
 }  // namespace
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
@@ -351,65 +417,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     s.params.push_back(p.value());
     s.names.push_back(p.key());
   }
-  // Same model on every rank? Compare (count, elements, a fingerprint of the shapes).
-  int64_t numel = 0, fingerprint = 0;
-  for (const auto& p : s.params) {
-    numel += p.numel();
-    for (int64_t d : p.sizes()) fingerprint = (fingerprint * 31 + d) % 1000000007;
-  }
-  {
-    std::vector<int64_t> mine{static_cast<int64_t>(s.params.size()), numel, fingerprint};
-    std::vector<at::Tensor> t{
-        at::tensor(mine, at::TensorOptions().dtype(at::kLong)).to(group_->device())};
-    group_->all_reduce_sum(t);
-    const at::Tensor total = t[0].cpu();
-    for (int k = 0; k < 3; ++k) {
-      if (total[k].item<int64_t>() != mine[static_cast<size_t>(k)] * group_->size()) {
-        throw std::runtime_error("DistributedDataParallel: rank " + std::to_string(group_->rank()) +
-                                 ": the model differs across ranks (parameter count " +
-                                 std::to_string(s.params.size()) + ", elements " +
-                                 std::to_string(numel) + " here)");
-      }
-    }
-  }
-  // Rank 0's parameters and buffers everywhere.
-  std::vector<at::Tensor> states;
-  for (const auto& p : module_->named_parameters(true)) states.push_back(p.value().detach());
-  for (const auto& b : module_->named_buffers(true)) states.push_back(b.value().detach());
-  {
-    at::NoGradGuard no_grad;
-    group_->broadcast_coalesced(states, 0);
-  }
-  // Buckets: reverse registration order, one dtype/device each, up to bucket_cap_bytes.
-  s.bucket_of.resize(s.params.size());
-  s.slot_of.resize(s.params.size());
-  s.ready.assign(s.params.size(), 0);
-  int64_t bytes = 0;
-  for (size_t k = s.params.size(); k-- > 0;) {
-    const at::Tensor& p = s.params[k];
-    const int64_t pb = p.numel() * static_cast<int64_t>(p.element_size());
-    bool fresh = s.buckets.empty() || bytes + pb > options_.bucket_cap_bytes;
-    if (!fresh) {
-      const at::Tensor& first = s.params[s.buckets.back().params.front()];
-      fresh = first.scalar_type() != p.scalar_type() || first.device() != p.device();
-    }
-    if (fresh) {
-      s.buckets.emplace_back();
-      bytes = 0;
-    }
-    State::Bucket& b = s.buckets.back();
-    s.bucket_of[k] = s.buckets.size() - 1;
-    s.slot_of[k] = b.params.size();
-    b.offsets.push_back(b.params.empty() ? 0
-                                         : b.offsets.back() + s.params[b.params.back()].numel());
-    b.params.push_back(k);
-    bytes += pb;
-  }
-  for (auto& b : s.buckets) {
-    const at::Tensor& last = s.params[b.params.back()];
-    const int64_t n = b.offsets.back() + last.numel();
-    b.buffer = at::empty({n}, last.options().memory_format(c10::MemoryFormat::Contiguous));
-  }
+  check_same_model(*group_, s.params);
+  broadcast_rank0_state(*module_, *group_);
+  s.make_buckets(options_.bucket_cap_bytes);
   std::weak_ptr<State> weak = state_;
   for (size_t k = 0; k < s.params.size(); ++k) {
     torch::autograd::impl::set_post_acc_grad_hooks(s.params[k],

@@ -115,6 +115,128 @@ std::string format_count(double value) {
 
 // ---- the verdict -----------------------------------------------------------------------------
 
+namespace {
+
+// Loader thread time, summed over workers: read + decode + resize.
+double loader_thread_s(const VerdictInputs& in) {
+  return in.loader_read_s + in.loader_decode_s + in.loader_resize_s;
+}
+
+// The rates and the loader's stage fractions the verdict is argued from.
+void measure(const VerdictInputs& in, Verdict& v) {
+  const StepBreakdown& s = in.steps;
+  v.data_wait_fraction = s.data_wait_fraction();
+  v.delivered_images_per_s = s.images_per_s();
+  const double busy_ms = std::max(s.wall_ms - s.data_wait_ms, 1e-6);
+  v.model_images_per_s = static_cast<double>(s.images) / (busy_ms / 1000.0);
+  const int workers = std::max(1, in.num_workers);
+  const double thread_s = loader_thread_s(in);
+  if (thread_s > 0 && in.loader_samples > 0) {
+    v.loader_images_per_s = static_cast<double>(in.loader_samples) / thread_s * workers;
+    v.read_fraction = in.loader_read_s / thread_s;
+    v.decode_fraction = in.loader_decode_s / thread_s;
+    v.resize_fraction = in.loader_resize_s / thread_s;
+  }
+}
+
+// " Decode is 60% of loader thread time (read 30%, resize 10%).": the stages by share, largest
+// first; empty when no loader thread time was measured.
+std::string stage_sentence(const VerdictInputs& in, const Verdict& v) {
+  if (loader_thread_s(in) <= 0) return "";
+  struct Stage {
+    const char* name;
+    double fraction;
+  };
+  std::vector<Stage> order = {
+      {"decode", v.decode_fraction}, {"read", v.read_fraction}, {"resize", v.resize_fraction}};
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Stage& a, const Stage& b) { return a.fraction > b.fraction; });
+  return std::string(" ") + static_cast<char>(std::toupper(order[0].name[0])) +
+         (order[0].name + 1) + " is " + percent(order[0].fraction) + " of loader thread time (" +
+         order[1].name + " " + percent(order[1].fraction) + ", " + order[2].name + " " +
+         percent(order[2].fraction) + ").";
+}
+
+// The knob for an input-bound run: more workers while the CPU budget has room and the loader
+// cannot keep up, a deeper prefetch when it keeps up on average, else the dominant loader stage.
+std::string input_bound_knob(const VerdictInputs& in, const Verdict& v) {
+  const bool capacity_to_spare = v.loader_images_per_s > 1.25 * v.model_images_per_s;
+  const bool limited = in.cpu_budget < in.hardware_threads;
+  const std::string cpus =
+      limited ? "this process may use " + std::to_string(in.cpu_budget) +
+                    " CPUs of the machine's " + std::to_string(in.hardware_threads) +
+                    " hardware threads (affinity mask, cgroup quota)"
+              : "the machine has " + std::to_string(in.cpu_budget) + " hardware threads";
+  if (in.num_workers < in.cpu_budget && !capacity_to_spare) {
+    return "raise --num-workers from " + std::to_string(in.num_workers) + " to " +
+           std::to_string(in.cpu_budget) + " (" + cpus +
+           (in.gpu ? ")" : "; on a CPU run the model competes for the same cores)") + ".";
+  }
+  if (capacity_to_spare) {
+    return "raise --prefetch-depth from " + std::to_string(in.prefetch_depth) +
+           ": the loader keeps up on average (about " + format_count(v.loader_images_per_s) +
+           " img/s) but not at every step.";
+  }
+  if (v.decode_fraction >= 0.5) {
+    return "decode fewer pixels: store the images pre-resized (shorter side about 1.15x the "
+           "crop) so DCT scaling and crop-decode skip more, or lower --image-size.";
+  }
+  if (v.read_fraction >= 0.5) {
+    return "read faster: keep the dataset on a local SSD or in the page cache, or pack small "
+           "files into larger ones.";
+  }
+  if (v.resize_fraction >= 0.5) {
+    return "resize less: store the images pre-resized so each crop needs less downscaling.";
+  }
+  return limited
+             ? "more CPUs for this process (" + cpus + "): no single loader stage dominates."
+             : "more loader threads (a machine with more cores): no single loader stage dominates.";
+}
+
+void explain_input_bound(const VerdictInputs& in, const std::string& stages, Verdict& v) {
+  v.bound = Verdict::Bound::kInput;
+  v.knob = input_bound_knob(in, v);
+  const std::string who = in.gpu ? "GPU" : "model";
+  v.text = "Input-bound: the " + who + " waited for data " + percent(v.data_wait_fraction) +
+           " of step time. The loader delivers " + format_count(v.delivered_images_per_s) +
+           " img/s; the " + (in.gpu ? "model" : "model alone") + " would consume " +
+           format_count(v.model_images_per_s) + " img/s (" +
+           times(v.model_images_per_s / std::max(v.delivered_images_per_s, 1e-9)) + ")." +
+           stages + " Most likely to help: " + v.knob;
+}
+
+void explain_compute_bound(const VerdictInputs& in, const std::string& stages, Verdict& v) {
+  v.bound = Verdict::Bound::kCompute;
+  const int workers = std::max(1, in.num_workers);
+  std::string headroom;
+  int needed = workers;
+  if (v.loader_images_per_s > 0) {
+    needed = std::clamp(
+        static_cast<int>(std::ceil(workers * v.model_images_per_s / v.loader_images_per_s)), 1,
+        workers);
+    headroom = "; the loader could deliver about " + format_count(v.loader_images_per_s) +
+               " img/s with " + std::to_string(workers) + " thread" + (workers > 1 ? "s" : "") +
+               " (" + times(v.loader_images_per_s / v.model_images_per_s) + " headroom)";
+  }
+  const std::string threads = v.loader_images_per_s > 0
+                                  ? " The loader would keep up with about " +
+                                        std::to_string(needed) + " of its " +
+                                        std::to_string(workers) + " threads."
+                                  : "";
+  v.knob = in.gpu ? "speed up the step itself: bf16 autocast, --channels-last or a larger "
+                    "--batch-size." +
+                        threads
+                  : "the model's arithmetic on the CPU is the bottleneck: train on a GPU "
+                    "(--device cuda:0)." +
+                        threads;
+  const std::string who = in.gpu ? "GPU" : "model";
+  v.text = "Compute-bound: the " + who + " waited for data only " + percent(v.data_wait_fraction) +
+           " of step time. The model consumes " + format_count(v.model_images_per_s) + " img/s" +
+           headroom + "." + stages + " Most likely to help: " + v.knob;
+}
+
+}  // namespace
+
 Verdict make_verdict(const VerdictInputs& in) {
   Verdict v;
   const StepBreakdown& s = in.steps;
@@ -122,99 +244,12 @@ Verdict make_verdict(const VerdictInputs& in) {
     v.text = "No training steps were timed, so there is no verdict.";
     return v;
   }
-  v.data_wait_fraction = s.data_wait_fraction();
-  v.delivered_images_per_s = s.images_per_s();
-  const double busy_ms = std::max(s.wall_ms - s.data_wait_ms, 1e-6);
-  v.model_images_per_s = static_cast<double>(s.images) / (busy_ms / 1000.0);
-  const int workers = std::max(1, in.num_workers);
-  const double thread_s = in.loader_read_s + in.loader_decode_s + in.loader_resize_s;
-  if (thread_s > 0 && in.loader_samples > 0) {
-    v.loader_images_per_s = static_cast<double>(in.loader_samples) / thread_s * workers;
-    v.read_fraction = in.loader_read_s / thread_s;
-    v.decode_fraction = in.loader_decode_s / thread_s;
-    v.resize_fraction = in.loader_resize_s / thread_s;
-  }
-  const std::string who = in.gpu ? "GPU" : "model";
-  std::string stages;
-  if (thread_s > 0) {
-    struct Stage {
-      const char* name;
-      double fraction;
-    };
-    std::vector<Stage> order = {
-        {"decode", v.decode_fraction}, {"read", v.read_fraction}, {"resize", v.resize_fraction}};
-    std::stable_sort(order.begin(), order.end(),
-                     [](const Stage& a, const Stage& b) { return a.fraction > b.fraction; });
-    stages = std::string(" ") + static_cast<char>(std::toupper(order[0].name[0])) +
-             (order[0].name + 1) + " is " + percent(order[0].fraction) +
-             " of loader thread time (" + order[1].name + " " + percent(order[1].fraction) + ", " +
-             order[2].name + " " + percent(order[2].fraction) + ").";
-  }
-
-  if (v.data_wait_fraction >= kInputBoundWaitFraction) {
-    v.bound = Verdict::Bound::kInput;
-    const bool capacity_to_spare = v.loader_images_per_s > 1.25 * v.model_images_per_s;
-    const bool limited = in.cpu_budget < in.hardware_threads;
-    const std::string cpus = limited ? "this process may use " + std::to_string(in.cpu_budget) +
-                                           " CPUs of the machine's " + std::to_string(in.hardware_threads) +
-                                           " hardware threads (affinity mask, cgroup quota)"
-                                     : "the machine has " + std::to_string(in.cpu_budget) + " hardware threads";
-    if (in.num_workers < in.cpu_budget && !capacity_to_spare) {
-      v.knob = "raise --num-workers from " + std::to_string(in.num_workers) + " to " +
-               std::to_string(in.cpu_budget) + " (" + cpus +
-               (in.gpu ? ")" : "; on a CPU run the model competes for the same cores)") + ".";
-    } else if (capacity_to_spare) {
-      v.knob = "raise --prefetch-depth from " + std::to_string(in.prefetch_depth) +
-               ": the loader keeps up on average (about " + format_count(v.loader_images_per_s) +
-               " img/s) but not at every step.";
-    } else if (v.decode_fraction >= 0.5) {
-      v.knob =
-          "decode fewer pixels: store the images pre-resized (shorter side about 1.15x the "
-          "crop) so DCT scaling and crop-decode skip more, or lower --image-size.";
-    } else if (v.read_fraction >= 0.5) {
-      v.knob =
-          "read faster: keep the dataset on a local SSD or in the page cache, or pack small "
-          "files into larger ones.";
-    } else if (v.resize_fraction >= 0.5) {
-      v.knob = "resize less: store the images pre-resized so each crop needs less downscaling.";
-    } else {
-      v.knob = limited ? "more CPUs for this process (" + cpus + "): no single loader stage dominates."
-                       : "more loader threads (a machine with more cores): no single loader stage dominates.";
-    }
-    v.text = "Input-bound: the " + who + " waited for data " + percent(v.data_wait_fraction) +
-             " of step time. The loader delivers " + format_count(v.delivered_images_per_s) +
-             " img/s; the " + (in.gpu ? "model" : "model alone") + " would consume " +
-             format_count(v.model_images_per_s) + " img/s (" +
-             times(v.model_images_per_s / std::max(v.delivered_images_per_s, 1e-9)) + ")." +
-             stages + " Most likely to help: " + v.knob;
-  } else {
-    v.bound = Verdict::Bound::kCompute;
-    std::string headroom;
-    int needed = workers;
-    if (v.loader_images_per_s > 0) {
-      needed = std::clamp(
-          static_cast<int>(std::ceil(workers * v.model_images_per_s / v.loader_images_per_s)), 1,
-          workers);
-      headroom = "; the loader could deliver about " + format_count(v.loader_images_per_s) +
-                 " img/s with " + std::to_string(workers) + " thread" + (workers > 1 ? "s" : "") +
-                 " (" + times(v.loader_images_per_s / v.model_images_per_s) + " headroom)";
-    }
-    const std::string threads = v.loader_images_per_s > 0
-                                    ? " The loader would keep up with about " +
-                                          std::to_string(needed) + " of its " +
-                                          std::to_string(workers) + " threads."
-                                    : "";
-    v.knob = in.gpu ? "speed up the step itself: bf16 autocast, --channels-last or a larger "
-                      "--batch-size." +
-                          threads
-                    : "the model's arithmetic on the CPU is the bottleneck: train on a GPU "
-                      "(--device cuda:0)." +
-                          threads;
-    v.text = "Compute-bound: the " + who + " waited for data only " +
-             percent(v.data_wait_fraction) + " of step time. The model consumes " +
-             format_count(v.model_images_per_s) + " img/s" + headroom + "." + stages +
-             " Most likely to help: " + v.knob;
-  }
+  measure(in, v);
+  const std::string stages = stage_sentence(in, v);
+  if (v.data_wait_fraction >= kInputBoundWaitFraction)
+    explain_input_bound(in, stages, v);
+  else
+    explain_compute_bound(in, stages, v);
   return v;
 }
 

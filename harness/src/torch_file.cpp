@@ -74,6 +74,72 @@ c10::IValue opaque(const std::string& cls) {
 
 std::string global_ref(const std::string& name) { return "<global " + name + ">"; }
 
+// The pickle opcodes this unpickler reads, named as Python's pickle.py names them (the protocol
+// that introduced each in brackets). Text opcodes (protocol 0) end with a newline.
+enum class Op : uint8_t {
+  MARK = '(',  // push a mark
+  STOP = '.',  // end: the top of the stack is the value
+  POP = '0',
+  POP_MARK = '1',  // drop everything down to the topmost mark
+  DUP = '2',
+  FLOAT = 'F',    // text
+  INT = 'I',      // text; "01"/"00" are bools
+  BININT = 'J',   // 4-byte signed
+  BININT1 = 'K',  // 1-byte unsigned
+  LONG = 'L',     // text, optional trailing 'L'
+  BININT2 = 'M',  // 2-byte unsigned
+  NONE = 'N',
+  PERSID = 'P',           // text persistent id (torch.save uses BINPERSID)
+  BINPERSID = 'Q',        // persistent id from the stack
+  REDUCE = 'R',           // call a global with an argument tuple
+  STRING = 'S',           // quoted text
+  BINSTRING = 'T',        // 4-byte length
+  SHORT_BINSTRING = 'U',  // 1-byte length
+  UNICODE = 'V',          // raw text
+  BINUNICODE = 'X',       // UTF-8, 4-byte length
+  APPEND = 'a',
+  BUILD = 'b',   // __setstate__ / __dict__ update
+  GLOBAL = 'c',  // text "module\nname\n"
+  DICT = 'd',    // dict from the items above the mark
+  EMPTY_DICT = '}',
+  APPENDS = 'e',
+  GET = 'g',          // memo, text key
+  BINGET = 'h',       // memo, 1-byte key
+  LONG_BINGET = 'j',  // memo, 4-byte key
+  LIST = 'l',         // list from the items above the mark
+  EMPTY_LIST = ']',
+  PUT = 'p',          // memo, text key
+  BINPUT = 'q',       // memo, 1-byte key
+  LONG_BINPUT = 'r',  // memo, 4-byte key
+  SETITEM = 's',
+  TUPLE = 't',  // tuple from the items above the mark
+  EMPTY_TUPLE = ')',
+  SETITEMS = 'u',
+  BINFLOAT = 'G',           // 8-byte big-endian double
+  PROTO = 0x80,             // [2] protocol version
+  NEWOBJ = 0x81,            // [2] cls.__new__(cls, *args)
+  TUPLE1 = 0x85,            // [2]
+  TUPLE2 = 0x86,            // [2]
+  TUPLE3 = 0x87,            // [2]
+  NEWTRUE = 0x88,           // [2]
+  NEWFALSE = 0x89,          // [2]
+  LONG1 = 0x8a,             // [2] little-endian two's complement, 1-byte length
+  LONG4 = 0x8b,             // [2] same, 4-byte length
+  BINBYTES = 'B',           // [3] 4-byte length
+  SHORT_BINBYTES = 'C',     // [3] 1-byte length
+  SHORT_BINUNICODE = 0x8c,  // [4]
+  BINUNICODE8 = 0x8d,       // [4]
+  BINBYTES8 = 0x8e,         // [4]
+  EMPTY_SET = 0x8f,         // [4]
+  ADDITEMS = 0x90,          // [4] add the items above the mark to a set
+  FROZENSET = 0x91,         // [4]
+  NEWOBJ_EX = 0x92,         // [4] with keyword arguments
+  STACK_GLOBAL = 0x93,      // [4] module and name from the stack
+  MEMOIZE = 0x94,           // [4] memo, the next key
+  FRAME = 0x95,             // [4] 8-byte frame length
+  BYTEARRAY8 = 0x96,        // [5]
+};
+
 class Unpickler {
  public:
   Unpickler(const char* data, size_t size, std::string name,
@@ -82,246 +148,15 @@ class Unpickler {
 
   c10::IValue run() {
     while (true) {
-      const uint8_t op = u8();
-      switch (op) {
-        case 0x80:
-          u8();
-          break;  // PROTO
-        case 0x95:
-          bytes(8);
-          break;     // FRAME: length only
-        case '.': {  // STOP
-          if (stack_.empty()) bad("STOP with an empty stack");
-          return value(pop());
-        }
-        case '(':
-          push_mark();
-          break;  // MARK
-        case '0':
-          pop();
-          break;  // POP
-        case '1':
-          pop_to_mark();
-          break;  // POP_MARK
-        case '2':
-          stack_.push_back(top());
-          break;  // DUP
-        case 'N':
-          push(c10::IValue());
-          break;  // NONE
-        case 0x88:
-          push(true);
-          break;  // NEWTRUE
-        case 0x89:
-          push(false);
-          break;  // NEWFALSE
-        case 'J':
-          push(static_cast<int64_t>(le<int32_t>()));
-          break;  // BININT
-        case 'K':
-          push(static_cast<int64_t>(u8()));
-          break;  // BININT1
-        case 'M':
-          push(static_cast<int64_t>(le<uint16_t>()));
-          break;  // BININT2
-        case 0x8a:
-          push(long_bytes(u8()));
-          break;  // LONG1
-        case 0x8b:
-          push(long_bytes(le<uint32_t>()));
-          break;     // LONG4
-        case 'I': {  // INT (text; bools)
-          const std::string s = line();
-          if (s == "01")
-            push(true);
-          else if (s == "00")
-            push(false);
-          else
-            push(static_cast<int64_t>(std::stoll(s)));
-          break;
-        }
-        case 'L': {  // LONG (text)
-          std::string s = line();
-          if (!s.empty() && s.back() == 'L') s.pop_back();
-          push(static_cast<int64_t>(std::stoll(s)));
-          break;
-        }
-        case 'G':
-          push(be_double());
-          break;  // BINFLOAT
-        case 'F':
-          push(std::stod(line()));
-          break;  // FLOAT (text)
-        case 'X':
-          push(str(le<uint32_t>()));
-          break;  // BINUNICODE
-        case 0x8c:
-          push(str(u8()));
-          break;  // SHORT_BINUNICODE
-        case 0x8d:
-          push(str(le<uint64_t>()));
-          break;  // BINUNICODE8
-        case 'T':
-          push(str(le<uint32_t>()));
-          break;  // BINSTRING
-        case 'U':
-          push(str(u8()));
-          break;  // SHORT_BINSTRING
-        case 'B':
-          push(str(le<uint32_t>()));
-          break;  // BINBYTES
-        case 'C':
-          push(str(u8()));
-          break;  // SHORT_BINBYTES
-        case 0x8e:
-          push(str(le<uint64_t>()));
-          break;  // BINBYTES8
-        case 0x96:
-          push(str(le<uint64_t>()));
-          break;  // BYTEARRAY8
-        case 'V':
-          push(line());
-          break;     // UNICODE (raw text)
-        case 'S': {  // STRING (quoted text)
-          std::string s = line();
-          if (s.size() >= 2) s = s.substr(1, s.size() - 2);
-          push(s);
-          break;
-        }
-        case '}':
-          push(new_dict());
-          break;  // EMPTY_DICT
-        case ']':
-          push(c10::impl::GenericList(c10::AnyType::get()));
-          break;  // EMPTY_LIST
-        case ')':
-          push(c10::ivalue::Tuple::create({}));
-          break;  // EMPTY_TUPLE
-        case 0x8f:
-          push(c10::impl::GenericList(c10::AnyType::get()));
-          break;     // EMPTY_SET
-        case 'd': {  // DICT
-          auto items = pop_to_mark();
-          auto d = new_dict();
-          set_items(d, items);
-          push(d);
-          break;
-        }
-        case 'l': {  // LIST
-          auto items = pop_to_mark();
-          auto l = c10::impl::GenericList(c10::AnyType::get());
-          for (auto& it : items) l.push_back(value(it));
-          push(l);
-          break;
-        }
-        case 0x91: {  // FROZENSET
-          auto items = pop_to_mark();
-          auto l = c10::impl::GenericList(c10::AnyType::get());
-          for (auto& it : items) l.push_back(value(it));
-          push(l);
-          break;
-        }
-        case 't':
-          push(tuple(pop_to_mark()));
-          break;  // TUPLE
-        case 0x85: {
-          auto a = pop();
-          push(tuple({a}));
-          break;
-        }  // TUPLE1
-        case 0x86: {
-          auto b = pop(), a = pop();
-          push(tuple({a, b}));
-          break;
-        }             // TUPLE2
-        case 0x87: {  // TUPLE3
-          auto c = pop(), b = pop(), a = pop();
-          push(tuple({a, b, c}));
-          break;
-        }
-        case 'a': {  // APPEND
-          auto v = pop();
-          append(top(), {v});
-          break;
-        }
-        case 'e':
-        case 0x90: {  // APPENDS, ADDITEMS
-          auto items = pop_to_mark();
-          append(top(), items);
-          break;
-        }
-        case 's': {  // SETITEM
-          auto v = pop(), k = pop();
-          setitems_on(top(), {k, v});
-          break;
-        }
-        case 'u': {  // SETITEMS
-          auto items = pop_to_mark();
-          setitems_on(top(), items);
-          break;
-        }
-        case 'c': {  // GLOBAL
-          std::string module = line();
-          std::string name = line();
-          push_global(module + "." + name);
-          break;
-        }
-        case 0x93: {  // STACK_GLOBAL
-          auto name = pop(), module = pop();
-          push_global(string_of(module) + "." + string_of(name));
-          break;
-        }
-        case 'R': {  // REDUCE
-          auto args = pop(), fn = pop();
-          push(reduce(fn, args));
-          break;
-        }
-        case 0x81: {  // NEWOBJ
-          pop();      // args
-          auto cls = pop();
-          push(new_object(cls));
-          break;
-        }
-        case 0x92: {  // NEWOBJ_EX
-          pop();      // kwargs
-          pop();      // args
-          auto cls = pop();
-          push(new_object(cls));
-          break;
-        }
-        case 'b': {  // BUILD
-          auto state = pop();
-          build(top(), state);
-          break;
-        }
-        case 'p':
-          memo_[std::stoul(line())] = top();
-          break;  // PUT
-        case 'q':
-          memo_[u8()] = top();
-          break;  // BINPUT
-        case 'r':
-          memo_[le<uint32_t>()] = top();
-          break;  // LONG_BINPUT
-        case 0x94:
-          memo_[memo_.size()] = top();
-          break;  // MEMOIZE
-        case 'g':
-          stack_.push_back(memo(std::stoul(line())));
-          break;  // GET
-        case 'h':
-          stack_.push_back(memo(u8()));
-          break;  // BINGET
-        case 'j':
-          stack_.push_back(memo(le<uint32_t>()));
-          break;  // LONG_BINGET
-        case 'Q':
-          push(persistent_load(value(pop())));
-          break;  // BINPERSID
-        case 'P':
-          bad("text persistent ids (PERSID) are not used by torch.save");
-        default:
-          bad("unsupported pickle opcode 0x" + hex(op));
+      const auto op = static_cast<Op>(u8());
+      if (op == Op::STOP) {
+        if (stack_.empty()) bad("STOP with an empty stack");
+        return value(pop());
+      }
+      if (op == Op::PERSID) bad("text persistent ids (PERSID) are not used by torch.save");
+      if (!(framing_or_stack(op) || push_scalar(op) || push_text(op) || build_container(op) ||
+            fill_container(op) || call_or_build_object(op) || memo_or_persistent(op))) {
+        bad("unsupported pickle opcode 0x" + hex(static_cast<uint8_t>(op)));
       }
     }
   }
@@ -376,6 +211,268 @@ class Unpickler {
     std::string s(p_, nl);
     p_ = nl + 1;
     return s;
+  }
+
+  // -- opcodes, by group: each returns false for an opcode not its own -------------------------
+  bool framing_or_stack(Op op) {
+    switch (op) {
+      case Op::PROTO:
+        u8();
+        return true;
+      case Op::FRAME:
+        bytes(8);  // length only
+        return true;
+      case Op::MARK:
+        push_mark();
+        return true;
+      case Op::POP:
+        pop();
+        return true;
+      case Op::POP_MARK:
+        pop_to_mark();
+        return true;
+      case Op::DUP:
+        stack_.push_back(top());
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  bool push_scalar(Op op) {
+    switch (op) {
+      case Op::NONE:
+        push(c10::IValue());
+        return true;
+      case Op::NEWTRUE:
+        push(true);
+        return true;
+      case Op::NEWFALSE:
+        push(false);
+        return true;
+      case Op::BININT:
+        push(static_cast<int64_t>(le<int32_t>()));
+        return true;
+      case Op::BININT1:
+        push(static_cast<int64_t>(u8()));
+        return true;
+      case Op::BININT2:
+        push(static_cast<int64_t>(le<uint16_t>()));
+        return true;
+      case Op::LONG1:
+        push(long_bytes(u8()));
+        return true;
+      case Op::LONG4:
+        push(long_bytes(le<uint32_t>()));
+        return true;
+      case Op::INT: {  // text; "01" and "00" are protocol 0's bools
+        const std::string s = line();
+        if (s == "01")
+          push(true);
+        else if (s == "00")
+          push(false);
+        else
+          push(static_cast<int64_t>(std::stoll(s)));
+        return true;
+      }
+      case Op::LONG: {  // text
+        std::string s = line();
+        if (!s.empty() && s.back() == 'L') s.pop_back();
+        push(static_cast<int64_t>(std::stoll(s)));
+        return true;
+      }
+      case Op::BINFLOAT:
+        push(be_double());
+        return true;
+      case Op::FLOAT:  // text
+        push(std::stod(line()));
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  // Text and bytes alike become strings.
+  bool push_text(Op op) {
+    switch (op) {
+      case Op::BINUNICODE:
+      case Op::BINSTRING:
+      case Op::BINBYTES:
+        push(str(le<uint32_t>()));
+        return true;
+      case Op::SHORT_BINUNICODE:
+      case Op::SHORT_BINSTRING:
+      case Op::SHORT_BINBYTES:
+        push(str(u8()));
+        return true;
+      case Op::BINUNICODE8:
+      case Op::BINBYTES8:
+      case Op::BYTEARRAY8:
+        push(str(le<uint64_t>()));
+        return true;
+      case Op::UNICODE:  // raw text
+        push(line());
+        return true;
+      case Op::STRING: {  // quoted text
+        std::string s = line();
+        if (s.size() >= 2) s = s.substr(1, s.size() - 2);
+        push(s);
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+
+  // Sets and frozensets become lists.
+  bool build_container(Op op) {
+    switch (op) {
+      case Op::EMPTY_DICT:
+        push(new_dict());
+        return true;
+      case Op::EMPTY_LIST:
+      case Op::EMPTY_SET:
+        push(c10::impl::GenericList(c10::AnyType::get()));
+        return true;
+      case Op::EMPTY_TUPLE:
+        push(c10::ivalue::Tuple::create({}));
+        return true;
+      case Op::DICT: {
+        auto items = pop_to_mark();
+        auto d = new_dict();
+        set_items(d, items);
+        push(d);
+        return true;
+      }
+      case Op::LIST:
+      case Op::FROZENSET: {
+        auto items = pop_to_mark();
+        auto l = c10::impl::GenericList(c10::AnyType::get());
+        for (auto& it : items) l.push_back(value(it));
+        push(l);
+        return true;
+      }
+      case Op::TUPLE:
+        push(tuple(pop_to_mark()));
+        return true;
+      case Op::TUPLE1: {
+        auto a = pop();
+        push(tuple({a}));
+        return true;
+      }
+      case Op::TUPLE2: {
+        auto b = pop(), a = pop();
+        push(tuple({a, b}));
+        return true;
+      }
+      case Op::TUPLE3: {
+        auto c = pop(), b = pop(), a = pop();
+        push(tuple({a, b, c}));
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+
+  bool fill_container(Op op) {
+    switch (op) {
+      case Op::APPEND: {
+        auto v = pop();
+        append(top(), {v});
+        return true;
+      }
+      case Op::APPENDS:
+      case Op::ADDITEMS: {
+        auto items = pop_to_mark();
+        append(top(), items);
+        return true;
+      }
+      case Op::SETITEM: {
+        auto v = pop(), k = pop();
+        setitems_on(top(), {k, v});
+        return true;
+      }
+      case Op::SETITEMS: {
+        auto items = pop_to_mark();
+        setitems_on(top(), items);
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+
+  bool call_or_build_object(Op op) {
+    switch (op) {
+      case Op::GLOBAL: {
+        std::string module = line();
+        std::string name = line();
+        push_global(module + "." + name);
+        return true;
+      }
+      case Op::STACK_GLOBAL: {
+        auto name = pop(), module = pop();
+        push_global(string_of(module) + "." + string_of(name));
+        return true;
+      }
+      case Op::REDUCE: {
+        auto args = pop(), fn = pop();
+        push(reduce(fn, args));
+        return true;
+      }
+      case Op::NEWOBJ: {
+        pop();  // args
+        auto cls = pop();
+        push(new_object(cls));
+        return true;
+      }
+      case Op::NEWOBJ_EX: {
+        pop();  // kwargs
+        pop();  // args
+        auto cls = pop();
+        push(new_object(cls));
+        return true;
+      }
+      case Op::BUILD: {
+        auto state = pop();
+        build(top(), state);
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+
+  bool memo_or_persistent(Op op) {
+    switch (op) {
+      case Op::PUT:
+        memo_[std::stoul(line())] = top();
+        return true;
+      case Op::BINPUT:
+        memo_[u8()] = top();
+        return true;
+      case Op::LONG_BINPUT:
+        memo_[le<uint32_t>()] = top();
+        return true;
+      case Op::MEMOIZE:
+        memo_[memo_.size()] = top();
+        return true;
+      case Op::GET:
+        stack_.push_back(memo(std::stoul(line())));
+        return true;
+      case Op::BINGET:
+        stack_.push_back(memo(u8()));
+        return true;
+      case Op::LONG_BINGET:
+        stack_.push_back(memo(le<uint32_t>()));
+        return true;
+      case Op::BINPERSID:
+        push(persistent_load(value(pop())));
+        return true;
+      default:
+        return false;
+    }
   }
 
   // -- stack -----------------------------------------------------------------------------------
@@ -508,29 +605,9 @@ class Unpickler {
       return opaque("<call>");
     }
     const std::string& f = fn.global;
-    if (f == "collections.OrderedDict" || f == "builtins.dict") {
-      auto d = new_dict();
-      if (args.isTuple() && !args.toTupleRef().elements().empty()) {
-        const auto& pairs = args.toTupleRef().elements()[0];
-        if (pairs.isList()) {
-          for (const auto& pr : pairs.toList()) {
-            const c10::IValue p(pr);
-            if (p.isTuple() && p.toTupleRef().elements().size() == 2) {
-              d.insert_or_assign(dict_key(p.toTupleRef().elements()[0]),
-                                 p.toTupleRef().elements()[1]);
-            }
-          }
-        }
-      }
-      return d;
-    }
+    if (f == "collections.OrderedDict" || f == "builtins.dict") return dict_of_pairs(args);
     if (f == "torch._utils._rebuild_tensor_v2" || f == "torch._utils._rebuild_tensor") {
-      const auto a = tuple_elements(args, f.c_str());
-      if (a.size() < 4 || !a[0].isTensor()) bad(f + ": unexpected arguments");
-      const at::Tensor storage = a[0].toTensor();
-      const std::vector<int64_t> size = int_list(a[2]), stride = int_list(a[3]);
-      if (size.size() != stride.size()) bad(f + ": size and stride differ in length");
-      return storage.as_strided(size, stride, a[1].toInt());
+      return rebuild_tensor(f, args);
     }
     if (f == "torch._utils._rebuild_parameter" ||
         f == "torch._utils._rebuild_parameter_with_state") {
@@ -539,14 +616,7 @@ class Unpickler {
       return a[0];
     }
     if (f == "torch._tensor._rebuild_from_type_v2" || f == "torch._tensor._rebuild_from_type") {
-      // (func, type, args, state): a tensor subclass or a tensor with Python attributes; the
-      // tensor is func(*args), the rest is Python-only.
-      const auto a = tuple_elements(args, f.c_str());
-      if (a.size() < 3 || !a[0].isString()) bad(f + ": unexpected arguments");
-      std::string inner = a[0].toStringRef();
-      if (inner.rfind("<global ", 0) != 0) bad(f + ": function is not a global");
-      inner = inner.substr(8, inner.size() - 9);
-      return reduce(Item{Item::Kind::kGlobal, {}, inner}, Item{Item::Kind::kValue, a[2], {}});
+      return rebuild_from_type(f, args);
     }
     if (f.rfind("torch.jit._pickle.build_", 0) == 0 || f == "torch.jit._pickle.restore_type_tag") {
       // TorchScript's pickler (torch::pickle_save) tags typed lists and containers this way.
@@ -558,31 +628,10 @@ class Unpickler {
       const auto a = tuple_elements(args, f.c_str());
       return a.empty() ? c10::IValue(c10::ivalue::Tuple::create({})) : a[0];
     }
-    if (f == "torch.device") {
-      const auto a = tuple_elements(args, f.c_str());
-      std::string s = a.empty() ? "" : (a[0].isString() ? a[0].toStringRef() : "?");
-      if (a.size() > 1 && a[1].isInt()) s += ":" + std::to_string(a[1].toInt());
-      return s;
-    }
+    if (f == "torch.device") return device_text(tuple_elements(args, f.c_str()));
     if (f == "_codecs.encode") {  // protocol 2 writes bytes as _codecs.encode(text, "latin1")
       const auto a = tuple_elements(args, f.c_str());
-      if (!a.empty() && a[0].isString()) {
-        // The text holds one code point per byte, UTF-8 encoded by the pickler: decode it.
-        const std::string& u = a[0].toStringRef();
-        std::string out;
-        for (size_t i = 0; i < u.size(); ++i) {
-          const auto c = static_cast<uint8_t>(u[i]);
-          if (c < 0x80 || i + 1 >= u.size()) {
-            out.push_back(static_cast<char>(c));
-          } else {
-            out.push_back(
-                static_cast<char>(((c & 0x1f) << 6) | (static_cast<uint8_t>(u[i + 1]) & 0x3f)));
-            ++i;
-          }
-        }
-        return out;
-      }
-      return std::string();
+      return !a.empty() && a[0].isString() ? latin1_bytes(a[0].toStringRef()) : std::string();
     }
     if (f == "builtins.set" || f == "builtins.frozenset" || f == "builtins.list") {
       const auto a = tuple_elements(args, f.c_str());
@@ -600,6 +649,73 @@ class Unpickler {
     d.insert("__class__", f);
     d.insert("__args__", args);
     return d;
+  }
+
+  // OrderedDict([(key, value), ...]) / dict(...): the pairs of the first argument, if any.
+  static c10::IValue dict_of_pairs(const c10::IValue& args) {
+    auto d = new_dict();
+    if (args.isTuple() && !args.toTupleRef().elements().empty()) {
+      const auto& pairs = args.toTupleRef().elements()[0];
+      if (pairs.isList()) {
+        for (const auto& pr : pairs.toList()) {
+          const c10::IValue p(pr);
+          if (p.isTuple() && p.toTupleRef().elements().size() == 2) {
+            d.insert_or_assign(dict_key(p.toTupleRef().elements()[0]),
+                               p.toTupleRef().elements()[1]);
+          }
+        }
+      }
+    }
+    return d;
+  }
+
+  // _rebuild_tensor(_v2)(storage, offset, size, stride, ...): a view of the storage.
+  c10::IValue rebuild_tensor(const std::string& f, const c10::IValue& args) {
+    const auto a = tuple_elements(args, f.c_str());
+    if (a.size() < 4 || !a[0].isTensor()) bad(f + ": unexpected arguments");
+    const at::Tensor storage = a[0].toTensor();
+    const std::vector<int64_t> size = int_list(a[2]), stride = int_list(a[3]);
+    if (size.size() != stride.size()) bad(f + ": size and stride differ in length");
+    return storage.as_strided(size, stride, a[1].toInt());
+  }
+
+  // (func, type, args, state): a tensor subclass or a tensor with Python attributes; the tensor
+  // is func(*args), the rest is Python-only.
+  c10::IValue rebuild_from_type(const std::string& f, const c10::IValue& args) {
+    const auto a = tuple_elements(args, f.c_str());
+    if (a.size() < 3 || !a[0].isString()) bad(f + ": unexpected arguments");
+    std::string inner = a[0].toStringRef();
+    if (inner.rfind("<global ", 0) != 0) bad(f + ": function is not a global");
+    inner = inner.substr(8, inner.size() - 9);
+    return reduce(Item{Item::Kind::kGlobal, {}, inner}, Item{Item::Kind::kValue, a[2], {}});
+  }
+
+  // torch.device(type[, index]) as "type" or "type:index".
+  static c10::IValue device_text(const std::vector<c10::IValue>& a) {
+    std::string s = a.empty() ? "" : (a[0].isString() ? a[0].toStringRef() : "?");
+    if (a.size() > 1 && a[1].isInt()) {
+      // Two appends, not s += ":" + ...: GCC 12 misreads that inlined one (-Wstringop-overflow).
+      s += ':';
+      s += std::to_string(a[1].toInt());
+    }
+    return s;
+  }
+
+  // _codecs.encode's text holds one code point per byte, UTF-8 encoded by the pickler: the
+  // bytes back.
+  static std::string latin1_bytes(const std::string& u) {
+    std::string out;
+    for (size_t i = 0; i < u.size(); ++i) {
+      const auto c = static_cast<uint8_t>(u[i]);
+      if (c < 0x80 || i + 1 >= u.size()) {
+        out.push_back(static_cast<char>(c));
+      } else {
+        out.push_back(
+            static_cast<char>(((c & 0x1f) << 6) | (static_cast<uint8_t>(u[i + 1]) & 0x3f)));
+        ++i;
+      }
+    }
+    return out;
   }
 
   // ('storage', storage_type, key, location, numel) -> a 1-D CPU tensor over the record.

@@ -43,13 +43,6 @@ ResNet make_resnet_keeping_rng(const ResNetOptions& options, bool channels_last)
   return r;
 }
 
-std::string replace_rank(const fs::path& p, int rank) {
-  std::string s = p.string();
-  const auto pos = s.find("{rank}");
-  if (pos != std::string::npos) s.replace(pos, 6, std::to_string(rank));
-  return s;
-}
-
 // An epoch without a single optimizer step trains nothing: refuse the run, naming why.
 [[noreturn]] void refuse_stepless_epoch(const TrainOptions& o, int64_t images, int world, int64_t per_rank, bool forced_drop) {
   throw std::invalid_argument(
@@ -64,6 +57,14 @@ std::string replace_rank(const fs::path& p, int rank) {
 }
 
 }  // namespace
+
+std::optional<fs::path> path_for_rank(const fs::path& path, int rank) {
+  std::string s = path.string();
+  const auto pos = s.find("{rank}");
+  if (pos == std::string::npos) return rank == 0 ? std::optional<fs::path>(path) : std::nullopt;
+  s.replace(pos, 6, std::to_string(rank));
+  return fs::path(s);
+}
 
 Precision parse_precision(const std::string& name) {
   if (name == "fp32") return Precision::kFloat32;
@@ -619,11 +620,9 @@ std::vector<EpochStats> Trainer::fit(const std::function<void(const EpochStats&)
   }
   m.profile = profiler.finish();
   if (o.checkpoint && m.stopped == 0) {
-    const bool per_rank = o.checkpoint->string().find("{rank}") != std::string::npos;
-    if (per_rank || m.main_rank()) {
-      const fs::path path = replace_rank(*o.checkpoint, m.rank);
-      save_state_dict(*m.model, path);
-      gpufeed::log_text(LogLevel::kInfo, "train: wrote state_dict to " + path.string());
+    if (const std::optional<fs::path> path = path_for_rank(*o.checkpoint, m.rank)) {
+      save_state_dict(*m.model, *path);
+      gpufeed::log_text(LogLevel::kInfo, "train: wrote state_dict to " + path->string());
     }
   }
   return history;

@@ -60,6 +60,13 @@ DistBackend parse_dist_backend(const std::string& name);
 /// The name parse_dist_backend accepts for `backend` (ProcessGroupOptions::backend's spelling).
 std::string dist_backend_name(DistBackend backend);
 
+/// The file that a path option names for rank `rank` of a run, for the options with which every
+/// rank may write its own file (TrainOptions::checkpoint, `gpufeed train --log-samples`). With
+/// "{rank}" in the path, its first "{rank}" is replaced by the rank's number ("final-{rank}.pt"
+/// is "final-3.pt" on rank 3): every rank gets a file. Without "{rank}", the path names one file,
+/// which rank 0 alone writes: `path` itself on rank 0, std::nullopt on every other rank.
+std::optional<std::filesystem::path> path_for_rank(const std::filesystem::path& path, int rank);
+
 /// What `gpufeed train` takes; defaults follow torchvision's ImageNet reference recipe where it
 /// has one (SGD momentum 0.9, weight decay 1e-4, lr 0.1 per 256 images, cosine schedule).
 struct TrainOptions {
@@ -221,7 +228,7 @@ struct TrainOptions {
 
   // --- checkpoints ---
   /// The final model state_dict (Python-loadable). With "{rank}" in the path every rank writes
-  /// its own copy (rank substituted); otherwise rank 0 writes it.
+  /// its own copy (rank substituted); otherwise rank 0 writes it (path_for_rank).
   std::optional<std::filesystem::path> checkpoint;
   /// The training checkpoint (layout above), written atomically by rank 0 at every epoch end,
   /// every checkpoint_every_steps optimizer steps, and when a stop is requested.
