@@ -464,7 +464,7 @@ TEST(Checkpoint, FineTunesOntoAnotherClassCountByExclusionOrSkippingMismatchedSh
       const std::string w = e.what();
       EXPECT_NE(w.find("fc.weight: [1000, 512] in the file, [2, 512] in the model"), std::string::npos) << w;
       EXPECT_NE(w.find("fc.bias: [1000] in the file, [2] in the model"), std::string::npos) << w;
-      EXPECT_NE(w.find("--init-weights-exclude fc"), std::string::npos) << w;
+      EXPECT_NE(w.find("`init_weights_exclude` fc"), std::string::npos) << w;
     }
   }
   for (const std::string pattern : {"fc", "fc\\.(weight|bias)"}) {
@@ -1139,7 +1139,7 @@ TEST(Trainer, ResumingOntoAnotherSchedulePlanIsRefusedUnlessReplanned) {
       << m;
   EXPECT_NE(m.find("step 4 continues at lr"), std::string::npos) << m;
   EXPECT_NE(m.find("(the saved plan: "), std::string::npos) << m;
-  EXPECT_NE(m.find("--resume-replan-schedule"), std::string::npos) << m;
+  EXPECT_NE(m.find("`resume_replan_schedule`"), std::string::npos) << m;
   harness::TrainOptions lr = o;  // another member of the kind: the learning rate
   lr.resume = r.resume;
   lr.lr = 1.6;
@@ -1327,7 +1327,7 @@ TEST(Trainer, ActivationCheckpointingTrainsTheSameWeightsAndIsRefusedWithDataPar
     harness::Trainer t(dp);
     ADD_FAILURE() << "DataParallel with activation checkpointing was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("--activation-checkpointing does not combine with DataParallel"),
+    EXPECT_NE(std::string(e.what()).find("`activation_checkpointing` does not combine with DataParallel"),
               std::string::npos)
         << e.what();
   }

@@ -142,7 +142,7 @@ TEST(Verdict, CallsARunThatWaitsForDataInputBoundAndNamesWorkersAsTheKnob) {
   EXPECT_NEAR(v.decode_fraction, 0.71, 1e-12);
   EXPECT_NEAR(v.read_fraction, 0.10, 1e-12);
   EXPECT_NEAR(v.resize_fraction, 0.19, 1e-12);
-  EXPECT_EQ(v.knob.rfind("raise --num-workers from 4 to 16", 0), 0u) << v.knob;
+  EXPECT_EQ(v.knob.rfind("raise `num_workers` from 4 to 16", 0), 0u) << v.knob;
   EXPECT_NE(v.text.find("Input-bound: the GPU waited for data 37% of step time"), std::string::npos)
       << v.text;
   EXPECT_NE(
@@ -165,10 +165,10 @@ TEST(Verdict, AsksForNoMoreLoaderThreadsThanTheCpuBudget) {
   in.cpu_budget = 4;
   in.gpu = true;
   EXPECT_EQ(make_verdict(in).knob,
-            "raise --num-workers from 1 to 4 (this process may use 4 CPUs of the machine's 16 hardware threads "
+            "raise `num_workers` from 1 to 4 (this process may use 4 CPUs of the machine's 16 hardware threads "
             "(affinity mask, cgroup quota)).");
   in.num_workers = 4;  // at the budget: the next knob, never more threads than CPUs
-  EXPECT_EQ(make_verdict(in).knob.find("--num-workers"), std::string::npos) << make_verdict(in).knob;
+  EXPECT_EQ(make_verdict(in).knob.find("`num_workers`"), std::string::npos) << make_verdict(in).knob;
 }
 
 TEST(Verdict, PicksTheDominantLoaderStageWhenThreadsAreMaxedOut) {
@@ -200,7 +200,7 @@ TEST(Verdict, SuggestsPrefetchDepthWhenTheLoaderKeepsUpOnAverageButStepsStillWai
   in.prefetch_depth = 2;
   const Verdict v = make_verdict(in);
   EXPECT_EQ(v.bound, Verdict::Bound::kInput);
-  EXPECT_EQ(v.knob.rfind("raise --prefetch-depth from 2", 0), 0u) << v.knob;
+  EXPECT_EQ(v.knob.rfind("raise `prefetch_depth` from 2", 0), 0u) << v.knob;
 }
 
 TEST(Verdict, CallsARunThatRarelyWaitsComputeBoundWithTheLoadersHeadroom) {
@@ -672,8 +672,8 @@ TEST(Profiler, ThrottledLoaderMakesTheVerdictInputBound) {
   // the test accepts either (make_verdict's choice between them is tested with fixed inputs in
   // the Verdict tests).
   if (gpufeed::cpu_budget() > 1) {
-    EXPECT_TRUE(p.verdict.knob.find("--num-workers from 1") != std::string::npos ||
-                p.verdict.knob.find("--prefetch-depth from 2") != std::string::npos)
+    EXPECT_TRUE(p.verdict.knob.find("`num_workers` from 1") != std::string::npos ||
+                p.verdict.knob.find("`prefetch_depth` from 2") != std::string::npos)
         << p.verdict.knob;
   }
   fs::remove_all(dir);

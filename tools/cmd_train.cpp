@@ -258,13 +258,12 @@ void apply_recipe(CLI::App& app, const std::string& name) {
 
 // --log-samples: this rank's file ("{rank}" replaced), or none (no option, or a rank other than 0
 // when the path has no "{rank}"). A header line names the columns.
-std::shared_ptr<std::ofstream> open_sample_log(std::string path, int rank) {
-  if (path.empty()) return nullptr;
-  const auto pos = path.find("{rank}");
-  if (pos == std::string::npos && rank != 0) return nullptr;
-  if (pos != std::string::npos) path.replace(pos, 6, std::to_string(rank));
-  auto out = std::make_shared<std::ofstream>(path);
-  if (!*out) throw std::runtime_error("train: cannot write --log-samples file " + path);
+std::shared_ptr<std::ofstream> open_sample_log(const std::string& given, int rank) {
+  if (given.empty()) return nullptr;
+  const std::optional<std::filesystem::path> path = harness::path_for_rank(given, rank);
+  if (!path) return nullptr;
+  auto out = std::make_shared<std::ofstream>(*path);
+  if (!*out) throw std::runtime_error("train: cannot write --log-samples file " + path->string());
   *out << "# epoch\tstep\tindex (rank " << rank << ")\n";
   return out;
 }

@@ -227,7 +227,7 @@ LoadReport load_state_dict(torch::nn::Module& module, const StateDict& state, co
     if (shape_error) {
       why += " shapes differ: " + join(report.mismatched) +
              " (fine-tuning onto another head or class count? exclude those keys, e.g. "
-             "--init-weights-exclude fc, or --init-weights-skip-mismatched);";
+             "`init_weights_exclude` fc, or `init_weights_skip_mismatched`);";
     }
     throw std::runtime_error(why);
   }

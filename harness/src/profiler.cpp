@@ -168,18 +168,18 @@ std::string input_bound_knob(const VerdictInputs& in, const Verdict& v) {
                     " hardware threads (affinity mask, cgroup quota)"
               : "the machine has " + std::to_string(in.cpu_budget) + " hardware threads";
   if (in.num_workers < in.cpu_budget && !capacity_to_spare) {
-    return "raise --num-workers from " + std::to_string(in.num_workers) + " to " +
+    return "raise `num_workers` from " + std::to_string(in.num_workers) + " to " +
            std::to_string(in.cpu_budget) + " (" + cpus +
            (in.gpu ? ")" : "; on a CPU run the model competes for the same cores)") + ".";
   }
   if (capacity_to_spare) {
-    return "raise --prefetch-depth from " + std::to_string(in.prefetch_depth) +
+    return "raise `prefetch_depth` from " + std::to_string(in.prefetch_depth) +
            ": the loader keeps up on average (about " + format_count(v.loader_images_per_s) +
            " img/s) but not at every step.";
   }
   if (v.decode_fraction >= 0.5) {
     return "decode fewer pixels: store the images pre-resized (shorter side about 1.15x the "
-           "crop) so DCT scaling and crop-decode skip more, or lower --image-size.";
+           "crop) so DCT scaling and crop-decode skip more, or lower `image_size`.";
   }
   if (v.read_fraction >= 0.5) {
     return "read faster: keep the dataset on a local SSD or in the page cache, or pack small "
@@ -223,11 +223,11 @@ void explain_compute_bound(const VerdictInputs& in, const std::string& stages, V
                                         std::to_string(needed) + " of its " +
                                         std::to_string(workers) + " threads."
                                   : "";
-  v.knob = in.gpu ? "speed up the step itself: bf16 autocast, --channels-last or a larger "
-                    "--batch-size." +
+  v.knob = in.gpu ? "speed up the step itself: bf16 autocast, channels_last or a larger "
+                    "`batch_size`." +
                         threads
                   : "the model's arithmetic on the CPU is the bottleneck: train on a GPU "
-                    "(--device cuda:0)." +
+                    "(a CUDA device)." +
                         threads;
   const std::string who = in.gpu ? "GPU" : "model";
   v.text = "Compute-bound: the " + who + " waited for data only " + percent(v.data_wait_fraction) +

@@ -103,7 +103,7 @@ TrainCheckpoint load_train_checkpoint(const fs::path& path) {
   const auto d = loaded.toGenericDict();
   auto fmt = d.find("format");
   if (fmt == d.end() || !fmt->value().isString() || fmt->value().toStringRef() != kTrainCheckpointFormat) {
-    throw std::runtime_error(file + ": not a gpufeed training checkpoint (use --init-weights for "
+    throw std::runtime_error(file + ": not a gpufeed training checkpoint (use `init_weights` for "
                              "a plain state_dict)");
   }
   TrainCheckpoint c;
@@ -138,7 +138,7 @@ void check_same_run(const TrainRunIdentity& saved, const TrainRunIdentity& now, 
       {"batch size", {saved.batch_size, now.batch_size}},
       {"accum steps", {saved.accum_steps, now.accum_steps}},
       {"seed", {saved.seed, now.seed}},
-      {"ra_reps (0: no --ra-sampler)", {saved.ra_reps, now.ra_reps}},
+      {"ra_reps (0: no `ra_sampler`)", {saved.ra_reps, now.ra_reps}},
   };
   for (const auto& [what, v] : numbers) {
     if (v.first != v.second) differs(what, std::to_string(v.first), std::to_string(v.second));
@@ -186,7 +186,7 @@ void load_sgd_state_dict(torch::optim::SGD& optimizer, const c10::IValue& v, con
     throw std::runtime_error(file + ": optimizer has " + std::to_string(groups.size()) +
                              " parameter groups, this run " +
                              std::to_string(optimizer.param_groups().size()) +
-                             " (--norm-weight-decay, --bias-weight-decay or --no-decay-norm-bias differ?)");
+                             " (`norm_weight_decay`, `bias_weight_decay` or `no_decay_norm_bias` differ?)");
   }
   std::vector<at::Tensor> params;  // numbered in group order, as sgd_state_dict numbers them
   for (size_t g = 0; g < groups.size(); ++g) {

@@ -260,7 +260,7 @@ void Trainer::Impl::optimizer_step(EpochState& ep, StepState& step, const at::Te
         std::to_string(ep.step_in_epoch + 1) + " of the epoch (optimizer step " + std::to_string(global_step + 1) +
         " of the run, lr " + c10::str(ep.stats.lr) + "): stopped before that step's update; no checkpoint was written" +
         (last_checkpoint.empty() ? std::string() : " (the last one, " + last_checkpoint.string() + ", is intact)") +
-        ". Lower --lr or check the data; --precision fp16 skips such steps instead");
+        ". Lower `lr` or check the data; `precision` fp16 skips such steps instead");
   }
   if (update) {
     // Gradient clipping, then the gradient transform hook, on complete, unscaled gradients.

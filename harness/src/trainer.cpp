@@ -52,8 +52,8 @@ ResNet make_resnet_keeping_rng(const ResNetOptions& options, bool channels_last)
       std::to_string(o.batch_size) + " with drop_last " +
       (forced_drop ? "(turned on because the only batch would hold 1 sample, which BatchNorm cannot train on)"
                    : (o.drop_last ? "on" : "off")) +
-      " leaves 0 batches. Use a smaller --batch-size, fewer ranks or more images" +
-      (forced_drop ? std::string(", or --freeze-bn") : std::string()));
+      " leaves 0 batches. Use a smaller `batch_size`, fewer ranks or more images" +
+      (forced_drop ? std::string(", or `freeze_bn`") : std::string()));
 }
 
 }  // namespace
@@ -210,18 +210,18 @@ void Trainer::Impl::check_options() const {
   if (o.batch_size == 1 && !o.freeze_bn) {
     throw std::invalid_argument(
         "Trainer: batch_size 1 cannot train BatchNorm (PyTorch: \"Expected more than 1 value per "
-        "channel when training\"); use a larger batch or freeze_bn (--freeze-bn)");
+        "channel when training\"); use a larger batch or `freeze_bn`");
   }
   if (o.sync_bn && !o.dp_devices.empty()) {
-    throw std::invalid_argument("Trainer: --sync-bn (SyncBatchNorm) needs one process per device (gpufeed launch, "
-                                "torchrun or srun); it does not combine with DataParallel (--devices)");
+    throw std::invalid_argument("Trainer: `sync_bn` (SyncBatchNorm) needs one process per device (gpufeed launch, "
+                                "torchrun or srun); it does not combine with DataParallel (`devices`)");
   }
   if (o.activation_checkpointing && !o.dp_devices.empty()) {
-    throw std::invalid_argument("Trainer: --activation-checkpointing does not combine with DataParallel (--devices): "
+    throw std::invalid_argument("Trainer: `activation_checkpointing` does not combine with DataParallel (`devices`): "
                                 "use one process per device (gpufeed launch, torchrun or srun)");
   }
   if (o.sync_bn && o.freeze_bn) {
-    throw std::invalid_argument("Trainer: --sync-bn and --freeze-bn do not combine: frozen BatchNorm uses its "
+    throw std::invalid_argument("Trainer: `sync_bn` and `freeze_bn` do not combine: frozen BatchNorm uses its "
                                 "running statistics, so there are no batch statistics to synchronise");
   }
   if (!o.init_weights && (!o.init_weights_exclude.empty() || o.init_weights_skip_mismatched)) {
@@ -238,13 +238,13 @@ void Trainer::Impl::setup_devices() {
     env = detect_dist_env();
     if (env && o.distributed == DistributedMode::kAuto && env->source == "slurm" && env->world_size == 1) env.reset();
     if (!env && o.distributed == DistributedMode::kOn) {
-      throw std::invalid_argument("Trainer: --distributed on, but neither torchrun's (RANK, WORLD_SIZE) "
+      throw std::invalid_argument("Trainer: `distributed` on, but neither torchrun's (RANK, WORLD_SIZE) "
                                   "nor Slurm's (SLURM_PROCID, SLURM_NTASKS) environment is set");
     }
   }
   std::string name = o.device;
   if (env) {
-    if (!o.dp_devices.empty()) throw std::invalid_argument("Trainer: DataParallel (--devices) and a distributed run do not combine");
+    if (!o.dp_devices.empty()) throw std::invalid_argument("Trainer: DataParallel (`devices`) and a distributed run do not combine");
     if (name == "cuda") name = "cuda:" + std::to_string(env->local_rank);
   } else if (name == "cuda") {
     name = "cuda:0";
@@ -281,10 +281,10 @@ void Trainer::Impl::build_data() {
     ra.repetitions = o.ra_reps;
     train_sampler = std::make_shared<sampler::RASampler>(train_set->size(), ra);
     if (train_sampler->size() == 0) {
-      throw std::invalid_argument("Trainer: --ra-sampler keeps floor(n // 256 * 256 / world size) images per rank "
+      throw std::invalid_argument("Trainer: `ra_sampler` keeps floor(n // 256 * 256 / world size) images per rank "
                                   "and epoch (the torchvision references' RASampler): " + o.data.string() + " has " +
                                   std::to_string(train_set->size()) + " images, world size " + std::to_string(world) +
-                                  ", which gives 0. Use DistributedSampler (no --ra-sampler) for fewer than 256 images");
+                                  ", which gives 0. Use DistributedSampler (no `ra_sampler`) for fewer than 256 images");
     }
   } else {
     sampler::DistributedSamplerOptions so;  // torch's DistributedSampler: shuffled, seed + epoch
@@ -535,7 +535,7 @@ void Trainer::Impl::resume_from(const fs::path& path) {
       global_step);
   if (!change.empty() && !options.resume_replan_schedule) {
     throw std::invalid_argument(file + ": cannot resume: " + change +
-                                ". Pass --resume-replan-schedule (TrainOptions::resume_replan_schedule) "
+                                ". Pass `resume_replan_schedule` (TrainOptions::resume_replan_schedule) "
                                 "to continue on the new plan, or resume with the saved run's options");
   }
   if (!change.empty()) gpufeed::log_text(LogLevel::kWarn, "train: " + file + ": " + change + " (--resume-replan-schedule)");

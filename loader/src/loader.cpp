@@ -343,7 +343,7 @@ struct Counters {
 PlannedSample plan_for(const decode::ImageInfo& info, const LoaderOptions& options, int64_t epoch,
                        int64_t index) {
   // Plans are made in the frame the decoder returns: displayed when EXIF orientation is applied.
-  const bool upright = options.decode.apply_exif_orientation && info.orientation >= 5;
+  const bool upright = options.decode.apply_exif_orientation && decode::orientation_swaps_axes(info.orientation);
   PlannedSample p;
   p.plan = plan_sample(options.transform, upright ? info.height : info.width,
                        upright ? info.width : info.height, options.seed, epoch, index);

@@ -32,6 +32,7 @@ def test_profile_gpufeed_loader_writes_train_outputs(tmp_path, folder):
     result = prof.result
     assert result is not None and result["steps"]["steps"] == 14 and result["steps"]["images"] == 54
     assert result["verdict"]["bound"] in ("input", "compute") and result["verdict"]["text"]
+    assert "`" not in result["verdict"]["text"] + result["verdict"]["knob"]  # options spelled as keywords
     assert result["loader_samples"] >= 54  # the verdict knows the loader's own counters
     assert [e["steps"] for e in prof.epochs_done] == [7, 7]
     recs = records(metrics)

@@ -115,7 +115,7 @@ void run(std::span<const uint8_t> bytes) {
     o.apply_exif_orientation = variant == 2;
     if (header_ok && variant > 0) {  // a crop and a scale taken from the input
       o.scale.num = 1 + knob % 8;
-      const bool swap = o.apply_exif_orientation && info.orientation >= 5;
+      const bool swap = o.apply_exif_orientation && gpufeed::decode::orientation_swaps_axes(info.orientation);
       const auto w = static_cast<unsigned>(swap ? info.height : info.width);
       const auto h = static_cast<unsigned>(swap ? info.width : info.height);
       const unsigned k = knob;
