@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -144,7 +145,7 @@ pid_t spawn(const LaunchOptions& o, const std::string& program, const Worker& w,
   ::_exit(127);
 }
 
-int run_launch(LaunchOptions o) {
+void check_launch_options(LaunchOptions& o) {
   if (o.command.empty()) throw std::invalid_argument("launch: no command after --");
   if (o.nproc_per_node < 1 || o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes) {
     throw std::invalid_argument(
@@ -156,20 +157,131 @@ int run_launch(LaunchOptions o) {
           "launch: --master-port 0 (pick a free port) only works on one node");
     o.master_port = free_port();
   }
+}
+
+// The launched workers, watched until every one has exited: a failure stops the others (SIGTERM,
+// then SIGKILL after the stop timeout), a signal to the launcher is passed on to them.
+class Supervisor {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Supervisor(const LaunchOptions& o, std::vector<Worker> workers) : o_(o), workers_(std::move(workers)) {}
+
+  int running() const {
+    int n = 0;
+    for (const auto& w : workers_) n += w.running ? 1 : 0;
+    return n;
+  }
+
+  /// SIGINT, SIGTERM or SIGHUP to the launcher: passed on; SIGKILL after 4 stop timeouts.
+  void on_signal(int sig) {
+    std::cerr << fmt::format("gpufeed launch: got {}, passing it to the workers\n", strsignal(sig)) << std::flush;
+    forwarded_ = sig;
+    signal_all(sig);
+    if (!kill_armed_) arm_kill(o_.stop_timeout_s * 4);
+  }
+
+  /// Reaps whatever has exited (SIGCHLD may coalesce: every worker is polled each round).
+  void reap() {
+    for (auto& w : workers_) {
+      if (!w.running) continue;
+      int status = 0;
+      if (::waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+      w.running = false;
+      w.status = status;
+      on_exit(w);
+    }
+  }
+
+  /// Workers still running past the stop deadline: SIGKILL.
+  void enforce_deadline() {
+    if (kill_armed_ && Clock::now() >= kill_at_ && running() > 0) {
+      std::cerr << "gpufeed launch: workers still running after the stop timeout: SIGKILL\n" << std::flush;
+      signal_all(SIGKILL);
+      kill_armed_ = false;
+    }
+  }
+
+  /// Every worker's status, then the launcher's exit code.
+  int finish() const {
+    for (const auto& w : workers_) {
+      std::cerr << fmt::format("gpufeed launch: rank {} {}\n", w.rank, describe_status(w.status));
+    }
+    if (first_failure_ >= 0) {
+      const Worker& w = workers_[static_cast<size_t>(first_failure_)];
+      std::cerr << fmt::format("gpufeed launch: failed: rank {} {} first\n", w.rank, describe_status(w.status));
+      return exit_code_of(w.status);
+    }
+    if (stopped_code_ != 0 && !forwarded_) return stopped_code_;
+    if (forwarded_) {
+      // Stopped on request: the workers' own codes (130/143 after a checkpoint), the worst first.
+      int code = 0;
+      for (const auto& w : workers_) code = std::max(code, exit_code_of(w.status));
+      return code == 0 ? 128 + forwarded_ : code;
+    }
+    return 0;
+  }
+
+ private:
+  void arm_kill(double seconds) {
+    kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    kill_armed_ = true;
+  }
+
+  void signal_all(int sig) const {
+    for (const auto& w : workers_) {
+      if (w.running) ::kill(w.pid, sig);
+    }
+  }
+
+  void on_exit(const Worker& w) {
+    const int status = w.status;
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    // 130/143: the worker stopped on SIGINT/SIGTERM after checkpointing (all ranks agree on the
+    // step to stop after, so the others are stopping too): not a failure.
+    const bool stopped = WIFEXITED(status) && (WEXITSTATUS(status) == 128 + SIGINT ||
+                                               WEXITSTATUS(status) == 128 + SIGTERM);
+    if (stopped && !forwarded_) {
+      // A worker stopped by a signal of its own (e.g. `kill` of one pid): the others stop too,
+      // or, before their first step, they would wait in rendezvous for the whole timeout.
+      std::cerr << fmt::format("gpufeed launch: rank {} stopped on a signal ({}){}\n", w.rank, describe_status(status),
+                               stopped_code_ == 0 && running() > 0 ? "; passing SIGTERM to the other workers" : "")
+                << std::flush;
+      if (stopped_code_ == 0) signal_all(SIGTERM);
+      stopped_code_ = std::max(stopped_code_, WEXITSTATUS(status));
+    }
+    if (ok || stopped || forwarded_ || first_failure_ >= 0) return;
+    first_failure_ = static_cast<int>(&w - workers_.data());
+    std::cerr << fmt::format("gpufeed launch: rank {} (local rank {}, pid {}) {}; stopping the other workers "
+                             "(SIGTERM, SIGKILL after {} s)\n",
+                             w.rank, w.local_rank, w.pid, describe_status(status), o_.stop_timeout_s)
+              << std::flush;
+    signal_all(SIGTERM);
+    arm_kill(o_.stop_timeout_s);
+  }
+
+  const LaunchOptions& o_;
+  std::vector<Worker> workers_;
+  int first_failure_ = -1;                    // index of the first worker that failed
+  int forwarded_ = 0;                         // a signal we passed on (the run is being stopped)
+  int stopped_code_ = 0;                      // 130/143 of workers that stopped on their own signal
+  bool kill_armed_ = false;                   // SIGKILL the stragglers at kill_at_
+  Clock::time_point kill_at_{};
+};
+
+int run_launch(LaunchOptions o) {
+  check_launch_options(o);
   const int world = o.nnodes * o.nproc_per_node;
   const std::string program = resolve_program(o.command[0]);
-  std::cerr << fmt::format(
-                   "gpufeed launch: {} workers on this node (ranks {}..{} of {}), master {}:{}\n",
-                   o.nproc_per_node, o.node_rank * o.nproc_per_node,
-                   (o.node_rank + 1) * o.nproc_per_node - 1, world, o.master_addr, o.master_port)
+  std::cerr << fmt::format("gpufeed launch: {} workers on this node (ranks {}..{} of {}), master {}:{}\n",
+                           o.nproc_per_node, o.node_rank * o.nproc_per_node, (o.node_rank + 1) * o.nproc_per_node - 1,
+                           world, o.master_addr, o.master_port)
             << std::flush;
-
   // Signals are handled synchronously: blocked here, taken with sigtimedwait.
   sigset_t handled, old_mask;
   sigemptyset(&handled);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&handled, sig);
   ::sigprocmask(SIG_BLOCK, &handled, &old_mask);
-
   std::vector<Worker> workers(static_cast<size_t>(o.nproc_per_node));
   for (int i = 0; i < o.nproc_per_node; ++i) {
     Worker& w = workers[static_cast<size_t>(i)];
@@ -178,99 +290,17 @@ int run_launch(LaunchOptions o) {
     w.pid = spawn(o, program, w, world, old_mask);
     w.running = true;
   }
-
-  using Clock = std::chrono::steady_clock;
-  std::optional<Worker> first_failure;
-  int forwarded = 0;                         // a signal we passed on (the run is being stopped)
-  int stopped_code = 0;                      // 130/143 of workers that stopped on their own signal
-  std::optional<Clock::time_point> kill_at;  // SIGKILL the stragglers at this time
-  auto running = [&] {
-    int n = 0;
-    for (const auto& w : workers) n += w.running ? 1 : 0;
-    return n;
-  };
-  auto signal_all = [&](int sig) {
-    for (const auto& w : workers) {
-      if (w.running) ::kill(w.pid, sig);
-    }
-  };
-  while (running() > 0) {
+  Supervisor supervisor(o, std::move(workers));
+  while (supervisor.running() > 0) {
     timespec timeout{0, 200 * 1000 * 1000};
     siginfo_t info;
     const int sig = ::sigtimedwait(&handled, &info, &timeout);
-    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
-      std::cerr << fmt::format("gpufeed launch: got {}, passing it to the workers\n",
-                               strsignal(sig))
-                << std::flush;
-      forwarded = sig;
-      signal_all(sig);
-      if (!kill_at)
-        kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                     std::chrono::duration<double>(o.stop_timeout_s * 4));
-    }
-    // Reap whatever has exited (SIGCHLD may coalesce; poll every round anyway).
-    for (auto& w : workers) {
-      if (!w.running) continue;
-      int status = 0;
-      const pid_t r = ::waitpid(w.pid, &status, WNOHANG);
-      if (r != w.pid) continue;
-      w.running = false;
-      w.status = status;
-      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      // 130/143: the worker stopped on SIGINT/SIGTERM after checkpointing (all ranks agree on
-      // the step to stop after, so the others are stopping too): not a failure.
-      const bool stopped = WIFEXITED(status) && (WEXITSTATUS(status) == 128 + SIGINT ||
-                                                 WEXITSTATUS(status) == 128 + SIGTERM);
-      if (stopped && !forwarded) {
-        // A worker stopped by a signal of its own (e.g. `kill` of one pid): the others stop too,
-        // or, before their first step, they would wait in rendezvous for the whole timeout.
-        std::cerr << fmt::format("gpufeed launch: rank {} stopped on a signal ({}){}\n", w.rank,
-                                 describe_status(status),
-                                 stopped_code == 0 && running() > 0
-                                     ? "; passing SIGTERM to the other workers"
-                                     : "")
-                  << std::flush;
-        if (stopped_code == 0) signal_all(SIGTERM);
-        stopped_code = std::max(stopped_code, WEXITSTATUS(status));
-      }
-      if (ok || stopped || forwarded) continue;
-      if (!first_failure) {
-        first_failure = w;
-        std::cerr << fmt::format(
-                         "gpufeed launch: rank {} (local rank {}, pid {}) {}; stopping the "
-                         "other workers (SIGTERM, SIGKILL after {} s)\n",
-                         w.rank, w.local_rank, w.pid, describe_status(status), o.stop_timeout_s)
-                  << std::flush;
-        signal_all(SIGTERM);
-        kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                     std::chrono::duration<double>(o.stop_timeout_s));
-      }
-    }
-    if (kill_at && Clock::now() >= *kill_at && running() > 0) {
-      std::cerr << "gpufeed launch: workers still running after the stop timeout: SIGKILL\n"
-                << std::flush;
-      signal_all(SIGKILL);
-      kill_at.reset();
-    }
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) supervisor.on_signal(sig);
+    supervisor.reap();
+    supervisor.enforce_deadline();
   }
   ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
-
-  for (const auto& w : workers) {
-    std::cerr << fmt::format("gpufeed launch: rank {} {}\n", w.rank, describe_status(w.status));
-  }
-  if (first_failure) {
-    std::cerr << fmt::format("gpufeed launch: failed: rank {} {} first\n", first_failure->rank,
-                             describe_status(first_failure->status));
-    return exit_code_of(first_failure->status);
-  }
-  if (stopped_code != 0 && !forwarded) return stopped_code;
-  if (forwarded) {
-    // Stopped on request: the workers' own codes (130/143 after a checkpoint), the worst first.
-    int code = 0;
-    for (const auto& w : workers) code = std::max(code, exit_code_of(w.status));
-    return code == 0 ? 128 + forwarded : code;
-  }
-  return 0;
+  return supervisor.finish();
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "commands.h"
 #include "schema_cli.h"
 #include "gpufeed/option.h"
+#include "test_faults.h"
 #include "torch_errors.h"
 #include "gpufeed/harness/torch_file.h"
 #include "gpufeed/harness/trainer.h"
@@ -73,70 +74,6 @@ void install_signal_handlers() {
   // A peer that exits closes its sockets; writing to them must fail with EPIPE, not kill us
   // (Python ignores SIGPIPE at startup for the same reason).
   signal(SIGPIPE, SIG_IGN);
-}
-
-// Test hooks, from GPUFEED_TEST_FAULT (comma-separated), for tests/test_distributed.cpp. Parsed
-// only by a binary built with GPUFEED_FAULT_INJECTION (a CMake option, on when the tests are
-// built); any other build ignores the variable with a warning:
-//   kill-rank=R:step=K            rank R sends itself SIGKILL after optimizer step K (1-based);
-//   signal=INT|TERM:step=K[:rank=R]   raise the signal after step K (on rank R, default all);
-//                                 repeat the item to raise it twice;
-//   signal-launcher=INT|TERM:step=K:rank=R   rank R sends the signal to its parent (the launcher);
-//   abort-checkpoint-write=N      the N-th file write aborts the process after its first chunk.
-struct Faults {
-  struct Raise {
-    int sig = 0;
-    int64_t step = 0;
-    int rank = -1;  // -1: every rank
-    bool parent = false;  // send it to the parent process instead
-  };
-  int kill_rank = -1;
-  int64_t kill_step = 0;
-  std::vector<Raise> raises;
-  int abort_write = 0;
-  bool any_step_hook(int rank) const {
-    if (kill_rank == rank) return true;
-    for (const auto& r : raises) {
-      if (r.rank < 0 || r.rank == rank) return true;
-    }
-    return false;
-  }
-};
-
-Faults read_faults() {
-  Faults f;
-  const char* v = std::getenv("GPUFEED_TEST_FAULT");
-  if (!v) return f;
-#ifndef GPUFEED_FAULT_INJECTION
-  std::cerr << "gpufeed: warning: GPUFEED_TEST_FAULT is set, but this gpufeed was built without "
-               "GPUFEED_FAULT_INJECTION (a test-only CMake option): ignored\n";
-  return f;
-#endif
-  std::stringstream all(v);
-  std::string item;
-  while (std::getline(all, item, ',')) {
-    long long a = 0, b = 0;
-    char name[8] = {0};
-    if (std::sscanf(item.c_str(), "kill-rank=%lld:step=%lld", &a, &b) == 2) {
-      f.kill_rank = static_cast<int>(a);
-      f.kill_step = b;
-    } else if (std::sscanf(item.c_str(), "signal=%4[A-Z]:step=%lld", name, &b) == 2 ||
-               std::sscanf(item.c_str(), "signal-launcher=%4[A-Z]:step=%lld", name, &b) == 2) {
-      Faults::Raise r;
-      r.parent = item.rfind("signal-launcher=", 0) == 0;
-      r.sig = std::string(name) == "INT" ? SIGINT : std::string(name) == "TERM" ? SIGTERM : 0;
-      if (r.sig == 0) throw std::invalid_argument("GPUFEED_TEST_FAULT: signal must be INT or TERM");
-      r.step = b;
-      const auto at = item.find(":rank=");
-      if (at != std::string::npos) r.rank = std::stoi(item.substr(at + 6));
-      f.raises.push_back(r);
-    } else if (std::sscanf(item.c_str(), "abort-checkpoint-write=%lld", &a) == 1) {
-      f.abort_write = static_cast<int>(a);
-    } else {
-      throw std::invalid_argument("GPUFEED_TEST_FAULT: cannot parse '" + item + "'");
-    }
-  }
-  return f;
 }
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -300,277 +237,327 @@ void take_loader_options(harness::TrainOptions& o, const loader::LoaderOptions& 
   o.index_cache = cache.index_cache;
 }
 
-}  // namespace
+// The train command's flags: TrainOptions' own fields, the loader's schema options (with this
+// command's defaults), and the words and paths resolved after parsing.
+struct TrainFlags {
+  harness::TrainOptions o;
+  loader::LoaderOptions loader;
+  loader::IndexCacheOptions cache;
+  SchemaFlags loader_flags, cache_flags;
+  std::string data, val_data, norm_weight_decay, bias_weight_decay, lr_schedule = "cosine", lr_milestones,
+      precision = "fp32", min_res, max_res, end_ramp, start_ramp = "0", devices, distributed = "auto",
+      dist_backend = "auto", init_weights, checkpoint, log_samples, save_checkpoint, resume, metrics, trace,
+      progress = "auto", recipe;
+  bool no_cudnn_benchmark = false;
+};
 
-Run add_train(CLI::App& app) {
-  auto o = std::make_shared<harness::TrainOptions>();
-  auto s = std::make_shared<std::map<std::string, std::string>>();  // string-valued options
-  auto str = [&](const char* name, const char* help, const char* def = "") {
-    (*s)[name] = def;
-    return app.add_option(name, (*s)[name], help);
-  };
-  str("--data", "training set: ImageFolder root, flat folder of <class>_*.jpg, file list, or WebDataset "
-      "tar shards ('dir/train-{000000..000146}.tar', a folder of .tar files, a list of .tar paths)")->required();
-  str("--val-data", "validation set, same classes (evaluated after every epoch)");
-  app.add_option("--arch", o->arch, "resnet18, resnet34, resnet50, resnet101, resnet152")->capture_default_str();
-  app.add_option("--epochs", o->epochs)->capture_default_str()->check(kAtLeastOne);
-  app.add_option("--accum-steps", o->accum_steps, "micro-batches per optimizer step (gradient accumulation)")
+void add_data_flags(CLI::App& app, TrainFlags& f) {
+  app.add_option("--data", f.data, "training set: ImageFolder root, flat folder of <class>_*.jpg, file list, or "
+                 "WebDataset tar shards ('dir/train-{000000..000146}.tar', a folder of .tar files, a list of .tar "
+                 "paths)")->required();
+  app.add_option("--val-data", f.val_data, "validation set, same classes (evaluated after every epoch)");
+  app.add_option("--arch", f.o.arch, "resnet18, resnet34, resnet50, resnet101, resnet152")->capture_default_str();
+  app.add_option("--epochs", f.o.epochs)->capture_default_str()->check(kAtLeastOne);
+  app.add_option("--accum-steps", f.o.accum_steps, "micro-batches per optimizer step (gradient accumulation)")
       ->capture_default_str()->check(kAtLeastOne);
-  app.add_option("--lr", o->lr, "learning rate per 256 images, scaled by the global batch "
+  // The loader's flags (--batch-size, --num-workers, --image-size, --on-error, --auto-augment, ...),
+  // from its schema (gpufeed/loader/loader.h), with this command's defaults (a batch of 64 per
+  // process and micro-batch); the eval transform's are --val-resize-size and --val-crop-size, the
+  // train crop's schedule --min-res/--max-res.
+  f.loader = loader_options_of(f.o);
+  f.loader_flags = add_schema_options(app, loader::loader_options_schema(), f.loader,
+                                      {"train", "scale", "ratio", "resize_size", "max_image_size", "mean", "std"});
+  f.cache_flags = add_schema_options(app, loader::index_cache_options_schema(), f.cache);
+}
+
+void add_optimizer_flags(CLI::App& app, TrainFlags& f) {
+  harness::TrainOptions& o = f.o;
+  app.add_option("--lr", o.lr, "learning rate per 256 images, scaled by the global batch "
                  "(batch size x accum steps x ranks) / 256")->capture_default_str();
-  app.add_option("--momentum", o->momentum)->capture_default_str();
-  app.add_flag("--nesterov", o->nesterov, "Nesterov momentum");
-  app.add_option("--weight-decay", o->weight_decay)->capture_default_str();
-  str("--norm-weight-decay", "weight decay of norm layers' parameters (torchvision references; default: --weight-decay)")
-      ->check(CLI::NonNegativeNumber);
-  str("--bias-weight-decay", "weight decay of every bias, norm layers' included (torchvision references; default: "
-      "as the other rules say)")->check(CLI::NonNegativeNumber);
-  app.add_flag("--no-decay-norm-bias", o->no_decay_norm_bias, "--norm-weight-decay 0 --bias-weight-decay 0 (unless given)");
-  app.add_option("--label-smoothing", o->label_smoothing, "CrossEntropyLoss's label_smoothing (soft targets too)")
+  app.add_option("--momentum", o.momentum)->capture_default_str();
+  app.add_flag("--nesterov", o.nesterov, "Nesterov momentum");
+  app.add_option("--weight-decay", o.weight_decay)->capture_default_str();
+  app.add_option("--norm-weight-decay", f.norm_weight_decay, "weight decay of norm layers' parameters (torchvision "
+                 "references; default: --weight-decay)")->check(CLI::NonNegativeNumber);
+  app.add_option("--bias-weight-decay", f.bias_weight_decay, "weight decay of every bias, norm layers' included "
+                 "(torchvision references; default: as the other rules say)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-decay-norm-bias", o.no_decay_norm_bias, "--norm-weight-decay 0 --bias-weight-decay 0 (unless given)");
+  app.add_option("--label-smoothing", o.label_smoothing, "CrossEntropyLoss's label_smoothing (soft targets too)")
       ->capture_default_str()->check(CLI::Range(0.0, 0.999));
-  app.add_option("--clip-grad-norm", o->clip_grad_norm, "clip the gradients' total 2-norm to this "
+  app.add_option("--clip-grad-norm", o.clip_grad_norm, "clip the gradients' total 2-norm to this "
                  "(clip_grad_norm_, after unscaling under fp16); 0 = off")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--mixup-alpha", o->mixup_alpha, "MixUp on the device, lam ~ Beta(a, a); 0 = off (with "
+  app.add_option("--mixup-alpha", o.mixup_alpha, "MixUp on the device, lam ~ Beta(a, a); 0 = off (with "
                  "--cutmix-alpha: one of the two per batch)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--cutmix-alpha", o->cutmix_alpha, "CutMix on the device, lam ~ Beta(a, a); 0 = off")
+  app.add_option("--cutmix-alpha", o.cutmix_alpha, "CutMix on the device, lam ~ Beta(a, a); 0 = off")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_flag("--model-ema", o->model_ema, "keep and validate an EMA of the weights and buffers (torchvision references)");
-  app.add_option("--model-ema-steps", o->model_ema_steps, "--model-ema: optimizer steps between updates")
+  app.add_flag("--model-ema", o.model_ema, "keep and validate an EMA of the weights and buffers (torchvision references)");
+  app.add_option("--model-ema-steps", o.model_ema_steps, "--model-ema: optimizer steps between updates")
       ->capture_default_str()->check(kAtLeastOne);
-  app.add_option("--model-ema-decay", o->model_ema_decay, "--model-ema: decay per update before the references' "
+  app.add_option("--model-ema-decay", o.model_ema_decay, "--model-ema: decay per update before the references' "
                  "adjustment for world size, batch and steps")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  str("--lr-schedule", "constant, step, multistep, cosine, onecycle or triangular (FFCV's; per optimizer step)",
-      "cosine")->check(CLI::IsMember({"constant", "step", "multistep", "cosine", "onecycle", "triangular"}))
-      ->capture_default_str();
-  app.add_option("--lr-peak-epoch", o->lr_peak_epoch, "triangular: epoch of the peak (FFCV's lr_peak_epoch)")
-      ->capture_default_str();
-  app.add_option("--warmup-epochs", o->warmup_epochs, "linear LR warmup, epochs")->capture_default_str();
-  app.add_option("--warmup-start-factor", o->warmup_start_factor, "warmup starts at lr x this")->capture_default_str();
-  app.add_option("--lr-step-epochs", o->lr_step_epochs, "step: decay every N epochs")->capture_default_str();
-  str("--lr-milestones", "multistep: comma-separated epochs at which to decay, e.g. 30,60,80");
-  app.add_option("--lr-gamma", o->lr_gamma, "step, multistep: decay factor")->capture_default_str();
-  app.add_option("--min-lr", o->min_lr, "cosine: floor")->capture_default_str();
-  app.add_option("--onecycle-pct-start", o->onecycle_pct_start)->capture_default_str();
-  app.add_option("--onecycle-div-factor", o->onecycle_div_factor)->capture_default_str();
-  app.add_option("--onecycle-final-div-factor", o->onecycle_final_div_factor)->capture_default_str();
-  str("--precision", "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)", "fp32")
+  app.add_option("--precision", f.precision, "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
-  app.add_option("--loss-scale-init", o->grad_scaler.init_scale, "fp16: initial loss scale")->capture_default_str();
-  app.add_option("--loss-scale-growth-interval", o->grad_scaler.growth_interval, "fp16: finite steps before growing")
+  app.add_option("--loss-scale-init", o.grad_scaler.init_scale, "fp16: initial loss scale")->capture_default_str();
+  app.add_option("--loss-scale-growth-interval", o.grad_scaler.growth_interval, "fp16: finite steps before growing")
       ->capture_default_str();
+}
+
+void add_schedule_flags(CLI::App& app, TrainFlags& f) {
+  harness::TrainOptions& o = f.o;
+  app.add_option("--lr-schedule", f.lr_schedule, "constant, step, multistep, cosine, onecycle or triangular "
+                 "(FFCV's; per optimizer step)")
+      ->check(CLI::IsMember({"constant", "step", "multistep", "cosine", "onecycle", "triangular"}))->capture_default_str();
+  app.add_option("--lr-peak-epoch", o.lr_peak_epoch, "triangular: epoch of the peak (FFCV's lr_peak_epoch)")
+      ->capture_default_str();
+  app.add_option("--warmup-epochs", o.warmup_epochs, "linear LR warmup, epochs")->capture_default_str();
+  app.add_option("--warmup-start-factor", o.warmup_start_factor, "warmup starts at lr x this")->capture_default_str();
+  app.add_option("--lr-step-epochs", o.lr_step_epochs, "step: decay every N epochs")->capture_default_str();
+  app.add_option("--lr-milestones", f.lr_milestones, "multistep: comma-separated epochs at which to decay, e.g. 30,60,80");
+  app.add_option("--lr-gamma", o.lr_gamma, "step, multistep: decay factor")->capture_default_str();
+  app.add_option("--min-lr", o.min_lr, "cosine: floor")->capture_default_str();
+  app.add_option("--onecycle-pct-start", o.onecycle_pct_start)->capture_default_str();
+  app.add_option("--onecycle-div-factor", o.onecycle_div_factor)->capture_default_str();
+  app.add_option("--onecycle-final-div-factor", o.onecycle_final_div_factor)->capture_default_str();
   // Progressive resizing, FFCV's names (its config's resolution section) and formula.
-  str("--min-res", "progressive resizing (FFCV's): train crop side up to --start-ramp, pixels")->check(kAtLeastOne);
-  str("--max-res", "progressive resizing: side from --end-ramp on (between: linear, rounded to a "
-      "multiple of 32 as FFCV's get_resolution)")->check(kAtLeastOne);
-  str("--end-ramp", "progressive resizing: first epoch at --max-res (0-based, FFCV's end_ramp)")->check(kAtLeastZero);
-  str("--start-ramp", "progressive resizing: last epoch at --min-res (0-based, FFCV's start_ramp)", "0")
+  app.add_option("--min-res", f.min_res, "progressive resizing (FFCV's): train crop side up to --start-ramp, pixels")
+      ->check(kAtLeastOne);
+  app.add_option("--max-res", f.max_res, "progressive resizing: side from --end-ramp on (between: linear, rounded "
+                 "to a multiple of 32 as FFCV's get_resolution)")->check(kAtLeastOne);
+  app.add_option("--end-ramp", f.end_ramp, "progressive resizing: first epoch at --max-res (0-based, FFCV's end_ramp)")
       ->check(kAtLeastZero);
-  app.add_option("--val-resize-size", o->val_resize_size, "validation Resize, pixels (0: val crop x 256/224)")
+  app.add_option("--start-ramp", f.start_ramp, "progressive resizing: last epoch at --min-res (0-based, FFCV's "
+                 "start_ramp)")->check(kAtLeastZero)->capture_default_str();
+  app.add_option("--val-resize-size", o.val_resize_size, "validation Resize, pixels (0: val crop x 256/224)")
       ->capture_default_str()->check(kAtLeastZero);
-  app.add_option("--val-crop-size", o->val_crop_size, "validation CenterCrop, pixels (0: --image-size)")
+  app.add_option("--val-crop-size", o.val_crop_size, "validation CenterCrop, pixels (0: --image-size)")
       ->capture_default_str()->check(kAtLeastZero);
-  app.add_flag("--val-flip-average", o->val_flip_average,
+  app.add_flag("--val-flip-average", o.val_flip_average,
                "validate on the mean logits of each image and its horizontal flip (FFCV's lr_tta)");
-  app.add_option("--device", o->device, "cpu, cuda or cuda:N (distributed: cuda = cuda:LOCAL_RANK)")->capture_default_str();
-  str("--devices", "DataParallel over these devices: 0,1,... (CUDA indices) or full names");
-  str("--distributed", "auto (torchrun/Slurm environment), on or off", "auto")
+  app.add_option("--max-steps-per-epoch", o.max_steps_per_epoch, "optimizer steps; 0 = whole epoch")->capture_default_str();
+}
+
+void add_device_flags(CLI::App& app, TrainFlags& f) {
+  harness::TrainOptions& o = f.o;
+  app.add_option("--device", o.device, "cpu, cuda or cuda:N (distributed: cuda = cuda:LOCAL_RANK)")->capture_default_str();
+  app.add_option("--devices", f.devices, "DataParallel over these devices: 0,1,... (CUDA indices) or full names");
+  app.add_option("--distributed", f.distributed, "auto (torchrun/Slurm environment), on or off")
       ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
-  str("--dist-backend", "nccl, gloo or auto (NCCL on CUDA, Gloo on CPU)", "auto")
+  app.add_option("--dist-backend", f.dist_backend, "nccl, gloo or auto (NCCL on CUDA, Gloo on CPU)")
       ->check(CLI::IsMember({"auto", "nccl", "gloo"}))->capture_default_str();
-  app.add_option("--dist-timeout", o->dist_timeout_s, "rendezvous and collective timeout, seconds")->capture_default_str();
-  app.add_option("--bucket-mb", o->ddp_bucket_mb, "DDP gradient bucket size, MiB")->capture_default_str();
-  auto no_benchmark = std::make_shared<bool>(false);
-  app.add_flag("--no-cudnn-benchmark", *no_benchmark, "turn cudnn.benchmark off");
-  app.add_flag("--channels-last", o->channels_last, "model and inputs in channels_last");
-  app.add_flag("--zero-init-residual", o->zero_init_residual, "each block starts as the identity");
-  app.add_flag("--freeze-bn", o->freeze_bn, "BatchNorm in eval mode (running statistics, not updated)");
-  app.add_flag("--sync-bn", o->sync_bn,
+  app.add_option("--dist-timeout", o.dist_timeout_s, "rendezvous and collective timeout, seconds")->capture_default_str();
+  app.add_option("--bucket-mb", o.ddp_bucket_mb, "DDP gradient bucket size, MiB")->capture_default_str();
+  app.add_flag("--no-cudnn-benchmark", f.no_cudnn_benchmark, "turn cudnn.benchmark off");
+  app.add_flag("--channels-last", o.channels_last, "model and inputs in channels_last");
+  app.add_flag("--zero-init-residual", o.zero_init_residual, "each block starts as the identity");
+  app.add_flag("--freeze-bn", o.freeze_bn, "BatchNorm in eval mode (running statistics, not updated)");
+  app.add_flag("--sync-bn", o.sync_bn,
                "SyncBatchNorm: BatchNorm statistics over all ranks' batches together (distributed runs; "
                "not with --devices or --freeze-bn)");
-  app.add_flag("--activation-checkpointing", o->activation_checkpointing,
+  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
                "recompute the ResNet stages' activations in backward instead of keeping them (less memory, "
                "about one more forward of compute; not with --devices)");
-  app.add_flag("--ra-sampler", o->ra_sampler, "repeated-augmentation sampler (torchvision references' RASampler)");
-  app.add_option("--ra-reps", o->ra_reps, "--ra-sampler: repetitions of each image per epoch")
+  app.add_flag("--ra-sampler", o.ra_sampler, "repeated-augmentation sampler (torchvision references' RASampler)");
+  app.add_option("--ra-reps", o.ra_reps, "--ra-sampler: repetitions of each image per epoch")
       ->capture_default_str()->check(kAtLeastOne);
-  str("--init-weights", "load this state_dict first (Python or gpufeed file; wrapper prefixes "
-      "module., _orig_mod., model. are stripped): fine-tuning");
-  app.add_option("--init-weights-exclude", o->init_weights_exclude,
+}
+
+void add_checkpoint_flags(CLI::App& app, TrainFlags& f) {
+  harness::TrainOptions& o = f.o;
+  app.add_option("--init-weights", f.init_weights, "load this state_dict first (Python or gpufeed file; wrapper "
+                 "prefixes module., _orig_mod., model. are stripped): fine-tuning");
+  app.add_option("--init-weights-exclude", o.init_weights_exclude,
                  "with --init-weights: keys left at their fresh initialisation, e.g. fc for a new "
                  "head (the key, a module prefix, or a whole-key regex); repeatable")
       ->take_all();
-  app.add_flag("--init-weights-skip-mismatched", o->init_weights_skip_mismatched,
+  app.add_flag("--init-weights-skip-mismatched", o.init_weights_skip_mismatched,
                "with --init-weights: keys whose shape differs keep their fresh initialisation "
                "(a warning names them) instead of stopping");
-  str("--checkpoint", "write the final state_dict here (torch.load-able); {rank}: every rank writes one");
-  str("--log-samples", "write the dataset index of every sample each optimizer step consumed, as "
-      "'epoch<TAB>step<TAB>index' lines ({rank} in the path: every rank writes its own file; without "
-      "it only rank 0 writes); for checking sharding and reproducing a run");
-  str("--save-checkpoint", "training checkpoint (model, optimizer, schedule, sampler, RNG), written "
-      "every epoch and on SIGINT/SIGTERM (without it, a stopped run writes <--checkpoint>.train.pt "
-      "or ./gpufeed_train_checkpoint.pt)");
-  app.add_option("--checkpoint-every-steps", o->checkpoint_every_steps, "also every N optimizer steps")->capture_default_str();
-  str("--resume", "resume from this training checkpoint");
-  app.add_flag("--resume-replan-schedule", o->resume_replan_schedule,
+  app.add_option("--checkpoint", f.checkpoint, "write the final state_dict here (torch.load-able); {rank}: every "
+                 "rank writes one");
+  app.add_option("--save-checkpoint", f.save_checkpoint, "training checkpoint (model, optimizer, schedule, sampler, "
+                 "RNG), written every epoch and on SIGINT/SIGTERM (without it, a stopped run writes "
+                 "<--checkpoint>.train.pt or ./gpufeed_train_checkpoint.pt)");
+  app.add_option("--checkpoint-every-steps", o.checkpoint_every_steps, "also every N optimizer steps")->capture_default_str();
+  app.add_option("--resume", f.resume, "resume from this training checkpoint");
+  app.add_flag("--resume-replan-schedule", o.resume_replan_schedule,
                "with --resume: accept a changed LR schedule plan (e.g. more --epochs) and continue "
                "on the new plan (without it such a resume is refused, naming what changed)");
-  app.add_option("--max-steps-per-epoch", o->max_steps_per_epoch, "optimizer steps; 0 = whole epoch")->capture_default_str();
-  str("--metrics", "write JSON-lines metrics here (tools/plot.py draws them)");
-  app.add_option("--metrics-every", o->profile.metrics_every_steps, "steps per metrics record")
+  static const std::string recipe_help =
+      "expand a published recipe's flags first (explicit flags override): " + recipe_names();
+  app.add_option("--recipe", f.recipe, recipe_help);
+}
+
+void add_report_flags(CLI::App& app, TrainFlags& f) {
+  harness::TrainOptions& o = f.o;
+  app.add_option("--log-samples", f.log_samples, "write the dataset index of every sample each optimizer step "
+                 "consumed, as 'epoch<TAB>step<TAB>index' lines ({rank} in the path: every rank writes its own "
+                 "file; without it only rank 0 writes); for checking sharding and reproducing a run");
+  app.add_option("--metrics", f.metrics, "write JSON-lines metrics here (tools/plot.py draws them)");
+  app.add_option("--metrics-every", o.profile.metrics_every_steps, "steps per metrics record")
       ->capture_default_str()->check(kAtLeastOne);
-  str("--trace", "write a Chrome trace (Perfetto, chrome://tracing) here");
-  app.add_option("--trace-max-events", o->profile.trace_max_events,
+  app.add_option("--trace", f.trace, "write a Chrome trace (Perfetto, chrome://tracing) here");
+  app.add_option("--trace-max-events", o.profile.trace_max_events,
                  "trace size bound: first and last half of the run are kept")->capture_default_str();
-  str("--progress", "progress display: auto, bar, lines or off", "auto")
+  app.add_option("--progress", f.progress, "progress display: auto, bar, lines or off")
       ->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "plain", "off"}));
-  static const std::string recipe_help = "expand a published recipe's flags first (explicit flags override): " + recipe_names();
-  str("--recipe", recipe_help.c_str());
-  // The loader's flags (--batch-size, --num-workers, --image-size, --on-error, --auto-augment, ...),
-  // from its schema (gpufeed/loader/loader.h), with this command's defaults; the eval transform's
-  // are --val-resize-size and --val-crop-size, the train crop's schedule --min-res/--max-res.
-  auto lo = std::make_shared<loader::LoaderOptions>(loader_options_of(*o));
-  auto cache = std::make_shared<loader::IndexCacheOptions>();
-  const SchemaFlags loader_flags = add_schema_options(
-      app, loader::loader_options_schema(), *lo, {"train", "scale", "ratio", "resize_size", "max_image_size", "mean", "std"});
-  const SchemaFlags cache_flags = add_schema_options(app, loader::index_cache_options_schema(), *cache);
-  return without_backtrace([o, s, no_benchmark, lo, cache, loader_flags, cache_flags, &app] {
-    if (!s->at("--recipe").empty()) apply_recipe(app, s->at("--recipe"));  // before reading any flag
-    loader_flags.apply();
-    cache_flags.apply();
-    take_loader_options(*o, *lo, *cache);
-    auto get = [&](const char* k) -> const std::string& { return s->at(k); };
-    auto path = [&](const char* k) -> std::optional<std::filesystem::path> {
-      if (get(k).empty()) return std::nullopt;
-      return std::filesystem::path(get(k));
-    };
-    o->data = get("--data");
-    o->val_data = path("--val-data");
-    o->checkpoint = path("--checkpoint");
-    o->save_checkpoint = path("--save-checkpoint");
-    o->resume = path("--resume");
-    o->init_weights = path("--init-weights");
-    o->profile.metrics_path = path("--metrics");
-    o->profile.trace_path = path("--trace");
-    o->lr_schedule = harness::parse_lr_schedule_kind(get("--lr-schedule"));
-    if (!get("--min-res").empty() || !get("--max-res").empty() || !get("--end-ramp").empty()) {
-      if (get("--min-res").empty() || get("--max-res").empty() || get("--end-ramp").empty()) {
-        throw std::invalid_argument("progressive resizing needs --min-res, --max-res and --end-ramp "
-                                    "(--start-ramp defaults to 0)");
-      }
-      if (loader_flags.given->count("image_size") > 0) {
-        throw std::invalid_argument("--image-size/--train-crop-size and progressive resizing (--min-res, "
-                                    "--max-res, --end-ramp) both given: for a fixed size pass --min-res and "
-                                    "--max-res equal");
-      }
-      harness::ResolutionSchedule r;
-      r.min_res = std::stoi(get("--min-res"));
-      r.max_res = std::stoi(get("--max-res"));
-      r.start_ramp = std::stoll(get("--start-ramp"));
-      r.end_ramp = std::stoll(get("--end-ramp"));
-      o->resolution = r;
+}
+
+std::optional<std::filesystem::path> optional_path(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  return std::filesystem::path(text);
+}
+
+// --min-res, --max-res, --start-ramp, --end-ramp: FFCV's progressive resizing, or nothing.
+std::optional<harness::ResolutionSchedule> resolution_schedule(const TrainFlags& f) {
+  if (f.min_res.empty() && f.max_res.empty() && f.end_ramp.empty()) return std::nullopt;
+  if (f.min_res.empty() || f.max_res.empty() || f.end_ramp.empty()) {
+    throw std::invalid_argument("progressive resizing needs --min-res, --max-res and --end-ramp "
+                                "(--start-ramp defaults to 0)");
+  }
+  if (f.loader_flags.given->count("image_size") > 0) {
+    throw std::invalid_argument("--image-size/--train-crop-size and progressive resizing (--min-res, "
+                                "--max-res, --end-ramp) both given: for a fixed size pass --min-res and "
+                                "--max-res equal");
+  }
+  harness::ResolutionSchedule r;
+  r.min_res = std::stoi(f.min_res);
+  r.max_res = std::stoi(f.max_res);
+  r.start_ramp = std::stoll(f.start_ramp);
+  r.end_ramp = std::stoll(f.end_ramp);
+  return r;
+}
+
+// The parsed flags into f.o: the schema options, the paths, the words.
+void resolve_options(TrainFlags& f) {
+  f.loader_flags.apply();
+  f.cache_flags.apply();
+  harness::TrainOptions& o = f.o;
+  take_loader_options(o, f.loader, f.cache);
+  o.data = f.data;
+  o.val_data = optional_path(f.val_data);
+  o.checkpoint = optional_path(f.checkpoint);
+  o.save_checkpoint = optional_path(f.save_checkpoint);
+  o.resume = optional_path(f.resume);
+  o.init_weights = optional_path(f.init_weights);
+  o.profile.metrics_path = optional_path(f.metrics);
+  o.profile.trace_path = optional_path(f.trace);
+  o.lr_schedule = harness::parse_lr_schedule_kind(f.lr_schedule);
+  o.resolution = resolution_schedule(f);
+  if (!f.norm_weight_decay.empty()) o.norm_weight_decay = std::stod(f.norm_weight_decay);
+  if (!f.bias_weight_decay.empty()) o.bias_weight_decay = std::stod(f.bias_weight_decay);
+  for (const auto& m : split_list(f.lr_milestones)) o.lr_milestones.push_back(std::stod(m));
+  o.precision = harness::parse_precision(f.precision);
+  o.distributed = harness::parse_distributed_mode(f.distributed);
+  o.dist_backend = harness::parse_dist_backend(f.dist_backend);
+  o.cudnn_benchmark = !f.no_cudnn_benchmark;
+  for (const auto& d : split_list(f.devices)) {
+    o.dp_devices.push_back(std::all_of(d.begin(), d.end(), ::isdigit) ? "cuda:" + d : d);
+  }
+  if (!o.save_checkpoint) {
+    // A stopped run always leaves a checkpoint to resume from.
+    o.save_checkpoint = o.checkpoint ? std::filesystem::path(o.checkpoint->string() + ".train.pt")
+                                     : std::filesystem::path("gpufeed_train_checkpoint.pt");
+    o.save_checkpoint_only_on_stop = true;
+  }
+}
+
+// Each step: its samples into --log-samples, then the test hooks.
+void set_step_hooks(harness::Trainer& trainer, const TrainFaults& faults, const std::string& log_samples) {
+  const int rank = trainer.rank();
+  const std::shared_ptr<std::ofstream> sample_log = open_sample_log(log_samples, rank);
+  if (!faults.any_step_hook(rank) && !sample_log) return;
+  trainer.set_step_callback([faults, rank, sample_log](const harness::StepStats& st) {
+    if (sample_log) {
+      for (const int64_t index : st.indices) *sample_log << st.epoch << '\t' << st.step << '\t' << index << '\n';
+      sample_log->flush();
     }
-    if (!get("--norm-weight-decay").empty()) o->norm_weight_decay = std::stod(get("--norm-weight-decay"));
-    if (!get("--bias-weight-decay").empty()) o->bias_weight_decay = std::stod(get("--bias-weight-decay"));
-    for (const auto& m : split_list(get("--lr-milestones"))) o->lr_milestones.push_back(std::stod(m));
-    o->precision = harness::parse_precision(get("--precision"));
-    o->distributed = harness::parse_distributed_mode(get("--distributed"));
-    o->dist_backend = harness::parse_dist_backend(get("--dist-backend"));
-    o->cudnn_benchmark = !*no_benchmark;
-    for (const auto& d : split_list(get("--devices"))) {
-      o->dp_devices.push_back(std::all_of(d.begin(), d.end(), ::isdigit) ? "cuda:" + d : d);
-    }
-    // Ctrl-C / SIGTERM: finish the step, checkpoint, exit 128 + signal.
-    install_signal_handlers();
-    o->stop_flag = &g_stop_signal;
-    o->steps_started = &g_steps_started;
-    if (!o->save_checkpoint) {
-      // A stopped run always leaves a checkpoint to resume from.
-      o->save_checkpoint = o->checkpoint ? std::filesystem::path(o->checkpoint->string() + ".train.pt")
-                                         : std::filesystem::path("gpufeed_train_checkpoint.pt");
-      o->save_checkpoint_only_on_stop = true;
-    }
-    const Faults faults = read_faults();
-    if (faults.abort_write > 0) {
-      auto writes = std::make_shared<int>(0);
-      const int n = faults.abort_write;
-      harness::set_write_fault_hook([writes, n](const std::filesystem::path&, int64_t done, int64_t total) {
-        if (done == std::min<int64_t>(total, int64_t{1} << 20) && ++*writes == n) {
-          std::cerr << "gpufeed: GPUFEED_TEST_FAULT: aborting in the middle of checkpoint write " << n << "\n";
-          std::abort();
-        }
-      });
-    }
-    auto main_rank = std::make_shared<bool>(false);
-    auto printer = std::make_shared<harness::ProgressPrinter>(
-        std::cout, harness::parse_progress_mode(get("--progress")), ::isatty(::fileno(stdout)) != 0);
-    o->profile.on_progress = [printer, main_rank](const harness::ProgressSnapshot& snap) {
-      if (*main_rank) printer->update(snap);
-    };
-    harness::Trainer trainer(*o);
-    *main_rank = trainer.rank() == 0;
-    const std::shared_ptr<std::ofstream> sample_log = open_sample_log(get("--log-samples"), trainer.rank());
-    if (faults.any_step_hook(trainer.rank()) || sample_log) {
-      const int rank = trainer.rank();
-      trainer.set_step_callback([faults, rank, sample_log](const harness::StepStats& st) {
-        if (sample_log) {
-          for (const int64_t index : st.indices) *sample_log << st.epoch << '\t' << st.step << '\t' << index << '\n';
-          sample_log->flush();
-        }
-        if (faults.kill_rank == rank && st.step + 1 == faults.kill_step) ::kill(::getpid(), SIGKILL);
-        for (const auto& r : faults.raises) {
-          if ((r.rank < 0 || r.rank == rank) && st.step + 1 == r.step) {
-            if (r.parent) ::kill(::getppid(), r.sig);
-            else ::raise(r.sig);
-          }
-        }
-      });
-    }
+    faults.after_step(rank, st.step);
+  });
+}
+
+void print_setup(const harness::Trainer& trainer, const harness::TrainOptions& o) {
+  std::cout << format("train: %s on %s, %lld classes, world %d, global batch %lld "
+                      "(%lld x %lld accum x %d), lr %.4g (%g per 256)\n",
+                      o.arch.c_str(), trainer.device().c_str(), static_cast<long long>(trainer.num_classes()),
+                      trainer.world_size(), static_cast<long long>(trainer.global_batch()),
+                      static_cast<long long>(o.batch_size), static_cast<long long>(o.accum_steps),
+                      trainer.world_size(), trainer.scaled_lr(), o.lr)
+            << std::flush;
+}
+
+void print_epoch(const harness::EpochStats& st, int64_t epochs) {
+  std::string line = format(
+      "epoch %lld/%lld  image size %d  loss %.4f  top1 %.1f%%  images/s %.1f  data_wait %.1f%%  "
+      "lr %.4g  time %.1fs",
+      static_cast<long long>(st.epoch + 1), static_cast<long long>(epochs), st.image_size, st.loss,
+      100 * st.top1, st.images_per_s, 100 * st.data_wait_fraction, st.lr, st.seconds);
+  if (st.skipped_steps > 0) line += format("  skipped_steps %lld", static_cast<long long>(st.skipped_steps));
+  if (st.skipped_samples > 0) line += format("  skipped_samples %lld", static_cast<long long>(st.skipped_samples));
+  if (st.val_top1) {
+    line += format("  val_loss %.4f  val_top1 %.1f%%  val_top5 %.1f%%", *st.val_loss, 100 * *st.val_top1,
+                   100 * *st.val_top5);
+  }
+  std::cout << line << "\n";
+  if (st.ema_val_top1) {
+    std::cout << format("epoch %lld/%lld  EMA  val_loss %.4f  val_top1 %.1f%%  val_top5 %.1f%%\n",
+                        static_cast<long long>(st.epoch + 1), static_cast<long long>(epochs), *st.ema_val_loss,
+                        100 * *st.ema_val_top1, 100 * *st.ema_val_top5);
+  }
+  std::cout << std::flush;
+}
+
+// Trains with the resolved options; the exit code (128 + signal when stopped by one).
+int run_train(TrainFlags& f) {
+  harness::TrainOptions& o = f.o;
+  // Ctrl-C / SIGTERM: finish the step, checkpoint, exit 128 + signal.
+  install_signal_handlers();
+  o.stop_flag = &g_stop_signal;
+  o.steps_started = &g_steps_started;
+  const TrainFaults faults = read_train_faults();
+  faults.install_write_fault();
+  auto main_rank = std::make_shared<bool>(false);
+  auto printer = std::make_shared<harness::ProgressPrinter>(
+      std::cout, harness::parse_progress_mode(f.progress), ::isatty(::fileno(stdout)) != 0);
+  o.profile.on_progress = [printer, main_rank](const harness::ProgressSnapshot& snap) {
+    if (*main_rank) printer->update(snap);
+  };
+  harness::Trainer trainer(o);
+  *main_rank = trainer.rank() == 0;
+  set_step_hooks(trainer, faults, f.log_samples);
+  if (*main_rank) print_setup(trainer, o);
+  trainer.fit([&](const harness::EpochStats& st) {
+    if (!*main_rank) return;
+    printer->break_line();
+    print_epoch(st, o.epochs);
+  });
+  if (const int sig = trainer.stopped(); sig != 0) {
     if (*main_rank) {
-      std::cout << format("train: %s on %s, %lld classes, world %d, global batch %lld "
-                          "(%lld x %lld accum x %d), lr %.4g (%g per 256)\n",
-                          o->arch.c_str(), trainer.device().c_str(),
-                          static_cast<long long>(trainer.num_classes()), trainer.world_size(),
-                          static_cast<long long>(trainer.global_batch()),
-                          static_cast<long long>(o->batch_size), static_cast<long long>(o->accum_steps),
-                          trainer.world_size(), trainer.scaled_lr(), o->lr)
-                << std::flush;
+      std::cout << "stopped by signal " << sig << "; training checkpoint: " << trainer.last_checkpoint().string()
+                << " (resume with --resume " << trainer.last_checkpoint().string() << ")\n" << std::flush;
     }
-    trainer.fit([&](const harness::EpochStats& st) {
-      if (!*main_rank) return;
-      printer->break_line();
-      std::string line = format(
-          "epoch %lld/%lld  image size %d  loss %.4f  top1 %.1f%%  images/s %.1f  data_wait %.1f%%  "
-          "lr %.4g  time %.1fs",
-          static_cast<long long>(st.epoch + 1), static_cast<long long>(o->epochs), st.image_size, st.loss,
-          100 * st.top1, st.images_per_s, 100 * st.data_wait_fraction, st.lr, st.seconds);
-      if (st.skipped_steps > 0) line += format("  skipped_steps %lld", static_cast<long long>(st.skipped_steps));
-      if (st.skipped_samples > 0)
-        line += format("  skipped_samples %lld", static_cast<long long>(st.skipped_samples));
-      if (st.val_top1) {
-        line += format("  val_loss %.4f  val_top1 %.1f%%  val_top5 %.1f%%", *st.val_loss,
-                       100 * *st.val_top1, 100 * *st.val_top5);
-      }
-      std::cout << line << "\n";
-      if (st.ema_val_top1) {
-        std::cout << format("epoch %lld/%lld  EMA  val_loss %.4f  val_top1 %.1f%%  val_top5 %.1f%%\n",
-                            static_cast<long long>(st.epoch + 1), static_cast<long long>(o->epochs), *st.ema_val_loss,
-                            100 * *st.ema_val_top1, 100 * *st.ema_val_top5);
-      }
-      std::cout << std::flush;
-    });
-    if (const int sig = trainer.stopped(); sig != 0) {
-      if (*main_rank) {
-        std::cout << "stopped by signal " << sig << "; training checkpoint: "
-                  << trainer.last_checkpoint().string() << " (resume with --resume "
-                  << trainer.last_checkpoint().string() << ")\n" << std::flush;
-      }
-      return 128 + sig;
-    }
-    if (*main_rank) {
-      if (o->checkpoint) std::cout << "checkpoint: " << o->checkpoint->string() << "\n";
-      std::cout << profile_report(trainer.profile(), *o) << std::flush;
-    }
-    return 0;
+    return 128 + sig;
+  }
+  if (*main_rank) {
+    if (o.checkpoint) std::cout << "checkpoint: " << o.checkpoint->string() << "\n";
+    std::cout << profile_report(trainer.profile(), o) << std::flush;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Run add_train(CLI::App& app) {
+  auto f = std::make_shared<TrainFlags>();
+  add_data_flags(app, *f);
+  add_optimizer_flags(app, *f);
+  add_schedule_flags(app, *f);
+  add_device_flags(app, *f);
+  add_checkpoint_flags(app, *f);
+  add_report_flags(app, *f);
+  return without_backtrace([f, &app] {
+    if (!f->recipe.empty()) apply_recipe(app, f->recipe);  // before reading any flag
+    resolve_options(*f);
+    return run_train(*f);
   });
 }
 

@@ -41,7 +41,7 @@ PUBLIC_HEADERS = [
 # loader/inspect.h belongs to gpufeed_inspect, the report `gpufeed inspect` and gpufeed.inspect()
 # share: a library of the CLI and the Python package, not of the installed package; likewise
 # loader/pack.h (gpufeed_pack, `gpufeed pack`).
-INTERNAL_HEADERS = ["gpufeed/log.h", "gpufeed/log_text.h", "gpufeed/json_text.h", "gpufeed/harness/nvml.h", "gpufeed/harness/trace.h",
+INTERNAL_HEADERS = ["gpufeed/log.h", "gpufeed/log_text.h", "gpufeed/json_text.h", "gpufeed/unique_fd.h", "gpufeed/harness/nvml.h", "gpufeed/harness/trace.h",
                     "gpufeed/loader/inspect.h", "gpufeed/loader/pack.h"]
 ROOMS = ["decode", "sampler", "loader", "prefetch", "harness"]
 EPOCH = re.compile(r"^epoch (\d+) batches (\d+) samples (\d+) checksum ([0-9a-f]{16})", re.M)

@@ -138,6 +138,11 @@ struct RandomErasingOptions {
   float value = 0;             ///< the constant value in normalised units (when !random_value)
 };
 
+/// ImageNet's per-channel mean and std (R, G, B) of [0, 1] pixels, torchvision's models'
+/// Normalize: the default of the prefetcher's Normalize and of RandomErasing's value mapping.
+inline constexpr std::array<float, 3> kImageNetMean{0.485f, 0.456f, 0.406f};
+inline constexpr std::array<float, 3> kImageNetStd{0.229f, 0.224f, 0.225f};
+
 /// The per-sample augmentations of the train transform, after RandomResizedCrop + flip.
 /// Order: ColorJitter, then the auto-augment policy, then RandomErasing (the references' order:
 /// the policy right after the flip, RandomErasing after Normalize; ColorJitter, absent from the
@@ -153,8 +158,8 @@ struct AugmentOptions {
   RandomErasingOptions random_erasing{};
   /// The Normalize that follows in the prefetcher (ImageNet's by default); only RandomErasing's
   /// value mapping uses it.
-  std::array<float, 3> mean{0.485f, 0.456f, 0.406f};
-  std::array<float, 3> std{0.229f, 0.224f, 0.225f};
+  std::array<float, 3> mean = kImageNetMean;
+  std::array<float, 3> std = kImageNetStd;
 
   bool enabled() const {
     return auto_augment != AutoAugmentPolicy::kNone || color_jitter.enabled() || random_erasing.p > 0;

@@ -22,8 +22,8 @@ namespace gpufeed::prefetch {
 /// Normalisation applied to x / 255: (x / 255 - mean) / std, per RGB channel. Defaults are the
 /// ImageNet statistics torchvision's models were trained with.
 struct NormalizeOptions {
-  std::array<float, 3> mean{0.485f, 0.456f, 0.406f};
-  std::array<float, 3> std{0.229f, 0.224f, 0.225f};
+  std::array<float, 3> mean = loader::kImageNetMean;  ///< gpufeed/loader/transform.h
+  std::array<float, 3> std = loader::kImageNetStd;
 };
 
 /// Prefetcher options.
