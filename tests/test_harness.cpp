@@ -53,9 +53,9 @@ harness::TrainOptions tiny_run(const fs::path& data) {
   o.data = data;
   o.arch = "resnet18";
   o.epochs = 1;
-  o.batch_size = 8;
-  o.image_size = 32;
-  o.num_workers = 1;
+  o.loader.batch_size = 8;
+  o.loader.transform.rrc.size = 32;
+  o.loader.num_workers = 1;
   o.lr = 0.8;  // per 256: 0.025 at 8
   o.freeze_bn = true;
   o.zero_init_residual = true;
@@ -717,7 +717,7 @@ TEST(Trainer, AccumulatingMicroBatchesEqualsOneLargerBatch) {
   harness::TrainOptions big = tiny_run(data);
   big.max_steps_per_epoch = 3;
   harness::TrainOptions acc = big;
-  acc.batch_size = 4;
+  acc.loader.batch_size = 4;
   acc.accum_steps = 2;
   harness::Trainer a(big), b(acc);
   EXPECT_EQ(a.scaled_lr(), b.scaled_lr());  // same global batch
@@ -745,15 +745,15 @@ TEST(Trainer, OnErrorSkipReplacesABadFileAndCountsItRaiseStopsNamingIt) {
   std::ofstream(bad, std::ios::binary | std::ios::trunc) << "not an image at all";
 
   harness::TrainOptions o = tiny_run(data);
-  o.error_policy = loader::ErrorPolicy::kSkip;
-  o.max_skips = 1;
+  o.loader.error_policy = loader::ErrorPolicy::kSkip;
+  o.loader.max_skips = 1;
   harness::Trainer skip(o);
   const auto history = skip.fit();
   ASSERT_EQ(history.size(), 1u);
   EXPECT_EQ(history[0].samples, 32);      // batch shapes and count unchanged
   EXPECT_EQ(history[0].skipped_samples, 1);
 
-  o.error_policy = loader::ErrorPolicy::kRaise;
+  o.loader.error_policy = loader::ErrorPolicy::kRaise;
   harness::Trainer raise(o);
   try {
     raise.fit();
@@ -784,7 +784,7 @@ TEST(Trainer, ChecksOptionsAndTheValidationClassesBeforeAnyWork) {
   o.max_steps_per_epoch = -1;
   EXPECT_NE(message_of(o).find("max_steps_per_epoch"), std::string::npos);
   o = tiny_run(data);
-  o.batch_size = 1;
+  o.loader.batch_size = 1;
   o.freeze_bn = false;
   EXPECT_NE(message_of(o).find("batch_size 1"), std::string::npos);
   o.freeze_bn = true;  // BatchNorm in eval mode trains on single samples
@@ -923,12 +923,12 @@ TEST(Trainer, LearnsTheSyntheticDatasetToNinetyPercent) {
   o.val_data = root;  // evaluated with the eval transform: what the model learned, not augmentation luck
   o.arch = "resnet18";
   o.epochs = 4;
-  o.batch_size = 16;
+  o.loader.batch_size = 16;
   o.lr = 0.4;  // per 256 -> 0.025 at batch 16
   o.warmup_epochs = 0.5;
-  o.num_workers = 2;
-  o.image_size = 48;
-  o.seed = 0;
+  o.loader.num_workers = 2;
+  o.loader.transform.rrc.size = 48;
+  o.loader.seed = 0;
   o.checkpoint = root / "final.pt";
   harness::Trainer trainer(o);
   const auto history = trainer.fit();
@@ -976,7 +976,7 @@ std::string construction_error(const harness::TrainOptions& o) {
 TEST(Trainer, AnEpochWithoutAnOptimizerStepIsRefusedAtStartUpNamingTheSizes) {
   TempDir dir("nosteps");
   harness::TrainOptions o = tiny_run(few_images(dir.path / "one", 1));
-  o.batch_size = 4;
+  o.loader.batch_size = 4;
   o.freeze_bn = false;  // the automatic single-sample drop
   std::string m = construction_error(o);
   EXPECT_NE(m.find("an epoch would take no optimizer step"), std::string::npos) << m;
@@ -985,11 +985,11 @@ TEST(Trainer, AnEpochWithoutAnOptimizerStepIsRefusedAtStartUpNamingTheSizes) {
             std::string::npos)
       << m;
   o.data = few_images(dir.path / "three", 3);  // explicit drop_last, a dataset smaller than a batch
-  o.drop_last = true;
+  o.loader.drop_last = true;
   m = construction_error(o);
   EXPECT_NE(m.find("has 3 images; world size 1 gives each rank 3"), std::string::npos) << m;
   EXPECT_NE(m.find("batch size 4 with drop_last on leaves 0 batches"), std::string::npos) << m;
-  o.drop_last = false;  // 3 images, batch 4: one batch of 3, one step
+  o.loader.drop_last = false;  // 3 images, batch 4: one batch of 3, one step
   EXPECT_EQ(construction_error(o), "");
 }
 
@@ -998,13 +998,13 @@ TEST(Trainer, ASchedulePlanTorchWouldRefuseStopsTheRunAtStartUp) {
   TempDir dir("badplan");
   const fs::path data = tiny_dataset(dir.path / "data");
   harness::TrainOptions o = tiny_run(data);
-  o.batch_size = 16;  // 2 steps per epoch, pct_start 0.5: a zero-width warm-up
+  o.loader.batch_size = 16;  // 2 steps per epoch, pct_start 0.5: a zero-width warm-up
   o.lr_schedule = harness::LrScheduleKind::kOneCycle;
   o.onecycle_pct_start = 0.5;
   std::string m = construction_error(o);
   EXPECT_NE(m.find("1 epochs x 2 optimizer steps per epoch = 2 steps"), std::string::npos) << m;
   EXPECT_NE(m.find("the warm-up phase has zero width"), std::string::npos) << m;
-  o.batch_size = 8;  // 4 steps, pct_start 0.25: the same kind
+  o.loader.batch_size = 8;  // 4 steps, pct_start 0.25: the same kind
   o.onecycle_pct_start = 0.25;
   EXPECT_NE(construction_error(o).find("zero width"), std::string::npos);
   o.onecycle_pct_start = 0.3;
@@ -1169,7 +1169,7 @@ TEST(Trainer, StepHooksRunAtTheirPlacesInTheStep) {
   const fs::path data = tiny_dataset(dir.path / "data");
   harness::TrainOptions o = tiny_run(data);
   o.max_steps_per_epoch = 2;
-  o.batch_size = 4;
+  o.loader.batch_size = 4;
   o.accum_steps = 2;
   o.weight_decay = 0;
   harness::Trainer t(o);

@@ -530,9 +530,9 @@ TEST(Profiler, CpuRunWritesMetricsAndANestedTraceWithLoaderThreadTracks) {
   TrainOptions o;
   o.data = data;
   o.epochs = 2;
-  o.batch_size = 32;
-  o.image_size = 32;
-  o.num_workers = 2;
+  o.loader.batch_size = 32;
+  o.loader.transform.rrc.size = 32;
+  o.loader.num_workers = 2;
   o.profile.metrics_path = dir / "m.jsonl";
   o.profile.metrics_every_steps = 4;
   o.profile.trace_path = dir / "t.json";
@@ -655,10 +655,10 @@ TEST(Profiler, ThrottledLoaderMakesTheVerdictInputBound) {
   }
   TrainOptions o;
   o.data = dir / "data";
-  o.batch_size = 16;
-  o.image_size = 16;
-  o.num_workers = 1;
-  o.prefetch_depth = 2;
+  o.loader.batch_size = 16;
+  o.loader.transform.rrc.size = 16;
+  o.loader.num_workers = 1;
+  o.loader.prefetch_depth = 2;
   Trainer trainer(o);
   trainer.fit();
   const RunProfile& p = trainer.profile();
@@ -692,9 +692,9 @@ TEST(Profiler, LargeModelWithAFastLoaderMakesTheVerdictComputeBound) {
   TrainOptions o;
   o.data = dir / "data";
   o.arch = "resnet50";
-  o.batch_size = 4;
-  o.image_size = 32;
-  o.num_workers = 1;
+  o.loader.batch_size = 4;
+  o.loader.transform.rrc.size = 32;
+  o.loader.num_workers = 1;
   Trainer trainer(o);
   trainer.fit();
   const RunProfile& p = trainer.profile();

@@ -46,9 +46,9 @@ harness::TrainOptions small_run(const fs::path& data) {
   harness::TrainOptions o;
   o.data = data;
   o.epochs = 1;
-  o.batch_size = 8;
-  o.image_size = 32;
-  o.num_workers = 1;
+  o.loader.batch_size = 8;
+  o.loader.transform.rrc.size = 32;
+  o.loader.num_workers = 1;
   o.freeze_bn = true;
   o.zero_init_residual = true;
   o.distributed = harness::DistributedMode::kOff;
@@ -214,7 +214,7 @@ TEST(Trainer, RaSamplerFeedsTheRASamplersOrder) {
   o.max_steps_per_epoch = 2;
   o.ra_sampler = true;
   o.ra_reps = 4;
-  o.seed = 5;
+  o.loader.seed = 5;
   std::vector<int64_t> seen;
   harness::Trainer t(o);
   t.set_step_callback([&](const harness::StepStats& s) { seen.insert(seen.end(), s.indices.begin(), s.indices.end()); });
@@ -324,7 +324,7 @@ TEST(Trainer, MixUpCutMixIsTheDocumentedDrawPerMicroBatch) {
   hooks.batch_transform = [&](at::Tensor& images, at::Tensor& labels) {
     const int64_t epoch = calls / 3, batch = calls % 3;
     ++calls;
-    mix(images, labels, harness::mix_key(o.seed, epoch, batch, 0));
+    mix(images, labels, harness::mix_key(o.loader.seed, epoch, batch, 0));
   };
   c.set_step_hooks(hooks);
   c.fit();

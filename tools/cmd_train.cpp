@@ -205,44 +205,10 @@ std::shared_ptr<std::ofstream> open_sample_log(const std::string& given, int ran
   return out;
 }
 
-// The loader's schema options with TrainOptions' values (its defaults: batch 64 per process).
-loader::LoaderOptions loader_options_of(const harness::TrainOptions& o) {
-  loader::LoaderOptions lo;
-  lo.batch_size = o.batch_size;
-  lo.drop_last = o.drop_last;
-  lo.num_workers = o.num_workers;
-  lo.prefetch_depth = o.prefetch_depth;
-  lo.seed = o.seed;
-  lo.error_policy = o.error_policy;
-  lo.max_skips = o.max_skips;
-  lo.decode.strict = o.strict_decode;
-  lo.transform.rrc.size = lo.transform.eval.crop = o.image_size;
-  lo.transform.augment = o.augment;
-  return lo;
-}
-
-// And back: the flags' values into TrainOptions' fields of the same names.
-void take_loader_options(harness::TrainOptions& o, const loader::LoaderOptions& lo,
-                         const loader::IndexCacheOptions& cache) {
-  o.batch_size = lo.batch_size;
-  o.drop_last = lo.drop_last;
-  o.num_workers = lo.num_workers;
-  o.prefetch_depth = lo.prefetch_depth;
-  o.seed = lo.seed;
-  o.error_policy = lo.error_policy;
-  o.max_skips = lo.max_skips;
-  o.strict_decode = lo.decode.strict;
-  o.image_size = lo.transform.rrc.size;
-  o.augment = lo.transform.augment;
-  o.index_cache = cache.index_cache;
-}
-
 // The train command's flags: TrainOptions' own fields, the loader's schema options (with this
 // command's defaults), and the words and paths resolved after parsing.
 struct TrainFlags {
   harness::TrainOptions o;
-  loader::LoaderOptions loader;
-  loader::IndexCacheOptions cache;
   SchemaFlags loader_flags, cache_flags;
   std::string data, val_data, norm_weight_decay, bias_weight_decay, lr_schedule = "cosine", lr_milestones,
       precision = "fp32", min_res, max_res, end_ramp, start_ramp = "0", devices, distributed = "auto",
@@ -261,13 +227,12 @@ void add_data_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--accum-steps", f.o.accum_steps, "micro-batches per optimizer step (gradient accumulation)")
       ->capture_default_str()->check(kAtLeastOne);
   // The loader's flags (--batch-size, --num-workers, --image-size, --on-error, --auto-augment, ...),
-  // from its schema (gpufeed/loader/loader.h), with this command's defaults (a batch of 64 per
-  // process and micro-batch); the eval transform's are --val-resize-size and --val-crop-size, the
-  // train crop's schedule --min-res/--max-res.
-  f.loader = loader_options_of(f.o);
-  f.loader_flags = add_schema_options(app, loader::loader_options_schema(), f.loader,
+  // from its schema (gpufeed/loader/loader.h), into TrainOptions::loader with its defaults (a batch
+  // of 64 per process and micro-batch); the eval transform's are --val-resize-size and
+  // --val-crop-size, the train crop's schedule --min-res/--max-res.
+  f.loader_flags = add_schema_options(app, loader::loader_options_schema(), f.o.loader,
                                       {"train", "scale", "ratio", "resize_size", "max_image_size", "mean", "std"});
-  f.cache_flags = add_schema_options(app, loader::index_cache_options_schema(), f.cache);
+  f.cache_flags = add_schema_options(app, loader::index_cache_options_schema(), f.o.index_cache);
 }
 
 void add_optimizer_flags(CLI::App& app, TrainFlags& f) {
@@ -432,7 +397,6 @@ void resolve_options(TrainFlags& f) {
   f.loader_flags.apply();
   f.cache_flags.apply();
   harness::TrainOptions& o = f.o;
-  take_loader_options(o, f.loader, f.cache);
   o.data = f.data;
   o.val_data = optional_path(f.val_data);
   o.checkpoint = optional_path(f.checkpoint);
@@ -480,7 +444,7 @@ void print_setup(const harness::Trainer& trainer, const harness::TrainOptions& o
                       "(%lld x %lld accum x %d), lr %.4g (%g per 256)\n",
                       o.arch.c_str(), trainer.device().c_str(), static_cast<long long>(trainer.num_classes()),
                       trainer.world_size(), static_cast<long long>(trainer.global_batch()),
-                      static_cast<long long>(o.batch_size), static_cast<long long>(o.accum_steps),
+                      static_cast<long long>(o.loader.batch_size), static_cast<long long>(o.accum_steps),
                       trainer.world_size(), trainer.scaled_lr(), o.lr)
             << std::flush;
 }

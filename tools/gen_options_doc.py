@@ -26,7 +26,7 @@ def shown(value) -> str:
         return ",".join(shown(v) for v in value)
     if isinstance(value, float) and value == int(value):
         return str(int(value))
-    return "(unset)" if value == "" else str(value)
+    return "unset" if value == "" else str(value)
 
 
 def render(specs) -> str:

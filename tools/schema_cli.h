@@ -62,7 +62,8 @@ SchemaFlags add_schema_options(CLI::App& app, const options::Schema<T>& schema, 
       opts.push_back(app.add_flag(flag, (*flags)[s.name],
                                   s.help + (on ? " (on by default; this flag turns it off)" : "")));
     } else {
-      const std::string shown = s.derived_default.empty() ? options::format_value(now) : s.derived_default;
+      std::string shown = s.derived_default.empty() ? options::format_value(now) : s.derived_default;
+      if (shown.empty()) shown = "unset";
       auto& text = (*texts)[s.name];
       opts.push_back(app.add_option("--" + options::kebab(s.name), text, schema_help(s, shown)));
       for (const auto& alias : s.cli_aliases) opts.push_back(app.add_option(alias, text)->group(""));

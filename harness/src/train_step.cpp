@@ -190,7 +190,7 @@ void Trainer::Impl::train_micro_batch(EpochState& ep, StepState& step, bool last
   ep.wait_s += batch->wait_ms / 1000.0;
   const int64_t n = batch->labels.size(0);
   // MixUp/CutMix (keyed by seed, epoch, micro-batch, rank), then the batch transform hook.
-  if (mixer) (*mixer)(batch->images, batch->labels, mix_key(options.seed, ep.epoch, ep.batch_index, rank));
+  if (mixer) (*mixer)(batch->images, batch->labels, mix_key(options.loader.seed, ep.epoch, ep.batch_index, rank));
   if (hooks.batch_transform) hooks.batch_transform(batch->images, batch->labels);
   // Phase 2: forward + backward.
   auto [logits, loss] = forward_backward(*batch, step, last);

@@ -49,9 +49,9 @@ ResNet make_resnet_keeping_rng(const ResNetOptions& options, bool channels_last)
       "Trainer: an epoch would take no optimizer step: " + o.data.string() + " has " + std::to_string(images) +
       " images; world size " + std::to_string(world) + " gives each rank " + std::to_string(per_rank) +
       " (DistributedSampler pads to a multiple of the world size), and batch size " +
-      std::to_string(o.batch_size) + " with drop_last " +
+      std::to_string(o.loader.batch_size) + " with drop_last " +
       (forced_drop ? "(turned on because the only batch would hold 1 sample, which BatchNorm cannot train on)"
-                   : (o.drop_last ? "on" : "off")) +
+                   : (o.loader.drop_last ? "on" : "off")) +
       " leaves 0 batches. Use a smaller `batch_size`, fewer ranks or more images" +
       (forced_drop ? std::string(", or `freeze_bn`") : std::string()));
 }
@@ -114,31 +114,26 @@ std::string dist_backend_name(DistBackend backend) {
 // ---- small helpers of the run ----------------------------------------------------------------
 
 loader::LoaderOptions Trainer::Impl::loader_options(bool train) const {
-  loader::LoaderOptions lo;
-  lo.batch_size = options.batch_size;
-  lo.num_workers = options.num_workers;
-  lo.prefetch_depth = options.prefetch_depth;
-  lo.seed = options.seed;
-  lo.drop_last = train && options.drop_last;
-  lo.error_policy = options.error_policy;
-  lo.max_skips = options.max_skips;
-  lo.decode.strict = options.strict_decode;
+  loader::LoaderOptions lo = options.loader;
   if (train) {
     // The first epoch's side; the slots hold the largest side of any epoch (progressive resizing:
     // train_epoch sets each epoch's before starting it).
-    lo.transform = loader::TransformOptions::imagenet(loader::TransformOptions::Kind::kTrain, train_image_size(0));
-    lo.transform.augment = options.augment;
+    lo.transform.kind = loader::TransformOptions::Kind::kTrain;
+    lo.transform.rrc.size = train_image_size(0);
     for (int64_t e = 0; e < options.epochs; ++e) lo.max_image_size = std::max(lo.max_image_size, train_image_size(e));
   } else {
-    const int crop = options.val_crop_size > 0 ? options.val_crop_size : options.image_size;
+    // torchvision's eval transform at the validation sizes; no augmentation, every batch kept.
+    const int crop = options.val_crop_size > 0 ? options.val_crop_size : options.loader.transform.rrc.size;
     lo.transform = loader::TransformOptions::imagenet(loader::TransformOptions::Kind::kEval, crop);
     if (options.val_resize_size > 0) lo.transform.eval.resize = options.val_resize_size;
+    lo.drop_last = false;
+    lo.max_image_size = 0;
   }
   return lo;
 }
 
 int Trainer::Impl::train_image_size(int64_t e) const {
-  return options.resolution ? get_resolution(*options.resolution, e) : options.image_size;
+  return options.resolution ? get_resolution(*options.resolution, e) : options.loader.transform.rrc.size;
 }
 
 int64_t Trainer::Impl::steps_per_epoch() const {
@@ -148,7 +143,7 @@ int64_t Trainer::Impl::steps_per_epoch() const {
 }
 
 int64_t Trainer::Impl::micro_batch_size(int64_t b) const {
-  return std::min<int64_t>(options.batch_size, train_sampler->size() - b * options.batch_size);
+  return std::min<int64_t>(options.loader.batch_size, train_sampler->size() - b * options.loader.batch_size);
 }
 
 void Trainer::Impl::set_train_mode() {
@@ -164,7 +159,7 @@ void Trainer::Impl::set_train_mode() {
 
 void Trainer::Impl::check_options() const {
   const TrainOptions& o = options;
-  if (o.epochs < 1 || o.batch_size < 1 || o.image_size < 8 || o.accum_steps < 1) {
+  if (o.epochs < 1 || o.loader.batch_size < 1 || o.loader.transform.rrc.size < 8 || o.accum_steps < 1) {
     throw std::invalid_argument("Trainer: epochs, batch_size and accum_steps must be >= 1, image_size >= 8");
   }
   if (o.resolution) {
@@ -201,13 +196,13 @@ void Trainer::Impl::check_options() const {
                                 std::to_string(o.model_ema_steps) + " and " + c10::str(o.model_ema_decay));
   }
   if (o.val_resize_size < 0 || o.val_crop_size < 0 ||
-      (o.val_resize_size > 0 && o.val_resize_size < (o.val_crop_size > 0 ? o.val_crop_size : o.image_size))) {
+      (o.val_resize_size > 0 && o.val_resize_size < (o.val_crop_size > 0 ? o.val_crop_size : o.loader.transform.rrc.size))) {
     throw std::invalid_argument("Trainer: val_resize_size must be >= val_crop_size (0 = derived), got " +
                                 std::to_string(o.val_resize_size) + " and " + std::to_string(o.val_crop_size));
   }
   if (o.ra_sampler && o.ra_reps < 1) throw std::invalid_argument("Trainer: ra_reps must be >= 1, got " + std::to_string(o.ra_reps));
   if (o.max_steps_per_epoch < 0) throw std::invalid_argument("Trainer: max_steps_per_epoch must be >= 0 (0 = whole epoch)");
-  if (o.batch_size == 1 && !o.freeze_bn) {
+  if (o.loader.batch_size == 1 && !o.freeze_bn) {
     throw std::invalid_argument(
         "Trainer: batch_size 1 cannot train BatchNorm (PyTorch: \"Expected more than 1 value per "
         "channel when training\"); use a larger batch or `freeze_bn`");
@@ -272,12 +267,12 @@ void Trainer::Impl::setup_devices() {
 
 void Trainer::Impl::build_data() {
   const TrainOptions& o = options;
-  train_set = loader::open_dataset(o.data, {.index_cache = o.index_cache});
+  train_set = loader::open_dataset(o.data, o.index_cache);
   if (o.ra_sampler) {
     sampler::RASamplerOptions ra;  // the references' RASampler: shuffled, seed + epoch
     ra.num_replicas = world;
     ra.rank = rank;
-    ra.seed = o.seed;
+    ra.seed = o.loader.seed;
     ra.repetitions = o.ra_reps;
     train_sampler = std::make_shared<sampler::RASampler>(train_set->size(), ra);
     if (train_sampler->size() == 0) {
@@ -290,27 +285,27 @@ void Trainer::Impl::build_data() {
     sampler::DistributedSamplerOptions so;  // torch's DistributedSampler: shuffled, seed + epoch
     so.num_replicas = world;
     so.rank = rank;
-    so.seed = o.seed;
+    so.seed = o.loader.seed;
     train_sampler = std::make_shared<sampler::DistributedSampler>(train_set->size(), so);
   }
   if (o.val_data) {  // before any training, not after the first epoch
-    val_set = loader::open_dataset(*o.val_data, {.index_cache = o.index_cache});
+    val_set = loader::open_dataset(*o.val_data, o.index_cache);
     check_same_classes(*val_set, *o.val_data, *train_set, o.data);
   }
-  const bool forced_drop = !o.drop_last && !o.freeze_bn && train_sampler->size() % o.batch_size == 1;
+  const bool forced_drop = !o.loader.drop_last && !o.freeze_bn && train_sampler->size() % o.loader.batch_size == 1;
   if (forced_drop) {
-    options.drop_last = true;
+    options.loader.drop_last = true;
     gpufeed::log_text(LogLevel::kWarn,
                       "train: each rank's last batch would hold 1 sample (" +
                           std::to_string(train_sampler->size()) + " samples per rank, batch " +
-                          std::to_string(o.batch_size) +
+                          std::to_string(o.loader.batch_size) +
                           "), which BatchNorm cannot train on: dropping it every epoch (drop_last)");
   }
   train_loader = std::make_shared<loader::Loader>(train_set, train_sampler, loader_options(true),
                                                   prefetch::host_allocator_for(device));
   if (steps_per_epoch() == 0) {
     TrainOptions asked = o;
-    asked.drop_last = o.drop_last && !forced_drop;
+    asked.loader.drop_last = o.loader.drop_last && !forced_drop;
     refuse_stepless_epoch(asked, train_set->size(), world, train_sampler->size(), forced_drop);
   }
   prefetch_options.device = device;
@@ -321,7 +316,7 @@ void Trainer::Impl::build_data() {
 
 void Trainer::Impl::build_model() {
   const TrainOptions& o = options;
-  torch::manual_seed(o.seed);
+  torch::manual_seed(o.loader.seed);
   resnet_options.arch = o.arch;
   resnet_options.num_classes = static_cast<int64_t>(train_set->classes().size());
   resnet_options.zero_init_residual = o.zero_init_residual;
@@ -349,7 +344,7 @@ void Trainer::Impl::build_model() {
     ema_model->to(device);
     ema_model->eval();
     ema = std::make_unique<ModelEma>(
-        ema_model.ptr(), adjusted_ema_decay(o.model_ema_decay, world, o.batch_size * o.accum_steps, o.model_ema_steps, o.epochs));
+        ema_model.ptr(), adjusted_ema_decay(o.model_ema_decay, world, o.loader.batch_size * o.accum_steps, o.model_ema_steps, o.epochs));
     ema->update(*model);  // AveragedModel starts as a copy of the model, n_averaged 0
     ema->reset();
   }
@@ -442,7 +437,7 @@ void Trainer::Impl::log_setup(double lr) const {
       LogLevel::kInfo,
       c10::str("train: ", o.arch, " on ", device.str(), ", ", parallel, " (", train_set->size(),
                " images, ", resnet_options.num_classes, " classes); lr ", o.lr, " per 256 x global batch ",
-               global_batch(), " (", o.batch_size, " x ", o.accum_steps, " accum x ", world,
+               global_batch(), " (", o.loader.batch_size, " x ", o.accum_steps, " accum x ", world,
                " ranks) = ", lr, "; schedule ", lr_schedule_kind_name(o.lr_schedule), ", warmup ",
                o.warmup_epochs, " epochs; precision ", precision_name(o.precision),
                o.channels_last ? ", channels_last" : "", o.val_flip_average ? ", validation flip-averaged" : "",
@@ -450,7 +445,7 @@ void Trainer::Impl::log_setup(double lr) const {
                mixer ? c10::str(", mixup_alpha ", o.mixup_alpha, " cutmix_alpha ", o.cutmix_alpha) : "",
                ema ? c10::str(", EMA every ", o.model_ema_steps, " steps, decay ", ema->decay()) : "",
                device.is_cuda() && o.cudnn_benchmark ? ", cudnn.benchmark" : ""));
-  if (o.augment.enabled()) gpufeed::log_text(LogLevel::kInfo, "train: augment " + loader::to_string(o.augment));
+  if (o.loader.transform.augment.enabled()) gpufeed::log_text(LogLevel::kInfo, "train: augment " + loader::to_string(o.loader.transform.augment));
   if (o.resolution) {
     // "image size 160 (epochs 1-71), 192 (epochs 72-88)": 1-based, as the epoch lines.
     std::string sizes;
@@ -486,8 +481,8 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
 // ---- the training checkpoint (layout and entries: train_checkpoint.h) ---------------------------
 
 TrainRunIdentity Trainer::Impl::run_identity() const {
-  return {options.arch,        resnet_options.num_classes, world, options.batch_size, options.accum_steps,
-          static_cast<int64_t>(options.seed), options.ra_sampler ? options.ra_reps : 0};
+  return {options.arch,        resnet_options.num_classes, world, options.loader.batch_size, options.accum_steps,
+          static_cast<int64_t>(options.loader.seed), options.ra_sampler ? options.ra_reps : 0};
 }
 
 // Rank 0 writes the training checkpoint; `at_epoch`/`batches` is where a resumed run continues.
@@ -549,7 +544,7 @@ void Trainer::Impl::resume_from(const fs::path& path) {
 Trainer::~Trainer() = default;
 
 double Trainer::Impl::scaled_lr() const { return options.lr * static_cast<double>(global_batch()) / 256.0; }
-int64_t Trainer::Impl::global_batch() const { return options.batch_size * options.accum_steps * world; }
+int64_t Trainer::Impl::global_batch() const { return options.loader.batch_size * options.accum_steps * world; }
 
 ResNet& Trainer::model() { return impl_->model; }
 const ModelEma* Trainer::model_ema() const { return impl_->ema.get(); }
@@ -578,11 +573,11 @@ RunInfo Trainer::Impl::run_info() const {
   run.model = o.arch;
   run.epochs = o.epochs;
   run.steps_per_epoch = steps_per_epoch() * o.accum_steps;  // the profiler counts micro-batches
-  run.batch_size = o.batch_size;
+  run.batch_size = o.loader.batch_size;
   run.hardware_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   run.cpu_budget = gpufeed::cpu_budget();
-  run.num_workers = o.num_workers > 0 ? o.num_workers : run.cpu_budget;
-  run.prefetch_depth = o.prefetch_depth;
+  run.num_workers = o.loader.num_workers > 0 ? o.loader.num_workers : run.cpu_budget;
+  run.prefetch_depth = o.loader.prefetch_depth;
   run.image_size = train_image_size(epoch);  // the first epoch this fit() trains
   run.allreduce = ddp != nullptr;  // else the all-reduce phase is recorded as zero-length
   return run;

@@ -124,7 +124,7 @@ struct Trainer::Impl {
   int64_t global_batch() const;   // batch_size * accum_steps * world
   loader::LoaderOptions loader_options(bool train) const;
   // The train crop side of epoch `e` (0-based): get_resolution(options.resolution, e), or
-  // options.image_size without a schedule.
+  // options.loader.transform.rrc.size without a schedule.
   int train_image_size(int64_t e) const;
   // Micro-batches per epoch on this rank, optimizer steps per epoch, samples in micro-batch b.
   int64_t micro_batches() const { return train_loader->num_batches(); }

@@ -51,7 +51,7 @@ EvalStats Trainer::Impl::evaluate(const fs::path& root, bool use_ema) {
   Impl& m = *this;
   std::shared_ptr<loader::Dataset> dataset = m.val_set;
   if (!dataset || root != *m.options.val_data) {
-    dataset = loader::open_dataset(root, {.index_cache = m.options.index_cache});
+    dataset = loader::open_dataset(root, m.options.index_cache);
     check_same_classes(*dataset, root, *m.train_set, m.options.data);
   }
   const int64_t n_total = dataset->size();

@@ -24,7 +24,7 @@ def cli_text(value):
         return ",".join(cli_text(v) for v in value)
     if isinstance(value, float):
         return str(int(value)) if value == int(value) else repr(value)
-    return str(value)
+    return "unset" if value == "" else str(value)
 
 
 @pytest.fixture(scope="module")

@@ -101,7 +101,10 @@ inline std::string format_value(const Value& v) {
     std::string operator()(const std::string& s) const { return s; }
     std::string operator()(const std::vector<double>& l) const {
       std::string s;
-      for (size_t i = 0; i < l.size(); ++i) s += (i ? "," : "") + format_number(l[i]);
+      for (size_t i = 0; i < l.size(); ++i) {
+        if (i) s += ',';
+        s += format_number(l[i]);
+      }
       return s;
     }
   } visit;

@@ -67,49 +67,48 @@ std::string dist_backend_name(DistBackend backend);
 /// which rank 0 alone writes: `path` itself on rank 0, std::nullopt on every other rank.
 std::optional<std::filesystem::path> path_for_rank(const std::filesystem::path& path, int rank);
 
+/// LoaderOptions as TrainOptions starts them: LoaderOptions' defaults, but 64 samples per
+/// process and micro-batch (`gpufeed train --batch-size`'s default).
+inline loader::LoaderOptions default_train_loader_options() {
+  loader::LoaderOptions o;
+  o.batch_size = 64;
+  return o;
+}
+
 /// What `gpufeed train` takes; defaults follow torchvision's ImageNet reference recipe where it
 /// has one (SGD momentum 0.9, weight decay 1e-4, lr 0.1 per 256 images, cosine schedule).
 struct TrainOptions {
   // --- data ---
   std::filesystem::path data;                     ///< training set: ImageFolder, flat folder or file list
   std::optional<std::filesystem::path> val_data;  ///< evaluated after each epoch (same classes)
-  std::string index_cache;          ///< the datasets' index cache: "" the user's cache folder, "beside", "off", or a folder (IndexCacheOptions)
-  int num_workers = 0;              ///< loader threads per process; 0 = the CPU budget (gpufeed/cpu_budget.h)
-  /// Train crop (the references' --train-crop-size), pixels, every epoch unless `resolution` is
-  /// set; also the default validation crop (val_crop_size 0).
-  int image_size = 224;
+  /// The loader's options (gpufeed/loader/loader.h; `gpufeed train`'s loader flags, docs/OPTIONS.md):
+  /// batch_size per process and micro-batch (64 by default here), num_workers (0 = the CPU
+  /// budget), prefetch_depth, seed (also the model's initialisation and the sampler's order),
+  /// drop_last (training only: each rank's last, shorter batch; also turned on, with a warning,
+  /// when that batch would hold a single sample while BatchNorm trains: PyTorch cannot train
+  /// BatchNorm on one sample), error_policy and max_skips (training and validation alike),
+  /// decode.strict, and the train transform's crop side transform.rrc.size (the references'
+  /// --train-crop-size, pixels: every epoch unless `resolution` is set; also the default
+  /// validation crop) and per-sample augmentations transform.augment (augment.h). The trainer
+  /// sets the transform's kind and max_image_size, and builds the validation transform itself.
+  loader::LoaderOptions loader = default_train_loader_options();
+  loader::IndexCacheOptions index_cache;  ///< the datasets' index cache ("" the user's cache folder)
   /// Progressive resizing as FFCV's ResNet recipe does it (--min-res, --max-res, --start-ramp,
   /// --end-ramp; recipe.h, get_resolution): epoch e (0-based) trains at get_resolution(*resolution,
-  /// e) instead of image_size; every side must be >= 8. The loader's slots are sized once for
+  /// e) instead of loader.transform.rrc.size; every side must be >= 8. The loader's slots are sized once for
   /// the largest side of the run's epochs; the size changes at epoch starts only, a resumed epoch
   /// gets its own epoch's side, and validation keeps its own size (val_crop_size /
-  /// val_resize_size, or image_size). Unset: image_size every epoch.
+  /// val_resize_size, or the crop side). Unset: loader.transform.rrc.size every epoch.
   std::optional<ResolutionSchedule> resolution;
   /// Validation Resize (shorter side) and CenterCrop, pixels (the references' --val-resize-size,
-  /// --val-crop-size). 0: val_crop_size = image_size, val_resize_size = round(crop x 256 / 224).
+  /// --val-crop-size). 0: val_crop_size = loader.transform.rrc.size, val_resize_size = round(crop x
+  /// 256 / 224).
   int val_resize_size = 0;
   int val_crop_size = 0;
   /// Test-time flip averaging (FFCV's validation.lr_tta): validation logits are the mean of the
   /// model's logits on the image and on its horizontal flip (FFCV sums them: the same top-1 and
   /// top-5; the loss is that of the mean).
   bool val_flip_average = false;
-  int prefetch_depth = 3;           ///< loader batch slots
-  /// Drop each rank's last, shorter training batch (DataLoader's drop_last). Also turned on, with
-  /// a warning, when that batch would hold a single sample while BatchNorm trains: PyTorch cannot
-  /// train BatchNorm on one sample ("Expected more than 1 value per channel").
-  bool drop_last = false;
-  /// A file that cannot be read or decoded: raise (training stops with the file's name and the
-  /// reason) or skip (the loader replaces it by the next good sample, counts and reports it);
-  /// the same policy for train and validation (loader::ErrorPolicy).
-  loader::ErrorPolicy error_policy = loader::ErrorPolicy::kRaise;
-  int64_t max_skips = 100;          ///< skip policy: more skips than this in one epoch is an error
-  /// Every decoder warning is an error (decode::DecodeOptions::strict), even benign ones and JPEG
-  /// damage confined to restart intervals, which are otherwise accepted and counted.
-  bool strict_decode = false;
-  uint64_t seed = 0;                ///< model init, sampler order and augmentation
-  /// Per-sample augmentations of the training transform after RandomResizedCrop + flip
-  /// (TrivialAugmentWide / RandAugment / AutoAugment, ColorJitter, RandomErasing; augment.h).
-  loader::AugmentOptions augment{};
   /// The repeated-augmentation sampler instead of DistributedSampler (the torchvision
   /// references' --ra-sampler; sampler/ra_sampler.h): each image ra_reps times per epoch, its
   /// copies on consecutive ranks, each rank's epoch floor(n // 256 * 256 / world) samples.
@@ -147,7 +146,6 @@ struct TrainOptions {
 
   // --- optimisation ---
   int64_t epochs = 1;
-  int64_t batch_size = 64;          ///< per process and micro-batch
   /// Micro-batches per optimizer step (gradient accumulation): the step's gradient is that of
   /// the accum_steps micro-batches together (losses weighted by their sample counts).
   int64_t accum_steps = 1;
