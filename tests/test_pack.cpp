@@ -1,17 +1,20 @@
 // `gpufeed pack` (gpufeed/loader/pack.h): a generated ImageFolder packed into WebDataset shards
 // and read back by TarShards (labels, order, copied bytes, resized sizes and pixels) and by the
 // webdataset package; the bytes for any worker count; the skip policy; manifest.json; refusal to
-// overwrite; the tar writer's ustar fields.
+// overwrite; the tar writer's ustar fields; the options' schema.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string>
 
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/loader/dataset.h"
+#include "gpufeed/loader/loader.h"
 #include "gpufeed/loader/pack.h"
 #include "gpufeed/loader/resize.h"
 #include "gpufeed/loader/shards.h"
@@ -484,7 +487,7 @@ TEST(Pack, ExistingShardsRefusedUnlessOverwrite) {
     const std::string what = e.what();
     EXPECT_NE(what.find("already holds manifest.json (and " + std::to_string(r.shards.size()) + " more)"),
               std::string::npos) << what;
-    EXPECT_NE(what.find("--overwrite"), std::string::npos) << what;
+    EXPECT_NE(what.find("pass `overwrite` to replace them"), std::string::npos) << what;
   }
   EXPECT_EQ(file_bytes(dir.path / "out" / r.shards[0].file), before);
   EXPECT_EQ(gpufeed::test::list_files_of(dir.path / "out").size(), r.shards.size() + 1);
@@ -615,4 +618,37 @@ TEST(Pack, RawBudgetStoresTheBestPayingSamplesAsPpm) {
   const auto m = nlohmann::json::parse(gpufeed::test::read_text(dir.path / "out" / "manifest.json"));
   EXPECT_EQ(m["totals"]["raw"], r.raw);
   EXPECT_EQ(m["options"]["raw_budget_fraction"], 1.0);
+}
+
+// The schema's rows show PackOptions{}'s defaults, share the loader's specs for its concepts, and
+// pack_dataset refuses what a row refuses, naming the option (test_pack_cli.cpp: the flags).
+TEST(PackOptionsSchema, DefaultsLoaderSpecsAndPackDatasetsCheck) {
+  const auto& schema = pack_options_schema();
+  const PackOptions d;
+  const auto shown = [&](const char* name) { return *schema.default_value(*schema.find(name)); };
+  EXPECT_TRUE(shown("shard_size") == options::Value(static_cast<double>(d.shard_size)));
+  EXPECT_TRUE(shown("quality") == options::Value(int64_t{d.quality}));
+  EXPECT_TRUE(shown("raw_budget") == options::Value(std::string("0")));
+  EXPECT_TRUE(shown("on_error") == options::Value(std::string("raise")));
+  for (const char* shared : {"num_workers", "on_error", "max_skips", "strict_decode"}) {
+    const options::Spec& loader_row = loader_options_schema().find(shared)->spec;
+    const options::Spec& pack_row = schema.find(shared)->spec;
+    EXPECT_EQ(pack_row.type, loader_row.type) << shared;
+    EXPECT_EQ(pack_row.min, loader_row.min) << shared;
+    EXPECT_EQ(pack_row.max, loader_row.max) << shared;
+    EXPECT_EQ(pack_row.words, loader_row.words) << shared;
+  }
+  TempDir dir("pack_schema");
+  const fs::path src = make_folder(dir.path / "src");
+  const ImageFolder folder(src, {.index_cache = "off"});
+  PackOptions bad;
+  bad.max_skips = -1;
+  try {
+    pack_dataset(folder, src, dir.path / "out", bad);
+    FAIL() << "no error";
+  } catch (const options::OptionError& e) {
+    EXPECT_EQ(e.option(), "max_skips");
+    EXPECT_EQ(std::string(e.what()), "`max_skips` must be an integer >= 0, not -1");
+  }
+  EXPECT_FALSE(fs::exists(dir.path / "out"));
 }

@@ -7,11 +7,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 #include <vector>
 
+#include "gpufeed/loader/loader.h"
+#include "gpufeed/loader/pack.h"
 #include "gpufeed/loader/synthetic.h"
 #include "test_util.h"
 
@@ -212,13 +216,19 @@ TEST(PackCli, BadArgumentsFailWithAClearErrorAndWriteNothing) {
   const std::vector<Case> cases = {
       {shell_quote((dir.path / "missing").string()) + to,
        "gpufeed: error: open_dataset: " + (dir.path / "missing").string() + " is neither a file list nor a folder"},
-      {shell_quote(src.string()) + to + " --shard-size 0",
-       "gpufeed: error: --shard-size 0: expected a whole number of bytes >= 1"},
-      {shell_quote(src.string()) + to + " --shard-size 1.5e3x", "gpufeed: error: --shard-size 1.5e3x: expected"},
-      {shell_quote(src.string()) + to + " --raw-budget lots", "gpufeed: error: --raw-budget lots: expected bytes"},
+      {shell_quote(src.string()) + to + " --shard-size 0", "gpufeed: error: --shard-size must be a number >= 1, not 0"},
+      {shell_quote(src.string()) + to + " --shard-size 1.5e3x",
+       "gpufeed: error: --shard-size must be a number >= 1, not '1.5e3x'"},
+      {shell_quote(src.string()) + to + " --shard-size 1.5",
+       "gpufeed: error: --shard-size must be a whole number of bytes"},
+      {shell_quote(src.string()) + to + " --raw-budget lots",
+       "gpufeed: error: --raw-budget must be bytes (2e9), a fraction (0.25) or a percentage (25%), not 'lots'"},
       {shell_quote(src.string()) + to + " --prefix a/b", "gpufeed: error: pack: the prefix 'a/b' must be"},
-      {shell_quote(src.string()) + to + " --on-error ignore", "--on-error: ignore not in {raise,skip}"},
-      {shell_quote(src.string()) + to + " --quality 0", "--quality"},
+      {shell_quote(src.string()) + to + " --on-error ignore", "gpufeed: error: --on-error must be raise or skip, not 'ignore'"},
+      {shell_quote(src.string()) + to + " --quality 0", "gpufeed: error: --quality must be an integer in [1, 100], not 0"},
+      {shell_quote(src.string()) + to + " --max-skips -1", "gpufeed: error: --max-skips must be an integer >= 0, not -1"},
+      {shell_quote(src.string()) + to + " --num-workers -2",
+       "gpufeed: error: --num-workers must be an integer in [0, 1024], not -2"},
       {shell_quote(src.string()), "out_dir is required"},
   };
   for (const Case& c : cases) {
@@ -229,6 +239,71 @@ TEST(PackCli, BadArgumentsFailWithAClearErrorAndWriteNothing) {
     EXPECT_EQ(r.out.find("packed"), std::string::npos) << r.out;
     EXPECT_FALSE(fs::exists(out / "manifest.json"));
     EXPECT_TRUE(!fs::exists(out) || tars_in(out).empty());
+  }
+}
+
+// Byte counts as numbers ("3e4") and raw budgets as bytes, fractions or percentages reach
+// PackOptions as the manifest records them.
+TEST(PackCli, ByteCountsAndRawBudgetsAsWritten) {
+  TempDir dir("pack_cli_bytes");
+  const fs::path src = make_source(dir.path / "src");
+  const std::string common = " --progress off --index-cache off --shard-size 3e4";
+  const auto manifest_options = [&](const std::string& out, const std::string& flags) {
+    const Output r = gpufeed_cli("pack " + shell_quote(src.string()) + " " + shell_quote((dir.path / out).string()) +
+                                     common + flags,
+                                 dir.path);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return nlohmann::json::parse(read_text(dir.path / out / "manifest.json"))["options"];
+  };
+  const nlohmann::json percent = manifest_options("percent", " --raw-budget 25%");
+  EXPECT_EQ(percent["shard_size"], 30000);
+  EXPECT_EQ(percent["raw_budget_fraction"], 0.25);
+  EXPECT_EQ(percent["raw_budget"], 0);
+  const nlohmann::json bytes = manifest_options("bytes", " --raw-budget 2e5");
+  EXPECT_EQ(bytes["raw_budget"], 200000);
+  EXPECT_EQ(bytes["raw_budget_fraction"], 0.0);
+}
+
+// --help lists each PackOptions flag (the schema's rows, gpufeed/loader/pack.h) with
+// PackOptions{}'s default, and no flag that is not one of them, --index-cache or --progress.
+TEST(PackCli, HelpListsEveryPackOptionWithPackOptionsDefault) {
+  TempDir dir("pack_cli_help");
+  const Output r = gpufeed_cli("pack --help", dir.path);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const gpufeed::loader::PackOptions d;
+  const auto flag = [](const char* name, bool on) { return std::string(on ? "--no-" : "--") + name; };
+  const std::map<std::string, std::string> defaults = {
+      {"--prefix", d.prefix},
+      {"--shard-size", std::to_string(d.shard_size)},
+      {"--max-samples-per-shard", std::to_string(d.max_samples_per_shard)},
+      {"--max-side", std::to_string(d.max_side)},
+      {"--quality", std::to_string(d.quality)},
+      {"--num-workers", std::to_string(d.num_workers)},
+      {"--on-error", std::string(gpufeed::loader::to_string(d.error_policy))},
+      {"--max-skips", std::to_string(d.max_skips)},
+      {"--raw-budget", std::to_string(d.raw_budget)},
+      {flag("reencode", d.reencode), ""},  // a flag: its spelling is the default
+      {flag("strict-decode", d.decode.strict), ""},
+      {flag("overwrite", d.overwrite), ""},
+  };
+  // Each option's entry: from its flag to the next option's line.
+  static const std::regex option_line(R"(\n  (-h,)?(--[a-z-]+))");
+  std::map<std::string, std::string> entries;
+  const auto begin = std::sregex_iterator(r.out.begin(), r.out.end(), option_line);
+  for (auto it = begin; it != std::sregex_iterator(); ++it) {
+    const auto next = std::next(it);
+    const size_t end = next == std::sregex_iterator() ? r.out.size() : static_cast<size_t>(next->position());
+    entries[(*it)[2]] = r.out.substr(static_cast<size_t>(it->position()), end - static_cast<size_t>(it->position()));
+  }
+  for (const auto& [name, value] : defaults) {
+    ASSERT_EQ(entries.count(name), 1u) << name << " not in\n" << r.out;
+    if (!value.empty()) {
+      EXPECT_NE(entries[name].find("; default " + value + ")"), std::string::npos) << entries[name];
+    }
+  }
+  for (const auto& [name, entry] : entries) {
+    EXPECT_TRUE(defaults.count(name) || name == "--help" || name == "--index-cache" || name == "--progress")
+        << name << ": an option that is not PackOptions' (add it here):\n" << entry;
   }
 }
 

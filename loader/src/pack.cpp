@@ -504,19 +504,14 @@ nlohmann::json manifest(const PackResult& r, const PackOptions& o, const fs::pat
   };
 }
 
-// Throws std::invalid_argument for the options pack_dataset refuses (pack.h).
+// Throws std::invalid_argument for the options pack_dataset refuses (pack.h): each value of
+// pack_options_schema() against its row (options::OptionError naming it), then what the rows
+// cannot say.
 void check_options(const PackOptions& o) {
+  for (const options::Field<PackOptions>& f : pack_options_schema().fields()) options::check(f.spec, f.get(o));
   if (o.prefix.empty() || o.prefix.find('/') != std::string::npos || o.prefix.find('\0') != std::string::npos)
     throw std::invalid_argument("pack: the prefix '" + o.prefix + "' must be a non-empty file name part without '/'");
-  if (o.shard_size <= 0) throw std::invalid_argument("pack: shard_size must be positive");
-  if (o.max_samples_per_shard < 0) throw std::invalid_argument("pack: max_samples_per_shard must be >= 0");
-  if (o.max_side < 0) throw std::invalid_argument("pack: max_side must be >= 0");
-  if (o.quality < 1 || o.quality > 100) throw std::invalid_argument("pack: quality must be in 1..100");
   if (o.chunk_samples < 1) throw std::invalid_argument("pack: chunk_samples must be >= 1");
-  if (o.max_skips < 0) throw std::invalid_argument("pack: max_skips must be >= 0");
-  if (o.num_workers < 0 || o.num_workers > kMaxNumWorkers)
-    throw std::invalid_argument(fmt::format("pack: num_workers {} must be in 0..{} (0 = the CPU budget)",
-                                            o.num_workers, kMaxNumWorkers));
   if (o.plan_keep_bytes < 0) throw std::invalid_argument("pack: plan_keep_bytes must be >= 0");
   if (o.raw_budget < 0 || !(o.raw_budget_fraction >= 0) || (o.raw_budget > 0 && o.raw_budget_fraction > 0))
     throw std::invalid_argument("pack: give raw_budget (bytes >= 0) or raw_budget_fraction (>= 0), not both");
@@ -543,7 +538,7 @@ OutputFolder prepare_output(const fs::path& out_dir, const PackOptions& o) {
   }
   std::sort(folder.existing.begin(), folder.existing.end());
   if (!folder.existing.empty() && !o.overwrite)
-    throw std::runtime_error(fmt::format("pack: {} already holds {}{}: pass --overwrite to replace them",
+    throw std::runtime_error(fmt::format("pack: {} already holds {}{}: pass `overwrite` to replace them",
                                          out_dir.string(), folder.existing.front(),
                                          folder.existing.size() > 1
                                              ? fmt::format(" (and {} more)", folder.existing.size() - 1)
@@ -670,7 +665,7 @@ void skip(const Dataset& dataset, int64_t i, const PackOptions& o, const Item& i
   r.skipped.push_back({i, s.source(), it.kind, it.reason});
   ++r.skipped_by_kind[it.kind];
   if (static_cast<int64_t>(r.skipped.size()) > o.max_skips)
-    throw std::runtime_error(fmt::format("pack: more than {} files skipped (--max-skips); the last: {}: {}: {}",
+    throw std::runtime_error(fmt::format("pack: more than {} files skipped (`max_skips`); the last: {}: {}: {}",
                                          o.max_skips, r.skipped.back().path, it.kind, it.reason));
 }
 

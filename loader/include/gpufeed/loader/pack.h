@@ -77,6 +77,7 @@
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/loader/dataset.h"
 #include "gpufeed/loader/loader.h"
+#include "gpufeed/option.h"
 
 namespace gpufeed::loader {
 
@@ -116,7 +117,7 @@ class TarWriter {
   int64_t bytes_ = 0;
 };
 
-/// Options of pack_dataset (the CLI's flags: `gpufeed pack --help`).
+/// Options of pack_dataset (the CLI's flags, from pack_options_schema(): `gpufeed pack --help`).
 struct PackOptions {
   std::string prefix = "train";              ///< shard names: <prefix>-000000.tar, ...
   int64_t shard_size = 1'000'000'000;        ///< bytes per shard at most (unless one sample is larger); > 0
@@ -144,6 +145,15 @@ struct PackOptions {
   /// folder, a list file's folder).
   std::filesystem::path base;
 };
+
+/// PackOptions' user-facing fields (gpufeed/option.h), the flags of `gpufeed pack`: prefix,
+/// shard_size (a number of bytes, "1e9"), max_samples_per_shard, max_side, quality, reencode,
+/// num_workers, on_error (error_policy), max_skips, raw_budget (bytes "2e9", a fraction "0.25" or
+/// a percentage "25%": raw_budget or raw_budget_fraction), strict_decode (decode.strict),
+/// overwrite. num_workers, on_error, max_skips and strict_decode take the loader's specs
+/// (loader_options_schema()). chunk_samples, plan_keep_bytes, base and decode's other limits are
+/// the library's alone. Defaults are PackOptions{}'s.
+const options::Schema<PackOptions>& pack_options_schema();
 
 /// A file left out under ErrorPolicy::kSkip.
 struct PackSkip {
@@ -203,11 +213,12 @@ std::string pack_key(int64_t index, int64_t size, std::string_view path, std::st
 /// set, is called from the calling thread after each chunk.
 /// Throws std::runtime_error before writing anything when out_dir already holds
 /// `<prefix>-NNNNNN.tar` shards or a manifest.json and !options.overwrite (naming them), or when
-/// options are invalid (std::invalid_argument); decode::DecodeError naming the file under kRaise;
-/// std::runtime_error when more than max_skips files are skipped or none could be packed. After
-/// a failure the shards this call wrote are removed (no partial set is left behind; with
-/// overwrite, shards it had already replaced are gone). With overwrite, a successful pack removes
-/// the shards of that prefix it did not write (an older, longer set).
+/// options are invalid (std::invalid_argument: options::OptionError naming the option, in
+/// backticks, for a value its pack_options_schema() row refuses); decode::DecodeError naming the
+/// file under kRaise; std::runtime_error when more than max_skips files are skipped or none could
+/// be packed. After a failure the shards this call wrote are removed (no partial set is left
+/// behind; with overwrite, shards it had already replaced are gone). With overwrite, a successful
+/// pack removes the shards of that prefix it did not write (an older, longer set).
 PackResult pack_dataset(const Dataset& dataset, const std::filesystem::path& source,
                         const std::filesystem::path& out_dir, const PackOptions& options,
                         const std::function<void(const PackProgress&)>& progress = {});
