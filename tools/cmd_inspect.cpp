@@ -38,8 +38,10 @@ Run add_inspect(CLI::App& app) {
                  "<name>.png (folders keep their layout)");
   app.add_flag("--json", a->json, "print one JSON object instead of text");
   app.add_flag("--all-files", a->all_files, "in folders, inspect every file, not only image extensions");
-  app.add_flag("--apply-exif", a->apply_exif, "apply the EXIF orientation (off by default, as torchvision)");
-  app.add_flag("--strict", a->strict, "treat every decoder warning as an error");
+  app.add_flag("--apply-exif-orientation", a->apply_exif, "apply the EXIF orientation (off by default, as torchvision)");
+  app.add_flag("--apply-exif", a->apply_exif)->group("");  // the earlier spelling (hidden)
+  app.add_flag("--strict-decode", a->strict, "treat every decoder warning as an error (train's and bench's flag)");
+  app.add_flag("--strict", a->strict)->group("");  // the earlier spelling (hidden)
   app.add_flag("--allow-truncated", a->allow_truncated, "accept JPEGs with lost data (grey-filled)");
   app.add_option("--max-pixels", a->max_pixels, "largest width*height accepted")->capture_default_str();
   return [a] {

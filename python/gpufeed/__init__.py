@@ -45,17 +45,18 @@ def decode_image(source, apply_exif_orientation: bool = False) -> torch.Tensor:
     return torch.utils.dlpack.from_dlpack(_C.decode_image(source, apply_exif_orientation))
 
 
-def inspect(*paths, all_files: bool = False, apply_exif_orientation: bool = False, strict: bool = False,
+def inspect(*paths, all_files: bool = False, apply_exif_orientation: bool = False, strict_decode: bool = False,
             allow_truncated: bool = False, max_pixels: Optional[int] = None,
-            write_png: "str | os.PathLike[str] | None" = None) -> Dict[str, Any]:
+            write_png: "str | os.PathLike[str] | None" = None, strict: Optional[bool] = None) -> Dict[str, Any]:
     """What the decoder makes of files: ``gpufeed inspect --json``'s document, as a dict.
 
     Args:
         paths: image files and/or folders (searched recursively as ImageFolder walks them; files
             with image extensions unless ``all_files``). A missing file is reported, not raised.
-        apply_exif_orientation, strict (every decoder warning is an error), allow_truncated
-            (accept JPEGs with lost data), max_pixels (largest width*height accepted; default
-            the decoder's): the decode options, as the CLI's flags.
+        apply_exif_orientation, strict_decode (every decoder warning is an error; DataLoader's
+            ``strict_decode``), allow_truncated (accept JPEGs with lost data), max_pixels
+            (largest width*height accepted; default the decoder's): the decode options, as the
+            CLI's flags. ``strict`` is strict_decode's earlier name.
         write_png: write each decodable file's RGB image under this folder as <name>.png.
 
     Returns ``{"files": [{"path", "bytes", "format", "width", "height", "components",
@@ -67,7 +68,9 @@ def inspect(*paths, all_files: bool = False, apply_exif_orientation: bool = Fals
     """
     if len(paths) == 1 and isinstance(paths[0], (list, tuple)):
         paths = tuple(paths[0])
-    doc = _C.inspect_json([os.fspath(p) for p in paths], all_files, apply_exif_orientation, strict,
+    if strict is not None:
+        strict_decode = strict
+    doc = _C.inspect_json([os.fspath(p) for p in paths], all_files, apply_exif_orientation, strict_decode,
                           allow_truncated, max_pixels or 0, "" if write_png is None else os.fspath(write_png))
     return json.loads(doc)
 

@@ -123,7 +123,7 @@ struct DecodeOptions {
   bool allow_truncated = false;
   /// Treat every libjpeg warning, even benign ones and damage confined to restart intervals, as
   /// an error (kCorrupt, or kTruncated for premature end of data); libpng warnings too. Takes
-  /// precedence over allow_truncated. CLI: --strict-decode (train, bench), --strict (inspect).
+  /// precedence over allow_truncated. CLI: --strict-decode (train, bench, inspect).
   bool strict = false;
   /// Apply the EXIF orientation (ImageInfo::orientation) so the output is upright, as PIL's
   /// ImageOps.exif_transpose does. Off by default, as in torchvision's ImageFolder. When on,

@@ -1,0 +1,133 @@
+// The option schema (gpufeed/option.h) and the loader's rows (loader/src/options.cpp): defaults
+// read off the structs, values set by name with the fronts' checks, refusals naming the option,
+// the CLI's text parsing, and the fronts' spelling of option names in messages.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "gpufeed/loader/dataset.h"
+#include "gpufeed/loader/loader.h"
+#include "gpufeed/option.h"
+
+namespace {
+
+using gpufeed::loader::LoaderOptions;
+using gpufeed::loader::TransformOptions;
+namespace options = gpufeed::options;
+
+const auto& schema() { return gpufeed::loader::loader_options_schema(); }
+
+options::Value default_of(const std::string& name) {
+  const auto* f = schema().find(name);
+  EXPECT_NE(f, nullptr) << name;
+  return *schema().default_value(*f);
+}
+
+std::string refusal(const std::map<std::string, options::Value>& given) {
+  LoaderOptions o;
+  try {
+    schema().apply(o, given);
+  } catch (const std::invalid_argument& e) {  // options::OptionError, or the struct's validate()
+    return e.what();
+  }
+  return "";
+}
+
+TEST(OptionSchema, DefaultsAreTheStructsOwnAsWritten) {
+  EXPECT_EQ(std::get<int64_t>(default_of("batch_size")), LoaderOptions{}.batch_size);
+  EXPECT_EQ(std::get<int64_t>(default_of("prefetch_depth")), 3);
+  EXPECT_EQ(std::get<std::string>(default_of("on_error")), "raise");
+  EXPECT_EQ(std::get<bool>(default_of("train")), true);
+  // float fields read as their decimal text: 0.08f is 0.08, not 0.07999999821186066
+  EXPECT_EQ(std::get<std::vector<double>>(default_of("scale")), (std::vector<double>{0.08, 1.0}));
+  EXPECT_EQ(options::format_value(default_of("mean")), "0.485,0.456,0.406");
+  EXPECT_EQ(options::format_value(default_of("ratio")), "0.75,1.3333334");
+  // A derived default has no value of its own.
+  EXPECT_FALSE(schema().default_value(*schema().find("resize_size")).has_value());
+  // Every row once, snake_case.
+  std::set<std::string> seen;
+  for (const auto& f : schema().fields()) {
+    EXPECT_TRUE(seen.insert(f.spec.name).second) << f.spec.name;
+    for (const char c : f.spec.name) EXPECT_TRUE((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_');
+  }
+  EXPECT_EQ(seen.size(), 23u);
+}
+
+TEST(OptionSchema, ApplySetsTheFieldsAndResolvesDerivedDefaults) {
+  LoaderOptions o;
+  schema().apply(o, {{"num_workers", int64_t{8}}, {"color_jitter", std::vector<double>{0.4}},
+                     {"random_erase_value", std::string("random")}, {"on_error", std::string("skip")},
+                     {"strict_decode", true}, {"seed", int64_t{-1}}});
+  EXPECT_EQ(o.num_workers, 8);
+  EXPECT_FLOAT_EQ(o.transform.augment.color_jitter.brightness, 0.4f);
+  EXPECT_FLOAT_EQ(o.transform.augment.color_jitter.saturation, 0.4f);
+  EXPECT_FLOAT_EQ(o.transform.augment.color_jitter.hue, 0.0f);
+  EXPECT_TRUE(o.transform.augment.random_erasing.random_value);
+  EXPECT_EQ(o.error_policy, gpufeed::loader::ErrorPolicy::kSkip);
+  EXPECT_TRUE(o.decode.strict);
+  EXPECT_EQ(o.seed, ~uint64_t{0});  // torch.manual_seed(-1)'s seed, mod 2**64
+  // image_size sets both crops; the eval Resize follows it unless resize_size is given
+  // (TransformOptions::imagenet: round(size x 256 / 224)).
+  LoaderOptions eval;
+  schema().apply(eval, {{"train", false}, {"image_size", int64_t{32}}});
+  EXPECT_EQ(eval.transform.kind, TransformOptions::Kind::kEval);
+  EXPECT_EQ(eval.transform.eval.crop, 32);
+  EXPECT_EQ(eval.transform.eval.resize, 37);
+  EXPECT_EQ(eval.transform.rrc.size, 32);
+  schema().apply(eval, {{"resize_size", int64_t{40}}});
+  EXPECT_EQ(eval.transform.eval.resize, 40);
+  LoaderOptions at_224;
+  schema().apply(at_224, {});
+  EXPECT_EQ(at_224.transform.eval.resize, 256);
+}
+
+TEST(OptionSchema, RefusalsNameTheOptionAndWhatItAccepts) {
+  EXPECT_EQ(refusal({{"num_workers", int64_t{-1}}}), "`num_workers` must be an integer in [0, 1024], not -1");
+  EXPECT_EQ(refusal({{"batch_size", int64_t{0}}}), "`batch_size` must be an integer >= 1, not 0");
+  EXPECT_EQ(refusal({{"on_error", std::string("ignore")}}), "`on_error` must be raise or skip, not 'ignore'");
+  EXPECT_EQ(refusal({{"scale", std::vector<double>{1, 0.08}}}),
+            "`scale` must be (min, max) with min <= max, not (1, 0.08)");
+  EXPECT_EQ(refusal({{"scale", std::vector<double>{0.1, 0.5, 1}}}), "`scale` must be 2 numbers in [0, 1], not 0.1,0.5,1");
+  EXPECT_EQ(refusal({{"color_jitter", std::vector<double>{0.1, 0.2}}}),
+            "`color_jitter` must be 1 or 4 numbers >= 0, not 0.1,0.2");
+  EXPECT_EQ(refusal({{"random_erase", 1.5}}), "`random_erase` must be a number in [0, 1], not 1.5");
+  EXPECT_EQ(refusal({{"batch_size", 2.5}}), "`batch_size` must be an integer >= 1, not 2.5");
+  EXPECT_EQ(refusal({{"nope", int64_t{1}}}), "`nope` is not an option");
+  EXPECT_EQ(refusal({{"train", false}, {"image_size", int64_t{32}}, {"resize_size", int64_t{16}}}),
+            "`resize_size` must be >= `image_size` (CenterCrop of the Resize), not 16 < 32");
+  // The struct's own validate() runs last, its messages naming options too.
+  EXPECT_NE(refusal({{"auto_augment", std::string("ra")}, {"ra_magnitude", int64_t{31}}}).find("`ra_magnitude`"),
+            std::string::npos);
+}
+
+TEST(OptionSchema, CliTextParsesToTheSameValues) {
+  const auto& spec = [](const char* name) -> const options::Spec& { return schema().find(name)->spec; };
+  EXPECT_EQ(std::get<std::vector<double>>(options::parse(spec("scale"), "0.25,1")), (std::vector<double>{0.25, 1}));
+  EXPECT_EQ(std::get<bool>(options::parse(spec("drop_last"), "off")), false);
+  EXPECT_EQ(std::get<double>(options::parse(spec("random_erase"), "1")), 1.0);
+  EXPECT_EQ(std::get<std::string>(options::parse(spec("random_erase_value"), "random")), "random");
+  EXPECT_EQ(std::get<double>(options::parse(spec("random_erase_value"), "-0.5")), -0.5);
+  const auto text_refusal = [&](const char* name, const char* text) {
+    try {
+      options::parse(spec(name), text);
+    } catch (const options::OptionError& e) {
+      EXPECT_EQ(e.option(), name);
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(text_refusal("num_workers", "1e3"), "`num_workers` must be an integer in [0, 1024], not '1e3'");
+  EXPECT_EQ(text_refusal("random_erase_value", "x"), "`random_erase_value` must be a number or random, not 'x'");
+  EXPECT_EQ(text_refusal("scale", "0.1,x"), "`scale` must be 2 numbers in [0, 1], not '0.1,x'");
+}
+
+TEST(OptionSchema, EachFrontSpellsOptionNamesItsOwnWay) {
+  const std::string text = "raise `num_workers` from 1 to 4, or see `torch.compile` and `Loader`";
+  EXPECT_EQ(options::spell_options(text, options::Front::kCli),
+            "raise --num-workers from 1 to 4, or see `torch.compile` and `Loader`");
+  EXPECT_EQ(options::spell_options(text, options::Front::kPython),
+            "raise num_workers= from 1 to 4, or see `torch.compile` and `Loader`");
+  EXPECT_EQ(options::spell_options("an unmatched ` stays", options::Front::kCli), "an unmatched ` stays");
+}
+
+}  // namespace
