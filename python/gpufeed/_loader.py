@@ -332,8 +332,13 @@ class DataLoader:
         self.memory_format = memory_format
         self.rank = rank
         self.world_size = world_size
-        # torch.utils.data.DataLoader's attributes, as scripts and frameworks read them.
-        self.num_workers = 1 if _sample_only else int(self._c.stats()["threads"])
+        self._init_torch_attributes(sampler, _sample_only)
+        self._init_iteration_state()
+        _LIVE.add(self)
+
+    def _init_torch_attributes(self, sampler: Any, sample_only: bool) -> None:
+        """torch.utils.data.DataLoader's attributes, as scripts and frameworks read them."""
+        self.num_workers = 1 if sample_only else int(self._c.stats()["threads"])
         self.persistent_workers = True  # the decode threads live as long as the loader
         self.multiprocessing_context = None
         self.in_order = True
@@ -347,9 +352,11 @@ class DataLoader:
             raise ValueError(f"sampler: len(sampler) is {len(sampler)} but this rank gets "
                              f"{self._c.sampler_size()} of the {len(self.samples)} samples of {self.root!r}: "
                              f"the sampler was built over another dataset")
-        # The iteration state machine, torchdata.stateful_dataloader.StatefulDataLoader's: the
-        # current iterator (made by iter() or by a state_dict() before any iter()), the state a
-        # load_state_dict() left for the next iterator, and the iterator whose epoch runs in C++.
+
+    def _init_iteration_state(self) -> None:
+        """The iteration state machine, torchdata.stateful_dataloader.StatefulDataLoader's: the
+        current iterator (made by iter() or by a state_dict() before any iter()), the state a
+        load_state_dict() left for the next iterator, and the iterator whose epoch runs in C++."""
         self._next_epoch = 0
         self._iterator: Optional[_Cursor] = None
         self._initial_iter_for_state_dict = False
@@ -359,7 +366,6 @@ class DataLoader:
         self._closed = False
         self.last_batch: Dict[str, Any] = {}
         self._wait_slice_s = 0.05
-        _LIVE.add(self)
 
     # ---- iteration --------------------------------------------------------------------------------
 
