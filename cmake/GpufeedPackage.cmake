@@ -6,7 +6,7 @@
 #   P/lib/cmake/gpufeed/                 gpufeedConfig.cmake (components core, torch),
 #                                        gpufeedConfigVersion.cmake (SameMajorVersion), targets
 #   P/lib/pkgconfig/gpufeed.pc           the core component, for builds without CMake
-# Components: `core` = gpufeed::decode, gpufeed::sampler, gpufeed::loader (torch-free); `torch` =
+# Components: `core` = gpufeed::common, gpufeed::decode, gpufeed::sampler, gpufeed::loader (torch-free); `torch` =
 # gpufeed::prefetch, gpufeed::harness (the config finds Torch through the consumer's
 # CMAKE_PREFIX_PATH). Everything the libraries use privately (spdlog, fmt, libjpeg-turbo, the image
 # libraries, oneTBB, nlohmann_json, CUDA's runtime, the gloo shim) stays out of the installed
@@ -30,7 +30,7 @@ function(gpufeed_library target)
   set_property(GLOBAL APPEND PROPERTY GPUFEED_${L_COMPONENT}_TARGETS ${target})
 endfunction()
 
-# gpufeed/version.h: the project's version, for #if checks in consumers. Installed with decode,
+# gpufeed/version.h: the project's version, for #if checks in consumers. Installed with common,
 # the lowest room.
 function(gpufeed_version_header target)
   set(_dir "${PROJECT_BINARY_DIR}/generated/include")

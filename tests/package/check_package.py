@@ -3,7 +3,7 @@
 
 1. `cmake --install BUILD --prefix WORK/stage`, then the prefix is moved to WORK/prefix (the package
    must be relocatable). The installed tree must hold the public headers, gpufeed/version.h with
-   the project's version, the five shared libraries with SONAME libgpufeed_<room>.so.<major> and
+   the project's version, the shared libraries with SONAME libgpufeed_<room>.so.<major> and
    RUNPATH $ORIGIN, the CMake config, gpufeed.pc; it must not hold the internal headers, nor name
    the source tree, the build tree or torch's location in any text file.
 2. examples/loader_only and examples/custom_trainer are configured and built from the prefix alone
@@ -43,7 +43,7 @@ PUBLIC_HEADERS = [
 # loader/pack.h (gpufeed_pack, `gpufeed pack`).
 INTERNAL_HEADERS = ["gpufeed/log.h", "gpufeed/log_text.h", "gpufeed/json_text.h", "gpufeed/unique_fd.h", "gpufeed/harness/nvml.h", "gpufeed/harness/trace.h",
                     "gpufeed/loader/inspect.h", "gpufeed/loader/pack.h"]
-ROOMS = ["decode", "sampler", "loader", "prefetch", "harness"]
+ROOMS = ["common", "decode", "sampler", "loader", "prefetch", "harness"]
 EPOCH = re.compile(r"^epoch (\d+) batches (\d+) samples (\d+) checksum ([0-9a-f]{16})", re.M)
 
 
