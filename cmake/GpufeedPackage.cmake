@@ -6,7 +6,8 @@
 #   P/lib/cmake/gpufeed/                 gpufeedConfig.cmake (components core, torch),
 #                                        gpufeedConfigVersion.cmake (SameMajorVersion), targets
 #   P/lib/pkgconfig/gpufeed.pc           the core component, for builds without CMake
-# Components: `core` = gpufeed::common, gpufeed::decode, gpufeed::sampler, gpufeed::loader (torch-free); `torch` =
+# Components: `core` = gpufeed::common, gpufeed::decode, gpufeed::sampler, gpufeed::datasets,
+# gpufeed::transforms, gpufeed::loader (torch-free); `torch` =
 # gpufeed::prefetch, gpufeed::harness (the config finds Torch through the consumer's
 # CMAKE_PREFIX_PATH). Everything the libraries use privately (spdlog, fmt, libjpeg-turbo, the image
 # libraries, oneTBB, nlohmann_json, CUDA's runtime, the gloo shim) stays out of the installed

@@ -20,7 +20,7 @@
 #include "gpufeed/cpu_budget.h"
 #include "gpufeed/log.h"
 #include "fork_guard.h"
-#include "tbb_tsan.h"
+#include "gpufeed/loader/tbb_tsan.h"
 
 namespace gpufeed::loader {
 namespace {

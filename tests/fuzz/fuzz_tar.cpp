@@ -1,4 +1,4 @@
-// libFuzzer target: the tar shard indexer (loader/src/shards.cpp) over arbitrary bytes as one
+// libFuzzer target: the tar shard indexer (loader/datasets/src/shards.cpp) over arbitrary bytes as one
 // shard. It must return samples whose byte ranges lie inside the input, or throw ShardError;
 // anything else (a crash, a sanitizer report, another exception, a hang) is a finding.
 #include <cstdint>

@@ -40,10 +40,10 @@ PUBLIC_HEADERS = [
 ]
 # loader/inspect.h belongs to gpufeed_inspect, the report `gpufeed inspect` and gpufeed.inspect()
 # share: a library of the CLI and the Python package, not of the installed package; likewise
-# loader/pack.h (gpufeed_pack, `gpufeed pack`).
+# loader/pack.h (gpufeed_pack, `gpufeed pack`). loader/tbb_tsan.h is the loader rooms' oneTBB helper.
 INTERNAL_HEADERS = ["gpufeed/log.h", "gpufeed/log_text.h", "gpufeed/json_text.h", "gpufeed/unique_fd.h", "gpufeed/harness/nvml.h", "gpufeed/harness/trace.h",
-                    "gpufeed/loader/inspect.h", "gpufeed/loader/pack.h"]
-ROOMS = ["common", "decode", "sampler", "loader", "prefetch", "harness"]
+                    "gpufeed/loader/inspect.h", "gpufeed/loader/pack.h", "gpufeed/loader/tbb_tsan.h"]
+ROOMS = ["common", "decode", "sampler", "datasets", "transforms", "loader", "prefetch", "harness"]
 EPOCH = re.compile(r"^epoch (\d+) batches (\d+) samples (\d+) checksum ([0-9a-f]{16})", re.M)
 
 
@@ -82,10 +82,16 @@ def check_install(a, prefix):
     for h in INTERNAL_HEADERS:
         if (prefix / "include" / h).exists():
             fail(f"internal header {h} was installed")
-    # Every header of a room's include/ is either installed or named internal here: a new public
-    # header must be added to its room's gpufeed_library(... HEADERS ...).
-    for header in sorted(Path(a.source).glob("*/include/gpufeed/**/*.h")):
-        name = "/".join(header.relative_to(a.source).parts[2:])  # <room>/include/<name>
+    # Every header of a room's include/ (top-level rooms and their sub-rooms, such as
+    # loader/datasets/) is either installed or named internal here: a new public header must be
+    # added to its room's gpufeed_library(... HEADERS ...).
+    source = Path(a.source)
+    headers = [h for pattern in ("*/include/gpufeed/**/*.h", "*/*/include/gpufeed/**/*.h")
+               for h in source.glob(pattern)
+               if not h.relative_to(source).parts[0].startswith(("build", "."))]
+    for header in sorted(headers):
+        parts = header.relative_to(source).parts
+        name = "/".join(parts[parts.index("include") + 1:])  # <room>[/<sub-room>]/include/<name>
         if name not in INTERNAL_HEADERS and not (prefix / "include" / name).is_file():
             fail(f"{header.relative_to(a.source)} is neither installed nor listed as internal")
     version_h = (prefix / "include/gpufeed/version.h").read_text()

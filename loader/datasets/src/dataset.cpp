@@ -24,7 +24,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
-#include "tbb_tsan.h"
+#include "gpufeed/loader/tbb_tsan.h"
 
 #include "gpufeed/cpu_budget.h"
 #include "gpufeed/decode/decoder.h"

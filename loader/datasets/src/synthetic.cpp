@@ -4,7 +4,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
-#include "tbb_tsan.h"
+#include "gpufeed/loader/tbb_tsan.h"
 
 #include <algorithm>
 #include <array>

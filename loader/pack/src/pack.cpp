@@ -30,7 +30,7 @@
 #include "gpufeed/json_text.h"
 #include "gpufeed/loader/resize.h"
 #include "gpufeed/version.h"
-#include "tbb_tsan.h"
+#include "gpufeed/loader/tbb_tsan.h"
 
 namespace fs = std::filesystem;
 
