@@ -8,7 +8,7 @@
 #   P/lib/pkgconfig/gpufeed.pc           the core component, for builds without CMake
 # Components: `core` = gpufeed::common, gpufeed::decode, gpufeed::sampler, gpufeed::datasets,
 # gpufeed::transforms, gpufeed::loader (torch-free); `torch` =
-# gpufeed::prefetch, gpufeed::harness (the config finds Torch through the consumer's
+# gpufeed::prefetch, gpufeed::profiler, gpufeed::harness (the config finds Torch through the consumer's
 # CMAKE_PREFIX_PATH). Everything the libraries use privately (spdlog, fmt, libjpeg-turbo, the image
 # libraries, oneTBB, nlohmann_json, CUDA's runtime, the gloo shim) stays out of the installed
 # interface: the public headers include none of it, so a consumer needs none of its headers.

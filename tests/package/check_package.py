@@ -43,7 +43,7 @@ PUBLIC_HEADERS = [
 # loader/pack.h (gpufeed_pack, `gpufeed pack`). loader/tbb_tsan.h is the loader rooms' oneTBB helper.
 INTERNAL_HEADERS = ["gpufeed/log.h", "gpufeed/log_text.h", "gpufeed/json_text.h", "gpufeed/unique_fd.h", "gpufeed/harness/nvml.h", "gpufeed/harness/trace.h",
                     "gpufeed/loader/inspect.h", "gpufeed/loader/pack.h", "gpufeed/loader/tbb_tsan.h"]
-ROOMS = ["common", "decode", "sampler", "datasets", "transforms", "loader", "prefetch", "harness"]
+ROOMS = ["common", "decode", "sampler", "datasets", "transforms", "loader", "prefetch", "profiler", "harness"]
 EPOCH = re.compile(r"^epoch (\d+) batches (\d+) samples (\d+) checksum ([0-9a-f]{16})", re.M)
 
 
