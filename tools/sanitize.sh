@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sanitizer runs of the torch-free rooms (decode, sampler, loader), through the CMake presets:
+# Sanitizer runs of the torch-free rooms (common, decode, sampler, loader), through the CMake presets:
 #   asan  ASan + UBSan (LSan at exit): every unit test of the torch-free build (test_decode,
 #         test_sampler, test_loader, test_robustness, ...: bad files looped 1000 times, every error
 #         path, every bug case);
