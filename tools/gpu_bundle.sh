@@ -44,7 +44,8 @@ mkdir -p "$B/bin" "$B/lib" "$B/lib-compat"
 cp "$BUILD/tools/gpufeed" "$BUILD/tests/test_gpu" "$BUILD/tests/test_prefetch" \
    "$BUILD/tools/gpufeed_gpu_bench" "$B/bin/"
 strip --strip-unneeded "$B"/bin/*
-# The Python package (py/gpufeed: the .py files and _C) for examples/python/train_imagenet.py.
+# The Python package (py/gpufeed: the .py files and _C) for examples/python/train_imagenet.py and
+# train_pipeline.py.
 mkdir -p "$B/py"
 cp -rL "$BUILD/python/gpufeed" "$B/py/"
 rm -rf "$B/py/gpufeed/__pycache__"

@@ -16,7 +16,8 @@
 #      when the run reports it); then torchvision's DataLoader feeding the same model on the same
 #      files (tools/baselines/torch_train.py), for the ratio.
 #   4. examples/python/train_imagenet.py (the Python package, .gpu_bundle/py) on the same files,
-#      one epoch with --loader gpufeed and one with --loader torch.
+#      one epoch with --loader gpufeed and one with --loader torch; examples/python/train_pipeline.py,
+#      the model in 2 pipeline stages (torch.distributed.pipelining, NCCL), one epoch.
 #   5. Harness paths only a GPU runs: DDP over NCCL (world size 1), DataParallel, fp16 + GradScaler.
 #   6. A summary table printed last.
 set -uo pipefail
@@ -113,6 +114,17 @@ if [ -d "$B/py/gpufeed" ]; then
   [ "$DEVICE" != cpu ] && EX+=(--amp)
   run example_gpufeed 120 env PYTHONPATH="$PWD/$B/py" "$PY" examples/python/train_imagenet.py --loader gpufeed "${EX[@]}"
   run example_torch 150 env PYTHONPATH="$PWD/$B/py" "$PY" examples/python/train_imagenet.py --loader torch "${EX[@]}"
+  # Pipeline parallelism: 2 stages, GPipe over 4 micro-batches. NCCL takes one process per GPU: on
+  # one GPU both stages share a process on cuda:0, on two or more they are 2 processes exchanging
+  # activations and gradients over NCCL (the dry run: 2 CPU processes over Gloo).
+  PP_PROCS=2
+  if [ "$DEVICE" != cpu ] && [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -lt 2 ]; then
+    PP_PROCS=1
+  fi
+  run example_pipeline 120 env PYTHONPATH="$PWD/$B/py" "$PY" -m torch.distributed.run --standalone \
+    --nproc-per-node "$PP_PROCS" examples/python/train_pipeline.py --data "$DATA" --arch "$ARCH" --stages 2 \
+    --microbatches 4 --batch-size "$BATCH" --image-size "$SIZE" --epochs 1 --workers "$THREADS" \
+    --device "${DEVICE%%:*}"
 fi
 
 # Harness paths that only a GPU exercises: DDP over NCCL at world size 1, DataParallel on one
@@ -133,6 +145,7 @@ grep -h -E "^epoch|verdict|busy|steps:" "$OUT/train_gpufeed.log" 2>/dev/null | t
 tail -n 3 "$OUT/train_profile_summary.log" 2>/dev/null
 grep -h -E '"(images_per_s|gpu_busy_fraction_events|data_wait_fraction)"' "$OUT/train_torch.log" 2>/dev/null
 grep -h -E "^epoch|verdict" "$OUT/example_gpufeed.log" "$OUT/example_torch.log" 2>/dev/null
+grep -h -E "^pipeline|^epoch" "$OUT/example_pipeline.log" 2>/dev/null
 # The device tool brings back at most 8 files: GPU_CHECK_PACK=1 leaves one archive of them all.
 if [ "${GPU_CHECK_PACK:-0}" = 1 ]; then
   tar -C "$OUT" -czf /tmp/gpu_check_logs.tgz . && find "$OUT" -mindepth 1 -delete && mv /tmp/gpu_check_logs.tgz "$OUT/"

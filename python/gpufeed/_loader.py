@@ -20,7 +20,8 @@ _DTYPES = {torch.uint8: "uint8", torch.float32: "float32", torch.bfloat16: "bflo
 # keyword list come from them; their values are checked by the same code as the CLI's flags.
 _SPECS: Dict[str, Dict[str, Any]] = {s["name"]: s for s in _C.option_specs()}
 # gpufeed.DataLoader's own keywords (torch's: where batches go, their layout, the sampler's shard).
-_FRONT_KEYWORDS = ("device", "dtype", "memory_format", "shuffle", "rank", "world_size", "sampler", "extensions")
+_FRONT_KEYWORDS = ("device", "dtype", "memory_format", "shuffle", "rank", "world_size", "sampler", "extensions",
+                   "labels_only")
 # Where gpufeed.DataLoader's default is not the C++ struct's: torch.utils.data.DataLoader's
 # batch_size=1 (the CLI's bench uses LoaderOptions' 256).
 _PYTHON_DEFAULTS: Dict[str, Any] = {"batch_size": 1}
@@ -218,6 +219,15 @@ class DataLoader:
             drop_last=True)``, then the ``len(loader.sampler) * world_size:`` tail through
             ``Subset(loader.dataset, ...)``; the default (padding) repeats up to world_size - 1
             samples.
+        labels_only: decode nothing: iteration yields ``(None, labels)``, the ``[N]`` int64
+            labels (on ``device``) and ``last_batch`` indices of the batches a loader with the
+            same dataset and keywords yields with images, read off the listing in the sampler's
+            order, with no decode threads or slots (``num_workers`` is 0). For a process that
+            needs the labels but not the images, e.g. the last stage of a pipeline-parallel model
+            whose first stage reads the images. ``len``, ``set_epoch``, ``indices``,
+            ``state_dict`` and ``load_state_dict`` are the image loader's; ``stats`` and
+            ``epoch_summary`` raise RuntimeError. Refuses ``on_error="skip"`` (ValueError): a
+            skip replaces a sample only a decode finds bad, so the labels would no longer match.
         **options: the keywords below, declared once in C++ beside their options structs and
             shared with the CLI (``batch_size`` is ``gpufeed bench --batch-size``); every one
             keyword-only. A value of the wrong type raises TypeError, a refused value ValueError,
@@ -273,7 +283,8 @@ class DataLoader:
                  memory_format: torch.memory_format = torch.contiguous_format, shuffle: bool = False,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  sampler: "Optional[torch.utils.data.distributed.DistributedSampler]" = None,
-                 extensions: Optional[Sequence[str]] = None, _sample_only: bool = False, **options: Any):
+                 extensions: Optional[Sequence[str]] = None, labels_only: bool = False,
+                 _sample_only: bool = False, **options: Any):
         if isinstance(root, bytes):
             root = os.fsdecode(root)
         elif not isinstance(root, (str, os.PathLike)):
@@ -282,6 +293,11 @@ class DataLoader:
         self._kwargs = dict(options, root=root, device=device, dtype=dtype, memory_format=memory_format,
                             shuffle=shuffle, rank=rank, world_size=world_size, extensions=extensions)
         keywords = _schema_keywords(options)
+        self.labels_only = bool(labels_only)
+        if self.labels_only and keywords.get("on_error") == "skip":
+            raise ValueError("labels_only=True with on_error='skip': a skipped sample is replaced by another, "
+                             "which only decoding finds out, so labels read off the listing would not match "
+                             "the image loader's; send the image loader's labels instead")
         if rank is not None:
             rank = _integer("rank", rank, 0)
         if world_size is not None:
@@ -316,7 +332,7 @@ class DataLoader:
         self.root = os.fspath(root)
         self._c = _C._Loader(self.root, keywords, str(self.device), _DTYPES[dtype],
                              memory_format == torch.channels_last, rank, world_size, bool(shuffle),
-                             sampler_drop_last, _sample_only, _extensions(extensions))
+                             sampler_drop_last, _sample_only or self.labels_only, _extensions(extensions))
         # The options in force, read back as the C++ side resolved them.
         resolved = {name: (keywords[name] if name in keywords else _keyword_default(name)) for name in _SPECS}
         self.batch_size = int(resolved["batch_size"])
@@ -332,17 +348,17 @@ class DataLoader:
         self.memory_format = memory_format
         self.rank = rank
         self.world_size = world_size
-        self._init_torch_attributes(sampler, _sample_only)
+        self._init_torch_attributes(sampler, _sample_only or self.labels_only)
         self._init_iteration_state()
         _LIVE.add(self)
 
     def _init_torch_attributes(self, sampler: Any, sample_only: bool) -> None:
         """torch.utils.data.DataLoader's attributes, as scripts and frameworks read them."""
-        self.num_workers = 1 if sample_only else int(self._c.stats()["threads"])
+        self.num_workers = (0 if self.labels_only else 1) if sample_only else int(self._c.stats()["threads"])
         self.persistent_workers = True  # the decode threads live as long as the loader
         self.multiprocessing_context = None
         self.in_order = True
-        self.pin_memory = self.device.type == "cuda"
+        self.pin_memory = self.device.type == "cuda" and not self.labels_only
         self.collate_fn = None
         self.timeout = 0
         self.worker_init_fn = None
@@ -366,11 +382,15 @@ class DataLoader:
         self._closed = False
         self.last_batch: Dict[str, Any] = {}
         self._wait_slice_s = 0.05
+        self._epoch_indices: List[int] = []  # labels_only: the running epoch's indices
 
     # ---- iteration --------------------------------------------------------------------------------
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (len(DataLoader))."""
+        if self.labels_only:  # BatchSampler's count over this rank's shard
+            n = self._c.sampler_size()
+            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
         return self._c.num_batches()
 
     def set_image_size(self, size: int) -> None:
@@ -380,7 +400,8 @@ class DataLoader:
         set the schedule's size for that epoch before iterating (e.g. FFCV's train_imagenet.py
         ``get_resolution(epoch)``; ``gpufeed train --min-res/--max-res`` implements it). Raises ValueError when size exceeds ``max_image_size`` (naming both),
         when size < 1, or on an eval loader."""
-        self._c.set_image_size(int(size))
+        if not self.labels_only:
+            self._c.set_image_size(int(size))
         self.image_size = int(size)
 
     def set_epoch(self, epoch: int) -> None:
@@ -422,7 +443,10 @@ class DataLoader:
     def _start(self, it: "_Cursor") -> None:
         if it.epoch is None:
             it.epoch = self._fresh_epoch()
-        self._c.start_epoch(it.epoch, it.batches_yielded)
+        if self.labels_only:
+            self._epoch_indices = self._c.sampler_indices(it.epoch)
+        else:
+            self._c.start_epoch(it.epoch, it.batches_yielded)
         it.image_size = self.image_size
         self._running = it
         self._epoch_set_while_running = False
@@ -437,7 +461,7 @@ class DataLoader:
         if it is not self._running:
             raise RuntimeError("gpufeed.DataLoader: this iterator was superseded by a newer "
                                "iter(loader) (one epoch runs at a time)")
-        out = self._c.next(self._wait_slice_s)
+        out = self._next_labels(it) if self.labels_only else self._c.next(self._wait_slice_s)
         if out is None:
             it.finished = True
             self._running = None
@@ -445,7 +469,22 @@ class DataLoader:
         images, labels, info = out
         it.batches_yielded += 1
         self.last_batch = info
+        if self.labels_only:
+            return None, labels
         return torch.utils.dlpack.from_dlpack(images), torch.utils.dlpack.from_dlpack(labels)
+
+    def _next_labels(self, it: "_Cursor") -> Optional[Tuple[None, torch.Tensor, Dict[str, Any]]]:
+        """labels_only: batch ``it.batches_yielded`` of the running epoch as (None, [N] int64
+        labels on ``device``, last_batch info), or None after the last one."""
+        k = it.batches_yielded
+        if k >= len(self):
+            return None
+        indices = self._epoch_indices[k * self.batch_size:(k + 1) * self.batch_size]
+        if not hasattr(self, "_targets"):
+            self._targets = torch.tensor(self.targets, dtype=torch.int64)
+        labels = self._targets[torch.tensor(indices, dtype=torch.int64)].to(self.device)
+        return None, labels, {"epoch": it.epoch, "batch_index": k, "indices": list(indices), "skipped": [],
+                              "wait_ms": 0.0}
 
     # ---- checkpointing (torchdata.stateful_dataloader.StatefulDataLoader's semantics) -------------
 
@@ -591,13 +630,19 @@ class DataLoader:
         """The current epoch's skip account over the batches yielded so far: epoch, batches,
         samples, skipped, complete, skipped_by_kind {kind: n}, skips [{index, replaced_by,
         position, path, kind, reason}] (on_error="skip"; see DecodeError.kind for the kinds)."""
+        self._decoding("epoch_summary")
         return self._c.epoch_summary()
 
     def stats(self) -> Dict[str, Any]:
         """The loader's counters over its life: samples, skipped, bytes_read, read_s, decode_s,
         resize_s (thread seconds summed over the workers), decoded_pixels, threads (decode threads
         in use), and slots {ready, in_flight, held, free} now."""
+        self._decoding("stats")
         return self._c.stats()
+
+    def _decoding(self, what: str) -> None:
+        if self.labels_only:
+            raise RuntimeError(f"gpufeed.DataLoader.{what}(): a labels_only loader decodes nothing")
 
     def load_sample(self, index: int, epoch: int, image_size: Optional[int] = None) -> torch.Tensor:
         """Sample `index` of `epoch` decoded and transformed exactly as the workers do it,
