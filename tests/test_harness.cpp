@@ -20,6 +20,9 @@
 
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#ifdef GPUFEED_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include "golden.h"
 #include "gpufeed/harness/amp.h"
@@ -819,8 +822,8 @@ TEST(Trainer, ResumedRunContinuesWithTheUninterruptedRunsBatchesAndLosses) {
   harness::TrainOptions o = tiny_run(data);
   o.epochs = 2;
   o.max_steps_per_epoch = 3;
-  o.warmup_epochs = 0.5;
-  o.lr_schedule = harness::LrScheduleKind::kCosine;
+  o.schedule.warmup_epochs = 0.5;
+  o.schedule.lr_schedule = harness::LrScheduleKind::kCosine;
   o.nesterov = true;
   o.no_decay_norm_bias = true;
   o.label_smoothing = 0.1;
@@ -849,7 +852,7 @@ TEST(Trainer, ResumedRunUnderAResolutionRampEqualsTheUninterruptedRun) {
   harness::TrainOptions o = tiny_run(data);
   o.epochs = 3;
   o.max_steps_per_epoch = 3;
-  o.resolution = harness::ResolutionSchedule{.min_res = 32, .max_res = 96, .start_ramp = 0, .end_ramp = 2};
+  o.schedule.resolution = harness::ResolutionSchedule{.min_res = 32, .max_res = 96, .start_ramp = 0, .end_ramp = 2};
   harness::Trainer a(o);
   std::vector<harness::EpochStats> history;
   const auto full = fit_collecting_steps(a, &history);
@@ -870,7 +873,7 @@ TEST(Trainer, ResumedRunUnderAResolutionRampEqualsTheUninterruptedRun) {
   EXPECT_TRUE(params_equal(a.model(), c.trainer->model()));
 
   // A ramp whose rounding gives a side below 8 is refused at start-up, naming the epoch.
-  o.resolution = harness::ResolutionSchedule{.min_res = 8, .max_res = 40, .start_ramp = 0, .end_ramp = 4};
+  o.schedule.resolution = harness::ResolutionSchedule{.min_res = 8, .max_res = 40, .start_ramp = 0, .end_ramp = 4};
   try {
     harness::Trainer bad(o);
     FAIL() << "expected std::invalid_argument";
@@ -925,7 +928,7 @@ TEST(Trainer, LearnsTheSyntheticDatasetToNinetyPercent) {
   o.epochs = 4;
   o.loader.batch_size = 16;
   o.lr = 0.4;  // per 256 -> 0.025 at batch 16
-  o.warmup_epochs = 0.5;
+  o.schedule.warmup_epochs = 0.5;
   o.loader.num_workers = 2;
   o.loader.transform.rrc.size = 48;
   o.loader.seed = 0;
@@ -999,18 +1002,18 @@ TEST(Trainer, ASchedulePlanTorchWouldRefuseStopsTheRunAtStartUp) {
   const fs::path data = tiny_dataset(dir.path / "data");
   harness::TrainOptions o = tiny_run(data);
   o.loader.batch_size = 16;  // 2 steps per epoch, pct_start 0.5: a zero-width warm-up
-  o.lr_schedule = harness::LrScheduleKind::kOneCycle;
-  o.onecycle_pct_start = 0.5;
+  o.schedule.lr_schedule = harness::LrScheduleKind::kOneCycle;
+  o.schedule.onecycle_pct_start = 0.5;
   std::string m = construction_error(o);
   EXPECT_NE(m.find("1 epochs x 2 optimizer steps per epoch = 2 steps"), std::string::npos) << m;
   EXPECT_NE(m.find("the warm-up phase has zero width"), std::string::npos) << m;
   o.loader.batch_size = 8;  // 4 steps, pct_start 0.25: the same kind
-  o.onecycle_pct_start = 0.25;
+  o.schedule.onecycle_pct_start = 0.25;
   EXPECT_NE(construction_error(o).find("zero width"), std::string::npos);
-  o.onecycle_pct_start = 0.3;
+  o.schedule.onecycle_pct_start = 0.3;
   EXPECT_EQ(construction_error(o), "");
-  o.lr_schedule = harness::LrScheduleKind::kCosine;  // a warmup as long as the run
-  o.warmup_epochs = 1;
+  o.schedule.lr_schedule = harness::LrScheduleKind::kCosine;  // a warmup as long as the run
+  o.schedule.warmup_epochs = 1;
   m = construction_error(o);
   EXPECT_NE(m.find("need 0 <= warmup_steps < total_steps, got warmup 4, total 4"), std::string::npos) << m;
 }
@@ -1024,9 +1027,9 @@ TEST(Trainer, NonFiniteLossStopsTheRunNamingEpochAndStepAndKeepsTheLastCheckpoin
   harness::TrainOptions o = tiny_run(data);
   o.epochs = 2;
   o.max_steps_per_epoch = 3;
-  o.lr_schedule = harness::LrScheduleKind::kMultiStep;  // sane in epoch 1, absurd in epoch 2
-  o.lr_milestones = {1};
-  o.lr_gamma = 1e30;
+  o.schedule.lr_schedule = harness::LrScheduleKind::kMultiStep;  // sane in epoch 1, absurd in epoch 2
+  o.schedule.lr_milestones = {1};
+  o.schedule.lr_gamma = 1e30;
   o.save_checkpoint = dir.path / "train.pt";
   harness::Trainer t(o);
   std::vector<harness::StepStats> steps;
@@ -1081,6 +1084,43 @@ TEST(Trainer, NonFiniteLossStopsTheRunNamingEpochAndStepAndKeepsTheLastCheckpoin
   EXPECT_FALSE(fs::exists(*b.save_checkpoint));
 }
 
+// No host sync per training step on CUDA: torch's sync debug mode reports every synchronizing
+// CUDA call (item(), a blocking copy to the host, a stream synchronize) as a warning; a run of 4
+// steps must report no more of them than a run of 1 step (epoch start and end read the device,
+// a step does not). fp32 (the non-finite loss check) and fp16 (GradScaler's found-inf flag, read
+// per step as torch's own GradScaler.step does without a fused optimizer: not counted here).
+TEST(Trainer, CudaTrainingStepsReadNothingFromTheDevice) {
+#ifndef GPUFEED_WITH_CUDA
+  GTEST_SKIP() << "a CPU-only build: the per-step device reads are counted where CUDA runs (tools/gpu_check.sh)";
+#else
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device here: the per-step device reads are counted on the GPU machine (tools/gpu_check.sh)";
+  }
+  struct SyncCounter : c10::WarningHandler {
+    int syncs = 0;
+    void process(const c10::Warning& w) override {
+      if (w.msg().find("synchroniz") != std::string::npos) ++syncs;
+    }
+  };
+  TempDir dir("nosync");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  const auto syncs_of = [&](int64_t steps) {
+    harness::TrainOptions o = tiny_run(data);
+    o.device = "cuda";
+    o.max_steps_per_epoch = steps;
+    harness::Trainer t(o);
+    SyncCounter counter;
+    c10::WarningUtils::WarningHandlerGuard guard(&counter);
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+    t.fit();
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    return counter.syncs;
+  };
+  const int one = syncs_of(1), four = syncs_of(4);
+  EXPECT_EQ(four, one) << "synchronizing CUDA calls: " << one << " in a 1-step run, " << four << " in a 4-step run";
+#endif
+}
+
 // Fine-tuning through the trainer: a 1000-class torchvision checkpoint onto a 4-class
 // dataset with init_weights_exclude; and the same through a compile(DDP) key layout (wrapper
 // prefixes).
@@ -1116,7 +1156,7 @@ TEST(Trainer, ResumingOntoAnotherSchedulePlanIsRefusedUnlessReplanned) {
   harness::TrainOptions o = tiny_run(data);
   o.epochs = 2;
   o.max_steps_per_epoch = 2;
-  o.lr_schedule = harness::LrScheduleKind::kOneCycle;
+  o.schedule.lr_schedule = harness::LrScheduleKind::kOneCycle;
   o.save_checkpoint = dir.path / "train.pt";
   {
     harness::Trainer a(o);

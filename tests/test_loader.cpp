@@ -798,6 +798,83 @@ TEST(Loader, ImageSizeChangesBetweenEpochsAsAFixedSizeLoaderAtEachSize) {
   }
 }
 
+// No stall at epoch starts: while a consumer that takes longer per batch than the loader
+// finishes epoch e, the loader decodes epoch e + 1's first batches into the free slots, so
+// start_epoch(e + 1) finds them ready (wait_ready(0)) and the first next() waits no longer than
+// a mid-epoch one (the loader's own counters). Also at a size set during epoch e (progressive
+// resizing); a size set after that plan, or another epoch, cancels it. The samples are those of
+// a fresh loader at that epoch and size in every case, and a loader restarted on the same epoch
+// (a validation loader) plans that epoch again.
+TEST(Loader, TheNextEpochsFirstBatchesAreDecodedWhileTheLastOnesAreConsumed) {
+  const fs::path root = fs::temp_directory_path() / ("gpufeed_test_ahead_" + std::to_string(::getpid()));
+  SyntheticOptions so;
+  so.num_classes = 2;
+  so.images_per_class = 8;
+  so.min_size = 300;  // a batch takes milliseconds to decode: a cold epoch start waits for it
+  so.max_size = 400;
+  write_synthetic_image_folder(root, so);
+  auto ds = std::make_shared<ImageFolder>(root);
+  DistributedSamplerOptions dso;
+  dso.seed = 4;
+  LoaderOptions o = small_options(2);
+  o.prefetch_depth = 3;
+  o.max_image_size = 64;
+  const auto fresh = [&](int64_t epoch, int size) {
+    LoaderOptions f = o;
+    f.transform.rrc.size = size;
+    f.max_image_size = 0;
+    Loader l(ds, std::make_shared<DistributedSampler>(ds->size(), dso), f);
+    return run_epoch(l, epoch);
+  };
+  Loader loader(ds, std::make_shared<DistributedSampler>(ds->size(), dso), o);
+  // The consumer: 60 ms a batch; as the epoch starts, the size of the next one (as the trainer
+  // does for progressive resizing).
+  const auto consume = [&](int64_t epoch, int next_size) {
+    Collected c;
+    double mid_wait = 0;
+    int n = 0;
+    loader.set_image_size(next_size);
+    while (auto b = loader.next()) {
+      ++n;
+      c.images.emplace_back(b->images, b->images + b->image_bytes());
+      c.indices.push_back(b->indices);
+      std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    }
+    const EpochSummary s = loader.epoch_summary();
+    mid_wait = s.wait_s - s.first_wait_s;
+    EXPECT_EQ(s.epoch, epoch);
+    return std::make_pair(c, std::make_pair(s.first_wait_s, mid_wait / std::max(1, n - 1)));
+  };
+  loader.set_image_size(32);
+  loader.start_epoch(0);
+  const auto e0 = consume(0, 48);
+  EXPECT_EQ(e0.first.images, fresh(0, 32).images);
+  // Epoch 1 at 48, planned during epoch 0: decoded before its start.
+  loader.start_epoch(1);
+  EXPECT_TRUE(loader.wait_ready(std::chrono::nanoseconds(0))) << "epoch 1's first batch was not decoded ahead";
+  const auto e1 = consume(1, 48);
+  EXPECT_EQ(e1.first.images, fresh(1, 48).images);
+  EXPECT_LE(e1.second.first, std::max(0.002, 2 * e1.second.second))
+      << "first-batch wait " << e1.second.first << " s, mid-epoch mean " << e1.second.second << " s";
+  // Epoch 2 planned at 48, but the size changes to 64 before it starts: planned again, right.
+  loader.set_image_size(64);
+  loader.start_epoch(2);
+  EXPECT_EQ(consume(2, 64).first.images, fresh(2, 64).images);
+  // Another epoch than the one planned (3): 5 is planned from scratch, right.
+  loader.start_epoch(5);
+  EXPECT_EQ(consume(5, 64).first.images, fresh(5, 64).images);
+  // The same epoch twice (a validation loader): the second start finds epoch 5 decoded.
+  loader.start_epoch(5);
+  const auto again = consume(5, 64);
+  loader.start_epoch(5);
+  EXPECT_TRUE(loader.wait_ready(std::chrono::nanoseconds(0))) << "a repeated epoch was not planned again";
+  EXPECT_EQ(again.first.images, fresh(5, 64).images);
+  const SlotCounts slots = loader.slot_counts();
+  EXPECT_EQ(slots.ready + slots.in_flight + slots.held + slots.free, 3);
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
 TEST(Loader, AnImageSizeAboveTheSlotsIsRefusedNamingBoth) {
   auto ds = std::make_shared<ImageFolder>(synthetic_root());
   auto o = small_options(1);
@@ -917,6 +994,7 @@ TEST(Loader, LoadsTheRealHymenopteraFolderIncludingGifAndSpaces) {
   o.batch_size = 64;
   o.num_workers = 2;
   o.transform.rrc.size = 64;
+  o.prefetch_next_epoch = false;  // every sample decoded counts in stats(): this epoch's alone
   Loader loader(ds, std::make_shared<SequentialSampler>(ds->size()), o);
   loader.start_epoch(0);
   int64_t n = 0;

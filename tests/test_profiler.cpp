@@ -302,6 +302,7 @@ TEST(Loader, CountsEveryLoadedSampleInItsHistogramsAndReportsThemToTheObserver) 
   lo.num_workers = 2;
   lo.prefetch_depth = 2;
   lo.transform.rrc.size = 16;
+  lo.prefetch_next_epoch = false;  // the counters and the observer see this epoch's samples alone
   loader::Loader ld(ds, std::make_shared<sampler::SequentialSampler>(ds->size()), lo);
   std::mutex mu;
   std::vector<loader::SampleTiming> seen;
@@ -533,6 +534,7 @@ TEST(Profiler, CpuRunWritesMetricsAndANestedTraceWithLoaderThreadTracks) {
   o.loader.batch_size = 32;
   o.loader.transform.rrc.size = 32;
   o.loader.num_workers = 2;
+  o.loader.prefetch_next_epoch = false;  // no third epoch's batches decoded ahead in the counts
   o.profile.metrics_path = dir / "m.jsonl";
   o.profile.metrics_every_steps = 4;
   o.profile.trace_path = dir / "t.json";

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "golden.h"
 #include "gpufeed/harness/recipe.h"
 #include "gpufeed/harness/resnet.h"
+#include "gpufeed/harness/schedule_options.h"
 #include "gpufeed/harness/train_checkpoint.h"
 #include "gpufeed/harness/trainer.h"
 #include "gpufeed/loader/synthetic.h"
@@ -133,7 +135,7 @@ TEST(Trainer, ClipGradNormScalesTheStepsGradientToTheNorm) {
   o.momentum = 0;
   o.weight_decay = 0;
   o.lr = 256;  // lr 8 at batch 8: updates far above float32 rounding of the weights
-  o.lr_schedule = harness::LrScheduleKind::kConstant;
+  o.schedule.lr_schedule = harness::LrScheduleKind::kConstant;
   std::map<std::string, at::Tensor> init;
   std::map<std::string, at::Tensor> delta[2];
   for (int clipped = 0; clipped < 2; ++clipped) {
@@ -410,7 +412,7 @@ TEST(Trainer, ModelEmaFollowsTheReferencesScheduleIsValidatedSavedAndResumed) {
   harness::TrainOptions o = small_run(data);
   o.epochs = 3;
   o.max_steps_per_epoch = 3;
-  o.warmup_epochs = 1;
+  o.schedule.warmup_epochs = 1;
   o.model_ema = true;
   o.model_ema_steps = 2;
   o.model_ema_decay = 0.999;
@@ -496,6 +498,59 @@ TEST(Recipe, GetResolutionEqualsFfcvsProgressiveResizingEpochByEpoch) {
   }
 }
 
+// The schedule's option rows (schedule_options.h), `gpufeed train`'s --lr-schedule ... --end-ramp:
+// defaults read off ScheduleOptions{}, values set by name, and the progressive-resizing group
+// given whole or refused naming the option.
+TEST(ScheduleOptions, RowsSetTheFieldsAndTheRampIsGivenWhole) {
+  namespace opt = gpufeed::options;
+  const auto& schema = harness::schedule_options_schema();
+  EXPECT_EQ(schema.names(), (std::set<std::string>{"lr_schedule", "lr_peak_epoch", "warmup_epochs",
+                                                   "warmup_start_factor", "lr_step_epochs", "lr_milestones",
+                                                   "lr_gamma", "min_lr", "onecycle_pct_start", "onecycle_div_factor",
+                                                   "onecycle_final_div_factor", "min_res", "max_res", "start_ramp",
+                                                   "end_ramp"}));
+  const auto default_of = [&](const char* name) { return schema.default_value(*schema.find(name)); };
+  EXPECT_EQ(std::get<std::string>(*default_of("lr_schedule")), "cosine");
+  EXPECT_EQ(std::get<double>(*default_of("warmup_start_factor")), 0.1);
+  EXPECT_EQ(std::get<double>(*default_of("onecycle_final_div_factor")), 1e4);
+  EXPECT_EQ(std::get<int64_t>(*default_of("start_ramp")), 0);
+  EXPECT_FALSE(default_of("min_res").has_value());  // unset: no progressive resizing
+
+  harness::ScheduleOptions o;
+  schema.apply(o, {{"lr_schedule", std::string("multistep")}, {"lr_milestones", std::vector<double>{30, 60, 80}},
+                   {"lr_gamma", 0.2}, {"min_res", int64_t{160}}, {"max_res", int64_t{192}},
+                   {"start_ramp", int64_t{65}}, {"end_ramp", int64_t{76}}});
+  EXPECT_EQ(o.lr_schedule, harness::LrScheduleKind::kMultiStep);
+  EXPECT_EQ(o.lr_milestones, (std::vector<double>{30, 60, 80}));
+  EXPECT_EQ(o.lr_gamma, 0.2);
+  ASSERT_TRUE(o.resolution.has_value());
+  EXPECT_EQ(harness::get_resolution(*o.resolution, 71), 192);
+  EXPECT_EQ(opt::format_value(opt::parse(schema.find("lr_milestones")->spec, "30,60,80")), "30,60,80");
+
+  const auto refusal = [&](const std::map<std::string, opt::Value>& given) -> std::string {
+    harness::ScheduleOptions fresh;
+    try {
+      schema.apply(fresh, given);
+    } catch (const opt::OptionError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // Part of the ramp: refused, naming the first given option and what is missing.
+  EXPECT_EQ(refusal({{"min_res", int64_t{160}}, {"end_ramp", int64_t{4}}}),
+            "`min_res` is one of progressive resizing's options, which needs `min_res`, `max_res` and `end_ramp` "
+            "together (`start_ramp` defaults to 0); missing: `max_res`");
+  EXPECT_NE(refusal({{"start_ramp", int64_t{3}}}).find("`start_ramp` is one of"), std::string::npos);
+  // The whole ramp, but backwards: the schedule's own check, naming the option.
+  EXPECT_EQ(refusal({{"min_res", int64_t{200}}, {"max_res", int64_t{192}}, {"end_ramp", int64_t{4}}}),
+            "`max_res` must be >= `min_res`, not 192 < 200 (progressive resizing, FFCV's resolution schedule)");
+  EXPECT_EQ(refusal({{"lr_schedule", std::string("linear")}}),
+            "`lr_schedule` must be constant, step, multistep, cosine, onecycle or triangular, not 'linear'");
+  EXPECT_EQ(refusal({{"onecycle_pct_start", 1.5}}), "`onecycle_pct_start` must be a number in [0, 1], not 1.5");
+  EXPECT_EQ(refusal({{"lr_milestones", std::vector<double>{30, -1}}}),
+            "`lr_milestones` must be a list of numbers >= 0, not 30,-1");
+}
+
 // FFCV's triangular ("cyclic") schedule per optimizer step (golden: its own numpy formulas).
 TEST(LrSchedule, TriangularEqualsFfcvsCyclicScheduleStepByStep) {
   const auto cases = test::load_golden("recipe.json").at("triangular");
@@ -540,8 +595,8 @@ TEST(Trainer, TriangularScheduleUsesTheRunsStepsPerEpochAndPeak) {
   harness::TrainOptions o = small_run(data);
   o.epochs = 3;
   o.max_steps_per_epoch = 2;
-  o.lr_schedule = harness::LrScheduleKind::kTriangular;
-  o.lr_peak_epoch = 1;
+  o.schedule.lr_schedule = harness::LrScheduleKind::kTriangular;
+  o.schedule.lr_peak_epoch = 1;
   o.save_checkpoint = dir.path / "train.pt";
   o.save_checkpoint_only_on_stop = false;
   harness::Trainer t(o);
@@ -556,7 +611,7 @@ TEST(Trainer, TriangularScheduleUsesTheRunsStepsPerEpochAndPeak) {
   // The peak is part of the saved plan: resuming with another one is refused, naming it.
   harness::TrainOptions resumed = o;
   resumed.resume = t.last_checkpoint();
-  resumed.lr_peak_epoch = 2;
+  resumed.schedule.lr_peak_epoch = 2;
   try {
     harness::Trainer{resumed};
     ADD_FAILURE() << "a resume with another --lr-peak-epoch must be refused";

@@ -210,10 +210,10 @@ std::shared_ptr<std::ofstream> open_sample_log(const std::string& given, int ran
 struct TrainFlags {
   harness::TrainOptions o;
   SchemaFlags loader_flags, cache_flags;
-  std::string data, val_data, norm_weight_decay, bias_weight_decay, lr_schedule = "cosine", lr_milestones,
-      precision = "fp32", min_res, max_res, end_ramp, start_ramp = "0", devices, distributed = "auto",
-      dist_backend = "auto", init_weights, checkpoint, log_samples, save_checkpoint, resume, metrics, trace,
-      progress = "auto", recipe;
+  SchemaFlags schedule_flags;
+  std::string data, val_data, norm_weight_decay, bias_weight_decay, precision = "fp32", devices,
+      distributed = "auto", dist_backend = "auto", init_weights, checkpoint, log_samples, save_checkpoint, resume,
+      metrics, trace, progress = "auto", recipe;
   bool no_cudnn_benchmark = false;
 };
 
@@ -269,29 +269,9 @@ void add_optimizer_flags(CLI::App& app, TrainFlags& f) {
 
 void add_schedule_flags(CLI::App& app, TrainFlags& f) {
   harness::TrainOptions& o = f.o;
-  app.add_option("--lr-schedule", f.lr_schedule, "constant, step, multistep, cosine, onecycle or triangular "
-                 "(FFCV's; per optimizer step)")
-      ->check(CLI::IsMember({"constant", "step", "multistep", "cosine", "onecycle", "triangular"}))->capture_default_str();
-  app.add_option("--lr-peak-epoch", o.lr_peak_epoch, "triangular: epoch of the peak (FFCV's lr_peak_epoch)")
-      ->capture_default_str();
-  app.add_option("--warmup-epochs", o.warmup_epochs, "linear LR warmup, epochs")->capture_default_str();
-  app.add_option("--warmup-start-factor", o.warmup_start_factor, "warmup starts at lr x this")->capture_default_str();
-  app.add_option("--lr-step-epochs", o.lr_step_epochs, "step: decay every N epochs")->capture_default_str();
-  app.add_option("--lr-milestones", f.lr_milestones, "multistep: comma-separated epochs at which to decay, e.g. 30,60,80");
-  app.add_option("--lr-gamma", o.lr_gamma, "step, multistep: decay factor")->capture_default_str();
-  app.add_option("--min-lr", o.min_lr, "cosine: floor")->capture_default_str();
-  app.add_option("--onecycle-pct-start", o.onecycle_pct_start)->capture_default_str();
-  app.add_option("--onecycle-div-factor", o.onecycle_div_factor)->capture_default_str();
-  app.add_option("--onecycle-final-div-factor", o.onecycle_final_div_factor)->capture_default_str();
-  // Progressive resizing, FFCV's names (its config's resolution section) and formula.
-  app.add_option("--min-res", f.min_res, "progressive resizing (FFCV's): train crop side up to --start-ramp, pixels")
-      ->check(kAtLeastOne);
-  app.add_option("--max-res", f.max_res, "progressive resizing: side from --end-ramp on (between: linear, rounded "
-                 "to a multiple of 32 as FFCV's get_resolution)")->check(kAtLeastOne);
-  app.add_option("--end-ramp", f.end_ramp, "progressive resizing: first epoch at --max-res (0-based, FFCV's end_ramp)")
-      ->check(kAtLeastZero);
-  app.add_option("--start-ramp", f.start_ramp, "progressive resizing: last epoch at --min-res (0-based, FFCV's "
-                 "start_ramp)")->check(kAtLeastZero)->capture_default_str();
+  // --lr-schedule, --warmup-epochs, ..., --min-res/--max-res/--start-ramp/--end-ramp: the
+  // schedule's schema (gpufeed/harness/schedule_options.h).
+  f.schedule_flags = add_schema_options(app, harness::schedule_options_schema(), o.schedule);
   app.add_option("--val-resize-size", o.val_resize_size, "validation Resize, pixels (0: val crop x 256/224)")
       ->capture_default_str()->check(kAtLeastZero);
   app.add_option("--val-crop-size", o.val_crop_size, "validation CenterCrop, pixels (0: --image-size)")
@@ -372,30 +352,22 @@ std::optional<std::filesystem::path> optional_path(const std::string& text) {
   return std::filesystem::path(text);
 }
 
-// --min-res, --max-res, --start-ramp, --end-ramp: FFCV's progressive resizing, or nothing.
-std::optional<harness::ResolutionSchedule> resolution_schedule(const TrainFlags& f) {
-  if (f.min_res.empty() && f.max_res.empty() && f.end_ramp.empty()) return std::nullopt;
-  if (f.min_res.empty() || f.max_res.empty() || f.end_ramp.empty()) {
-    throw std::invalid_argument("progressive resizing needs --min-res, --max-res and --end-ramp "
-                                "(--start-ramp defaults to 0)");
-  }
-  if (f.loader_flags.given->count("image_size") > 0) {
+// Progressive resizing sets the train crop side of every epoch: a fixed --image-size beside it
+// would be ignored, so both are refused.
+void check_resolution_schedule(const TrainFlags& f) {
+  if (f.o.schedule.resolution && f.loader_flags.given->count("image_size") > 0) {
     throw std::invalid_argument("--image-size/--train-crop-size and progressive resizing (--min-res, "
                                 "--max-res, --end-ramp) both given: for a fixed size pass --min-res and "
                                 "--max-res equal");
   }
-  harness::ResolutionSchedule r;
-  r.min_res = std::stoi(f.min_res);
-  r.max_res = std::stoi(f.max_res);
-  r.start_ramp = std::stoll(f.start_ramp);
-  r.end_ramp = std::stoll(f.end_ramp);
-  return r;
 }
 
 // The parsed flags into f.o: the schema options, the paths, the words.
 void resolve_options(TrainFlags& f) {
   f.loader_flags.apply();
   f.cache_flags.apply();
+  f.schedule_flags.apply();
+  check_resolution_schedule(f);
   harness::TrainOptions& o = f.o;
   o.data = f.data;
   o.val_data = optional_path(f.val_data);
@@ -405,11 +377,8 @@ void resolve_options(TrainFlags& f) {
   o.init_weights = optional_path(f.init_weights);
   o.profile.metrics_path = optional_path(f.metrics);
   o.profile.trace_path = optional_path(f.trace);
-  o.lr_schedule = harness::parse_lr_schedule_kind(f.lr_schedule);
-  o.resolution = resolution_schedule(f);
   if (!f.norm_weight_decay.empty()) o.norm_weight_decay = std::stod(f.norm_weight_decay);
   if (!f.bias_weight_decay.empty()) o.bias_weight_decay = std::stod(f.bias_weight_decay);
-  for (const auto& m : split_list(f.lr_milestones)) o.lr_milestones.push_back(std::stod(m));
   o.precision = harness::parse_precision(f.precision);
   o.distributed = harness::parse_distributed_mode(f.distributed);
   o.dist_backend = harness::parse_dist_backend(f.dist_backend);

@@ -24,5 +24,6 @@ Run add_ckpt(CLI::App& app);
 Run add_inspect(CLI::App& app);
 Run add_index(CLI::App& app);
 Run add_pack(CLI::App& app);
+Run add_option_specs(CLI::App& app);
 
 }  // namespace gpufeed::tools

@@ -1,4 +1,5 @@
-// gpufeed: train, launch, ckpt, bench, make-dataset, index, pack and inspect in one executable.
+// gpufeed: train, launch, ckpt, bench, make-dataset, index, pack and inspect in one executable
+// (and the hidden option-specs, the option schemas as JSON).
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -39,6 +40,8 @@ int main(int argc, char** argv) {
       gpufeed::tools::add_pack);
   add("inspect", "what the decoder makes of image files: format, header, result, per-kind counts",
       gpufeed::tools::add_inspect);
+  add("option-specs", "every option schema of the commands, as JSON (tools/gen_options_doc.py)",
+      gpufeed::tools::add_option_specs);
   CLI11_PARSE(app, argc, argv);
   spdlog::get("gpufeed")->set_level(spdlog::level::from_str(log_level));
   try {

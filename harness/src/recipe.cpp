@@ -215,30 +215,4 @@ double adjusted_ema_decay(double decay, int64_t world_size, int64_t batch_size, 
   return 1.0 - alpha;
 }
 
-void ResolutionSchedule::validate() const {
-  const auto refuse = [](const std::string& what) {
-    throw std::invalid_argument("progressive resizing (FFCV's resolution schedule): " + what);
-  };
-  if (min_res < 1) refuse("min_res must be >= 1, got " + std::to_string(min_res));
-  if (max_res < min_res) {
-    refuse("max_res must be >= min_res, got max_res " + std::to_string(max_res) + " and min_res " +
-           std::to_string(min_res));
-  }
-  if (start_ramp < 0) refuse("start_ramp must be >= 0, got " + std::to_string(start_ramp));
-  if (end_ramp < start_ramp) {
-    refuse("end_ramp must be >= start_ramp, got end_ramp " + std::to_string(end_ramp) + " and start_ramp " +
-           std::to_string(start_ramp));
-  }
-}
-
-int get_resolution(const ResolutionSchedule& s, int64_t epoch) {
-  if (epoch <= s.start_ramp) return s.min_res;
-  if (epoch >= s.end_ramp) return s.max_res;
-  // np.interp's arithmetic for two points, then np.round (half to even: nearbyint in the default
-  // rounding mode) of res / 32.
-  const double slope = static_cast<double>(s.max_res - s.min_res) / static_cast<double>(s.end_ramp - s.start_ramp);
-  const double res = slope * static_cast<double>(epoch - s.start_ramp) + static_cast<double>(s.min_res);
-  return static_cast<int>(std::nearbyint(res / 32.0)) * 32;
-}
-
 }  // namespace gpufeed::harness

@@ -65,6 +65,50 @@ void StopVote::launch(int local) {
   }
 }
 
+// ---- the non-finite loss check ----------------------------------------------------------------
+
+void NonFiniteCheck::record(const at::Tensor& nonfinite, const at::Tensor& loss, const Where& where,
+                            const std::filesystem::path& last_checkpoint) {
+  check(last_checkpoint);
+  const at::Tensor both = at::stack({nonfinite.reshape({}).to(at::kDouble), loss.detach().reshape({}).to(at::kDouble)});
+  where_ = where;
+  pending_ = true;
+  if (!both.is_cuda()) {
+    host_ = both;
+    check(last_checkpoint);
+    return;
+  }
+  if (!host_.defined() || !host_.is_pinned()) {
+    host_ = at::empty({2}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+  }
+  host_.copy_(both, /*non_blocking=*/true);  // read by check() after the event: never before the copy ends
+  event_ = std::make_unique<c10::Event>(c10::kCUDA);
+  event_->record(c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(both.device()));
+}
+
+void NonFiniteCheck::check(const std::filesystem::path& last_checkpoint) {
+  if (!pending_) return;
+  const bool deferred = event_ != nullptr;
+  if (event_) event_->synchronize();
+  event_.reset();
+  pending_ = false;
+  const double flag = host_[0].item<double>(), shown = host_[1].item<double>();
+  if (flag == 0) return;
+  const Where& w = where_;
+  throw std::runtime_error(
+      "train: the loss is not finite (" +
+      (std::isnan(shown) ? std::string("nan") : std::isfinite(shown) ? std::string("an earlier micro-batch's") : c10::str(shown)) +
+      ") in epoch " + std::to_string(w.epoch + 1) + "/" + std::to_string(w.epochs) + ", step " +
+      std::to_string(w.step_in_epoch + 1) + " of the epoch (optimizer step " + std::to_string(w.global_step + 1) +
+      " of the run, lr " + c10::str(w.lr) + "): " +
+      (deferred ? "stopped one step later (the check is read one step late, so the host never waits for the "
+                  "device), before anything was saved with that update"
+                : "stopped before that step's update") +
+      "; no checkpoint was written" +
+      (last_checkpoint.empty() ? std::string() : " (the last one, " + last_checkpoint.string() + ", is intact)") +
+      ". Lower `lr` or check the data; `precision` fp16 skips such steps instead");
+}
+
 // ---- one epoch -------------------------------------------------------------------------------
 
 EpochStats Trainer::Impl::train_epoch(int64_t epoch_index, Profiler& profiler, StopVote& vote) {
@@ -83,6 +127,9 @@ EpochStats Trainer::Impl::train_epoch(int64_t epoch_index, Profiler& profiler, S
   // going at once, and a sample they finish before the snapshot would drop out of the epoch's count.
   profiler.begin_epoch(epoch_index);
   prefetcher->start_epoch(epoch_index, ep.batch_index);
+  // The next epoch's side now: the loader plans that epoch ahead at the size set last, so it
+  // starts decoded (progressive resizing changes the size at epoch starts).
+  if (epoch_index + 1 < o.epochs) train_loader->set_image_size(train_image_size(epoch_index + 1));
   ep.stats.epoch = epoch_index;
   ep.loss_sum = at::zeros({1}, stat_options.dtype(at::kDouble));
   ep.correct = at::zeros({1}, stat_options.dtype(at::kLong));
@@ -109,6 +156,7 @@ EpochStats Trainer::Impl::train_epoch(int64_t epoch_index, Profiler& profiler, S
                              std::to_string(micro_per_epoch) + " micro-batches per epoch on this rank, " +
                              std::to_string(ep.batch_index) + " already consumed when it started)");
   }
+  nonfinite_check.check(last_checkpoint);  // the epoch's last step, before its totals are read
   ep.stats.seconds = seconds_since(t0);
   profiler.end_epoch();
   finish_epoch(ep);
@@ -143,7 +191,7 @@ void Trainer::Impl::finish_epoch(EpochState& ep) {
 void Trainer::Impl::update_ema(int64_t epoch_index, int64_t step_in_epoch) {
   if (step_in_epoch % options.model_ema_steps != 0) return;
   ema->update(*model);
-  if (static_cast<double>(epoch_index) < options.warmup_epochs) ema->reset();
+  if (static_cast<double>(epoch_index) < options.schedule.warmup_epochs) ema->reset();
 }
 
 // ---- one step ----------------------------------------------------------------------------------
@@ -161,7 +209,8 @@ void Trainer::Impl::train_step(EpochState& ep, Profiler& profiler) {
     so.lr(ep.stats.lr);
     if (momentum) so.momentum(*momentum);
   }
-  step.loss_scale = scaler ? scaler->get_scale() : 1.0;
+  // The scale is read for on_step only: reading it is a host sync on CUDA.
+  step.loss_scale = scaler && on_step ? scaler->get_scale() : 1.0;
   step.loss = at::zeros({1}, at::TensorOptions().device(device).dtype(at::kDouble));
   for (int64_t j = 0; j < step.micro; ++j) train_micro_batch(ep, step, /*last=*/j + 1 == step.micro, profiler);
   if (ema) update_ema(ep.epoch, ep.step_in_epoch);
@@ -251,16 +300,9 @@ void Trainer::Impl::optimizer_step(EpochState& ep, StepState& step, const at::Te
       step.skipped = true;
       ++ep.stats.skipped_steps;
     }
-  } else if (step.nonfinite.item<bool>()) {
-    const double shown = last_loss.item<double>();
-    throw std::runtime_error(
-        "train: the loss is not finite (" +
-        (std::isnan(shown) ? std::string("nan") : std::isfinite(shown) ? std::string("an earlier micro-batch's") : c10::str(shown)) +
-        ") in epoch " + std::to_string(ep.epoch + 1) + "/" + std::to_string(options.epochs) + ", step " +
-        std::to_string(ep.step_in_epoch + 1) + " of the epoch (optimizer step " + std::to_string(global_step + 1) +
-        " of the run, lr " + c10::str(ep.stats.lr) + "): stopped before that step's update; no checkpoint was written" +
-        (last_checkpoint.empty() ? std::string() : " (the last one, " + last_checkpoint.string() + ", is intact)") +
-        ". Lower `lr` or check the data; `precision` fp16 skips such steps instead");
+  } else {
+    nonfinite_check.record(step.nonfinite, last_loss,
+                           {ep.epoch, options.epochs, ep.step_in_epoch, global_step, ep.stats.lr}, last_checkpoint);
   }
   if (update) {
     // Gradient clipping, then the gradient transform hook, on complete, unscaled gradients.

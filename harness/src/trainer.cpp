@@ -128,12 +128,13 @@ loader::LoaderOptions Trainer::Impl::loader_options(bool train) const {
     if (options.val_resize_size > 0) lo.transform.eval.resize = options.val_resize_size;
     lo.drop_last = false;
     lo.max_image_size = 0;
+    lo.prefetch_next_epoch = false;  // a validation loader runs one epoch
   }
   return lo;
 }
 
 int Trainer::Impl::train_image_size(int64_t e) const {
-  return options.resolution ? get_resolution(*options.resolution, e) : options.loader.transform.rrc.size;
+  return options.schedule.resolution ? get_resolution(*options.schedule.resolution, e) : options.loader.transform.rrc.size;
 }
 
 int64_t Trainer::Impl::steps_per_epoch() const {
@@ -162,14 +163,14 @@ void Trainer::Impl::check_options() const {
   if (o.epochs < 1 || o.loader.batch_size < 1 || o.loader.transform.rrc.size < 8 || o.accum_steps < 1) {
     throw std::invalid_argument("Trainer: epochs, batch_size and accum_steps must be >= 1, image_size >= 8");
   }
-  if (o.resolution) {
-    o.resolution->validate();
+  if (o.schedule.resolution) {
+    o.schedule.resolution->validate();
     for (int64_t e = 0; e < o.epochs; ++e) {
       if (const int side = train_image_size(e); side < 8) {
         throw std::invalid_argument("Trainer: progressive resizing gives epoch " + std::to_string(e) +
                                     " (0-based) an image size of " + std::to_string(side) +
-                                    " (FFCV's get_resolution: min_res " + std::to_string(o.resolution->min_res) +
-                                    ", max_res " + std::to_string(o.resolution->max_res) +
+                                    " (FFCV's get_resolution: min_res " + std::to_string(o.schedule.resolution->min_res) +
+                                    ", max_res " + std::to_string(o.schedule.resolution->max_res) +
                                     ", rounded to multiples of 32 inside the ramp); sizes must be >= 8");
       }
     }
@@ -378,21 +379,21 @@ LrScheduleOptions Trainer::Impl::schedule_options(double base_lr) const {
   const TrainOptions& o = options;
   const int64_t spe = steps_per_epoch();
   LrScheduleOptions so;
-  so.kind = o.lr_schedule;
+  so.kind = o.schedule.lr_schedule;
   so.base_lr = base_lr;
-  so.warmup_steps = static_cast<int64_t>(std::lround(o.warmup_epochs * static_cast<double>(spe)));
+  so.warmup_steps = static_cast<int64_t>(std::lround(o.schedule.warmup_epochs * static_cast<double>(spe)));
   so.total_steps = o.epochs * spe;
-  so.warmup_start_factor = o.warmup_start_factor;
-  so.step_size = std::max<int64_t>(1, std::lround(o.lr_step_epochs * static_cast<double>(spe)));
-  for (double e : o.lr_milestones) so.milestones.push_back(std::lround(e * static_cast<double>(spe)));
-  so.gamma = o.lr_gamma;
-  so.min_lr = o.min_lr;
-  so.pct_start = o.onecycle_pct_start;
-  so.div_factor = o.onecycle_div_factor;
-  so.final_div_factor = o.onecycle_final_div_factor;
+  so.warmup_start_factor = o.schedule.warmup_start_factor;
+  so.step_size = std::max<int64_t>(1, std::lround(o.schedule.lr_step_epochs * static_cast<double>(spe)));
+  for (double e : o.schedule.lr_milestones) so.milestones.push_back(std::lround(e * static_cast<double>(spe)));
+  so.gamma = o.schedule.lr_gamma;
+  so.min_lr = o.schedule.min_lr;
+  so.pct_start = o.schedule.onecycle_pct_start;
+  so.div_factor = o.schedule.onecycle_div_factor;
+  so.final_div_factor = o.schedule.onecycle_final_div_factor;
   so.cycle_momentum = o.momentum > 0;
   so.steps_per_epoch = spe;
-  so.peak_epoch = o.lr_peak_epoch;
+  so.peak_epoch = o.schedule.lr_peak_epoch;
   return so;
 }
 
@@ -438,15 +439,15 @@ void Trainer::Impl::log_setup(double lr) const {
       c10::str("train: ", o.arch, " on ", device.str(), ", ", parallel, " (", train_set->size(),
                " images, ", resnet_options.num_classes, " classes); lr ", o.lr, " per 256 x global batch ",
                global_batch(), " (", o.loader.batch_size, " x ", o.accum_steps, " accum x ", world,
-               " ranks) = ", lr, "; schedule ", lr_schedule_kind_name(o.lr_schedule), ", warmup ",
-               o.warmup_epochs, " epochs; precision ", precision_name(o.precision),
+               " ranks) = ", lr, "; schedule ", lr_schedule_kind_name(o.schedule.lr_schedule), ", warmup ",
+               o.schedule.warmup_epochs, " epochs; precision ", precision_name(o.precision),
                o.channels_last ? ", channels_last" : "", o.val_flip_average ? ", validation flip-averaged" : "",
                o.ra_sampler ? c10::str(", RASampler x", o.ra_reps, " (", train_sampler->size(), " samples per rank)") : "",
                mixer ? c10::str(", mixup_alpha ", o.mixup_alpha, " cutmix_alpha ", o.cutmix_alpha) : "",
                ema ? c10::str(", EMA every ", o.model_ema_steps, " steps, decay ", ema->decay()) : "",
                device.is_cuda() && o.cudnn_benchmark ? ", cudnn.benchmark" : ""));
   if (o.loader.transform.augment.enabled()) gpufeed::log_text(LogLevel::kInfo, "train: augment " + loader::to_string(o.loader.transform.augment));
-  if (o.resolution) {
+  if (o.schedule.resolution) {
     // "image size 160 (epochs 1-71), 192 (epochs 72-88)": 1-based, as the epoch lines.
     std::string sizes;
     for (int64_t e = 0; e < o.epochs;) {
@@ -458,9 +459,9 @@ void Trainer::Impl::log_setup(double lr) const {
       e = last + 1;
     }
     gpufeed::log_text(LogLevel::kInfo,
-                      c10::str("train: progressive resizing (FFCV's get_resolution: min_res ", o.resolution->min_res,
-                               ", max_res ", o.resolution->max_res, ", start_ramp ", o.resolution->start_ramp,
-                               ", end_ramp ", o.resolution->end_ramp, "): image size ", sizes));
+                      c10::str("train: progressive resizing (FFCV's get_resolution: min_res ", o.schedule.resolution->min_res,
+                               ", max_res ", o.schedule.resolution->max_res, ", start_ramp ", o.schedule.resolution->start_ramp,
+                               ", end_ramp ", o.schedule.resolution->end_ramp, "): image size ", sizes));
   }
 }
 
@@ -487,6 +488,7 @@ TrainRunIdentity Trainer::Impl::run_identity() const {
 
 // Rank 0 writes the training checkpoint; `at_epoch`/`batches` is where a resumed run continues.
 void Trainer::Impl::write_checkpoint(int64_t at_epoch, int64_t batches, bool on_stop) {
+  nonfinite_check.check(last_checkpoint);  // never save a non-finite update
   if (!options.save_checkpoint || !main_rank()) return;
   if (options.save_checkpoint_only_on_stop && !on_stop) return;
   TrainCheckpoint c;
@@ -614,6 +616,7 @@ std::vector<EpochStats> Trainer::fit(const std::function<void(const EpochStats&)
     if (on_epoch) on_epoch(st);
   }
   m.profile = profiler.finish();
+  m.nonfinite_check.check(m.last_checkpoint);
   if (o.checkpoint && m.stopped == 0) {
     if (const std::optional<fs::path> path = path_for_rank(*o.checkpoint, m.rank)) {
       save_state_dict(*m.model, *path);

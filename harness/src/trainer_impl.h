@@ -57,6 +57,33 @@ class StopVote {
   at::Tensor host_;
 };
 
+// fp32/bf16: a non-finite loss stops the run, without a host sync per step. Each optimizer step
+// records its flag (some micro-batch's loss was not finite) and its last loss. On the CPU they
+// are read at once, before the step's update. On CUDA they are copied to pinned memory behind an
+// event and read one step late (at the next step's update, as the stop vote is) or before
+// anything is saved (check(): a checkpoint, the epoch's end, the final state_dict), so the run
+// stops after at most one non-finite update and no saved file ever holds it.
+class NonFiniteCheck {
+ public:
+  // Where the recorded step stands, for the error message.
+  struct Where {
+    int64_t epoch = 0, epochs = 0, step_in_epoch = 0, global_step = 0;
+    double lr = 0;
+  };
+  // Records a step's flag (bool) and last loss; reads a pending record first. Throws
+  // std::runtime_error naming the step when a read flag is set.
+  void record(const at::Tensor& nonfinite, const at::Tensor& loss, const Where& where,
+              const std::filesystem::path& last_checkpoint);
+  // Reads the pending record, if any (on CUDA waiting for its event); throws as record() does.
+  void check(const std::filesystem::path& last_checkpoint);
+
+ private:
+  at::Tensor host_;  // [flag, loss] as double; pinned on CUDA
+  std::unique_ptr<c10::Event> event_;
+  bool pending_ = false;
+  Where where_;
+};
+
 // One epoch in progress on this rank.
 struct EpochState {
   int64_t epoch = 0;
@@ -102,6 +129,7 @@ struct Trainer::Impl {
   std::unique_ptr<torch::optim::SGD> optimizer;
   std::vector<at::Tensor> params;  // optimizer order: group 0's, then group 1's
   std::unique_ptr<GradScaler> scaler;
+  NonFiniteCheck nonfinite_check;  // fp32/bf16
   std::optional<MixUpCutMix> mixer;  // mixup_alpha / cutmix_alpha
   ResNet ema_model{nullptr};         // model_ema: the average's module (eval mode)
   std::unique_ptr<ModelEma> ema;

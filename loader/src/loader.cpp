@@ -173,7 +173,10 @@ class SlotRing {
 // ---------------------------------------------------------------------------------------------
 // One batch being assembled in one slot, from scheduling until next() hands it out.
 
+struct EpochPlan;
+
 struct InFlight {
+  std::shared_ptr<const EpochPlan> plan;  // the epoch it belongs to
   int64_t batch_index = 0;
   Slot* slot = nullptr;
   std::vector<int64_t> indices;
@@ -198,22 +201,32 @@ struct InFlight {
   }
 };
 
-// The in-order hand-out: the epoch's batch list, the batches scheduled and not yet handed out
+// One epoch as planned when it is started (or planned ahead, see Loader::Impl::plan_ahead): fixed
+// once made, read by its tasks without the loader's lock. `cancelled` stops its queued samples.
+struct EpochPlan {
+  int64_t epoch = 0;
+  // The epoch's options: the loader's, with rrc.size = the epoch's image size.
+  LoaderOptions options;
+  int64_t sample_bytes = 0;                   // S * S * 3
+  std::vector<std::vector<int64_t>> batches;  // this rank's, sampler order
+  std::vector<int64_t> order;                 // the batches, flattened
+  mutable std::atomic<bool> cancelled{false};
+
+  int64_t total() const { return static_cast<int64_t>(batches.size()); }
+  int side() const { return options.transform.output_size(); }
+};
+
+// The in-order hand-out of one epoch: its plan, the batches scheduled and not yet handed out
 // (front = the next one next() returns, whatever order their samples finish in), and the two
 // cursors a checkpoint needs. Guarded by the loader's mutex.
 struct EpochSchedule {
-  int64_t epoch = 0;
-  // The epoch's options: the loader's, with rrc.size = the epoch's image size. Written by
-  // start_epoch while no task runs; read by the epoch's tasks (enqueued after it) and next().
-  LoaderOptions options;
-  int64_t sample_bytes = 0;  // S * S * 3
-  std::shared_ptr<const std::vector<std::vector<int64_t>>> batches;  // this rank's, sampler order
-  std::shared_ptr<const std::vector<int64_t>> order;                 // the batches, flattened
+  std::shared_ptr<const EpochPlan> plan;  // null before the first start_epoch
   std::deque<std::shared_ptr<InFlight>> pending;
   int64_t next_submit = 0;  // next batch to schedule
   int64_t consumed = 0;     // batches handed out (or dropped by a raise), resume point included
 
-  int64_t total() const { return batches ? static_cast<int64_t>(batches->size()) : 0; }
+  int64_t epoch() const { return plan ? plan->epoch : 0; }
+  int64_t total() const { return plan ? plan->total() : 0; }
   bool more_to_schedule() const { return next_submit < total(); }
 };
 
@@ -374,14 +387,19 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   tbb::global_control parallelism;
   tbb::task_arena arena;
 
-  std::mutex mu;  // guards ring, schedule, skips, running_tasks, shutdown
+  std::mutex mu;  // guards ring, schedule, ahead, epoch_step, skips, running_tasks, shutdown
   std::condition_variable cv;
   SlotRing ring;
-  EpochSchedule schedule;
+  EpochSchedule schedule;  // the epoch next() hands out
+  // The epoch expected next, planned while the current one's last batches are consumed and
+  // scheduled into slots it leaves free (plan_ahead): start_epoch takes it over when it starts
+  // that epoch from its first batch at the same image size, so the next epoch begins with
+  // decoded batches instead of an empty pipeline. Otherwise it is cancelled.
+  EpochSchedule ahead;
+  int64_t epoch_step = 1;  // the last two start_epoch calls' epoch difference when 0 or 1, else 1
   SkipAccount skips;
   int running_tasks = 0;
   bool shutdown = false;
-  std::atomic<uint64_t> generation{0};  // bumped to cancel the samples still queued
   Counters counters;
 
   Impl(std::shared_ptr<const Dataset> d, std::shared_ptr<sampler::Sampler> s, LoaderOptions o,
@@ -397,59 +415,97 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
                                          tbb::global_control::max_allowed_parallelism),
                                      static_cast<size_t>(worker_count(options.num_workers)) + 1)),
         arena(worker_count(options.num_workers), /*reserved_for_masters=*/0),
-        ring(*allocator, options.prefetch_depth, options.batch_size, slot_side) {
-    schedule.options = options;
-    schedule.sample_bytes = int64_t{next_size} * next_size * 3;
+        ring(*allocator, options.prefetch_depth, options.batch_size, slot_side) {}
+
+  // Epoch `epoch`'s plan at the current image size (next_size): its batches in sampler order.
+  // `indices` is the sampler's order of that epoch.
+  std::shared_ptr<const EpochPlan> make_plan(int64_t epoch, const std::vector<int64_t>& indices) const {
+    auto p = std::make_shared<EpochPlan>();
+    p->epoch = epoch;
+    p->options = options;
+    if (p->options.transform.kind == TransformOptions::Kind::kTrain) p->options.transform.rrc.size = next_size;
+    p->sample_bytes = int64_t{p->side()} * p->side() * 3;
+    const auto n = static_cast<int64_t>(indices.size());
+    for (int64_t start = 0; start < n; start += options.batch_size) {
+      const int64_t end = std::min(n, start + options.batch_size);
+      if (end - start < options.batch_size && options.drop_last) break;
+      p->batches.emplace_back(indices.begin() + start, indices.begin() + end);
+    }
+    p->order = indices;
+    p->order.resize(static_cast<size_t>(std::min<int64_t>(n, p->total() * options.batch_size)));
+    return p;
   }
 
-  // Cancels queued samples of the current epoch and waits until no task runs. Slots of unfinished
+  // Cancels the queued samples of `s` and waits until its tasks are done. Slots of unfinished
   // batches go back to the ring; slots held by the consumer stay with their Batch.
-  void drain(std::unique_lock<std::mutex>& lk) {
-    generation.fetch_add(1);
-    cv.wait(lk, [&] { return running_tasks == 0; });
-    for (auto& f : schedule.pending) ring.release(f->slot);
-    schedule.pending.clear();
+  void drain(std::unique_lock<std::mutex>& lk, EpochSchedule& s) {
+    if (s.plan) s.plan->cancelled.store(true, std::memory_order_relaxed);
+    cv.wait(lk, [&] { return std::all_of(s.pending.begin(), s.pending.end(), [](const auto& f) { return f->done; }); });
+    for (auto& f : s.pending) ring.release(f->slot);
+    s.pending.clear();
   }
 
-  // Schedules batches while slots are free.
+  // Both epochs (the loader is shutting down, or the skip limit ended the epoch).
+  void drain_all(std::unique_lock<std::mutex>& lk) {
+    drain(lk, schedule);
+    drain(lk, ahead);
+    ahead = EpochSchedule{};
+    cv.wait(lk, [&] { return running_tasks == 0; });
+  }
+
+  // The next epoch's plan, once the current epoch has nothing left to schedule: the epoch
+  // epoch_step after it (a loader restarted on the same epoch, as a validation loader that is
+  // never set_epoch'd, plans the same one again). On the consumer's thread only (next()): it
+  // asks the sampler for that epoch's order, selecting it and then the current one again.
+  void plan_ahead() {
+    if (!options.prefetch_next_epoch || ahead.plan || !schedule.plan || schedule.more_to_schedule() || skips.ended ||
+        shutdown) {
+      return;
+    }
+    const int64_t current = sampler->epoch(), upcoming = schedule.epoch() + epoch_step;
+    sampler->set_epoch(upcoming);
+    std::vector<int64_t> indices = sampler->indices();
+    sampler->set_epoch(current);
+    ahead.plan = make_plan(upcoming, indices);
+  }
+
+  // Schedules batches while slots are free: the current epoch's, then the planned next one's.
   void pump(std::unique_lock<std::mutex>&) {
     if (shutdown) return;
-    while (schedule.more_to_schedule()) {
-      Slot* slot = ring.acquire();
-      if (!slot) return;
-      auto f = std::make_shared<InFlight>();
-      f->batch_index = schedule.next_submit;
-      f->slot = slot;
-      f->indices = (*schedule.batches)[static_cast<size_t>(schedule.next_submit)];
-      ++schedule.next_submit;
-      schedule.pending.push_back(f);
-      enqueue(f.get());
+    for (EpochSchedule* s : {&schedule, &ahead}) {
+      while (s->more_to_schedule()) {
+        Slot* slot = ring.acquire();
+        if (!slot) return;
+        auto f = std::make_shared<InFlight>();
+        f->plan = s->plan;
+        f->batch_index = s->next_submit;
+        f->slot = slot;
+        f->indices = s->plan->batches[static_cast<size_t>(s->next_submit)];
+        ++s->next_submit;
+        s->pending.push_back(f);
+        enqueue(f.get());
+      }
     }
   }
 
   void enqueue(InFlight* f) {
     ++running_tasks;
-    // The task captures only plain values and pointers: the InFlight stays owned by
-    // schedule.pending and the epoch's order by schedule.order until drain() or next() has seen
-    // the task finish (running_tasks, done), so it never frees anything after it says so.
-    // Its captures are written under tbb_handoff_mutex() and read under it by the task.
+    // The task captures only plain pointers: the InFlight (and through it the epoch's plan) stays
+    // owned by its schedule's pending list until drain() or next() has seen the task finish
+    // (running_tasks, done), so it never frees anything after it says so. Its captures are
+    // written under tbb_handoff_mutex() and read under it by the task.
     std::lock_guard<std::mutex> handoff(tbb_handoff_mutex());
-    arena.enqueue([this, f, gen = generation.load(), ep = schedule.epoch,
-                   flat = schedule.order.get()] {
+    arena.enqueue([this, f, plan = f->plan.get()] {
       Impl* self;
       InFlight* batch;
-      uint64_t batch_gen;
-      int64_t batch_epoch;
-      const std::vector<int64_t>* order;
+      const EpochPlan* batch_plan;
       {
         std::lock_guard<std::mutex> handed_over(tbb_handoff_mutex());
         self = this;
         batch = f;
-        batch_gen = gen;
-        batch_epoch = ep;
-        order = flat;
+        batch_plan = plan;
       }
-      self->run_batch(*batch, batch_gen, batch_epoch, *order);
+      self->run_batch(*batch, *batch_plan);
       // Notify under the lock: once running_tasks drops to 0 a draining destructor may free
       // the Impl (and cv) as soon as it can take mu, so the task must be done with both by then.
       std::lock_guard<std::mutex> g(self->mu);
@@ -459,37 +515,36 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     });
   }
 
-  bool cancelled(uint64_t gen) const { return generation.load(std::memory_order_relaxed) != gen; }
+  static bool cancelled(const EpochPlan& p) { return p.cancelled.load(std::memory_order_relaxed); }
 
-  void run_batch(InFlight& f, uint64_t gen, int64_t ep, const std::vector<int64_t>& flat) {
+  void run_batch(InFlight& f, const EpochPlan& p) {
     const auto n = f.indices.size();
-    const int64_t base_pos = f.batch_index * schedule.options.batch_size;
+    const int64_t base_pos = f.batch_index * p.options.batch_size;
     detail::parallel_for_ordered(tbb::blocked_range<size_t>(0, n, 1), [&](const tbb::blocked_range<size_t>& r) {
       for (size_t k = r.begin(); k < r.end(); ++k) {
-        if (cancelled(gen)) break;
-        run_sample(f, k, gen, ep, base_pos + static_cast<int64_t>(k), flat);
+        if (cancelled(p)) break;
+        run_sample(f, k, p, base_pos + static_cast<int64_t>(k));
       }
     });
   }
 
   // Loads dataset sample `index` into position k of the batch's slot; throws what loading throws.
-  void load_into(InFlight& f, size_t k, int64_t index, int64_t ep) {
+  void load_into(InFlight& f, size_t k, int64_t index, const EpochPlan& p) {
     const SampleRef ref = dataset->at(index);
-    counters.account(transform_into(ref, index, ep, schedule.options,
-                                    f.slot->images + static_cast<size_t>(schedule.sample_bytes) * k));
+    counters.account(transform_into(ref, index, p.epoch, p.options,
+                                    f.slot->images + static_cast<size_t>(p.sample_bytes) * k));
     f.slot->labels[k] = ref.label;
   }
 
-  void run_sample(InFlight& f, size_t k, uint64_t gen, int64_t ep, int64_t pos,
-                  const std::vector<int64_t>& flat) {
+  void run_sample(InFlight& f, size_t k, const EpochPlan& p, int64_t pos) {
     const int64_t index = f.indices[k];
     try {
-      load_into(f, k, index, ep);
+      load_into(f, k, index, p);
     } catch (...) {
       if (options.error_policy == ErrorPolicy::kRaise) {
         f.fail(k, std::current_exception());
       } else {
-        replace_failed(f, k, gen, ep, pos, flat, std::current_exception());
+        replace_failed(f, k, p, pos, std::current_exception());
       }
     }
   }
@@ -498,8 +553,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   // that loads, a choice fixed by (epoch, position) and the files alone, so every run and every
   // thread count picks the same. (The limit is SkipAccount's, checked by next() in sampler order
   // for the same reason.)
-  void replace_failed(InFlight& f, size_t k, uint64_t gen, int64_t ep, int64_t pos,
-                      const std::vector<int64_t>& flat, const std::exception_ptr& failure) {
+  void replace_failed(InFlight& f, size_t k, const EpochPlan& p, int64_t pos, const std::exception_ptr& failure) {
     SkippedSample skip;
     skip.index = f.indices[k];
     skip.position = pos;
@@ -508,13 +562,13 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     gpufeed::log()->warn("skipping sample {} ({}): {}: {}", skip.index, skip.path, skip.kind,
                          skip.reason);
     counters.skipped.fetch_add(1, std::memory_order_relaxed);
-    const auto len = static_cast<int64_t>(flat.size());
+    const auto len = static_cast<int64_t>(p.order.size());
     const int64_t candidates = std::min(len - 1, kMaxReplacementCandidates);
     for (int64_t step = 1; step <= candidates; ++step) {
-      if (cancelled(gen)) return;
-      const int64_t candidate = flat[static_cast<size_t>((pos + step) % len)];
+      if (cancelled(p)) return;
+      const int64_t candidate = p.order[static_cast<size_t>((pos + step) % len)];
       try {
-        load_into(f, k, candidate, ep);
+        load_into(f, k, candidate, p);
         skip.replaced_by = candidate;
         break;
       } catch (...) {
@@ -525,7 +579,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
       f.fail(k, std::make_exception_ptr(std::runtime_error(fmt::format(
                     "loader: no replacement loads for {} ({}: {}) among the next {} samples of "
                     "epoch {}",
-                    skip.path, skip.kind, skip.reason, std::max<int64_t>(candidates, 0), ep))));
+                    skip.path, skip.kind, skip.reason, std::max<int64_t>(candidates, 0), p.epoch))));
     }
     f.add_skip(std::move(skip));
   }
@@ -538,7 +592,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
 
   // The end of the epoch: std::nullopt for next(), the summary warning once.
   std::optional<Batch> epoch_exhausted() {
-    if (schedule.batches && !skips.ended && !skips.summary.complete) {
+    if (schedule.plan && !skips.ended && !skips.summary.complete) {
       skips.summary.complete = true;
       if (skips.summary.skipped > 0) gpufeed::log()->warn("loader: {}", skips.summary.to_string());
     }
@@ -551,7 +605,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     EpochSummary at_limit = skips.summary;
     skips.ended = true;
     ring.release(f.slot);
-    drain(lk);
+    drain_all(lk);
     schedule.next_submit = schedule.total();
     gpufeed::log()->error("loader: {}", at_limit.to_string());
     throw SkipLimitExceeded(std::move(at_limit), options.max_skips);
@@ -562,8 +616,8 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     b.images = f.slot->images;
     b.labels = f.slot->labels;
     b.size = static_cast<int64_t>(f.indices.size());
-    b.height = b.width = schedule.options.transform.output_size();
-    b.epoch = schedule.epoch;
+    b.height = b.width = f.plan->side();
+    b.epoch = f.plan->epoch;
     b.batch_index = f.batch_index;
     b.indices = std::move(f.indices);
     b.skipped = std::move(f.skipped);
@@ -617,7 +671,7 @@ Loader::~Loader() {
   }
   std::unique_lock<std::mutex> lk(impl_->mu);
   impl_->shutdown = true;
-  impl_->drain(lk);
+  impl_->drain_all(lk);
   // impl_ may outlive us while the consumer still holds Batches: their leases keep it alive.
 }
 
@@ -625,21 +679,27 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
   Impl& m = *impl_;
   m.fork_guard.check_usable();
   std::unique_lock<std::mutex> lk(m.mu);
-  m.drain(lk);
+  m.drain(lk, m.schedule);  // what the previous epoch still has in flight
+  const std::shared_ptr<const EpochPlan>& planned = m.ahead.plan;
+  const bool take_ahead = planned && planned->epoch == epoch && start_batch == 0 &&
+                          (planned->options.transform.kind != TransformOptions::Kind::kTrain ||
+                           planned->side() == m.next_size);
+  if (m.schedule.plan) {
+    const int64_t step = epoch - m.schedule.epoch();
+    m.epoch_step = step == 0 || step == 1 ? step : 1;
+  }
   m.sampler->set_epoch(epoch);
-  sampler::BatchSampler bs(m.sampler, m.options.batch_size, m.options.drop_last);
-  auto batches = std::make_shared<std::vector<std::vector<int64_t>>>(bs.batches());
-  auto flat = std::make_shared<std::vector<int64_t>>();
-  for (const auto& b : *batches) flat->insert(flat->end(), b.begin(), b.end());
-  EpochSchedule& s = m.schedule;
-  // No task runs (drained): the epoch's size is fixed here, before its first task is enqueued.
-  if (s.options.transform.kind == TransformOptions::Kind::kTrain) s.options.transform.rrc.size = m.next_size;
-  s.sample_bytes = int64_t{m.next_size} * m.next_size * 3;
-  s.batches = std::move(batches);
-  s.order = std::move(flat);
-  s.epoch = epoch;
-  s.next_submit = std::clamp<int64_t>(start_batch, 0, s.total());
-  s.consumed = s.next_submit;
+  if (take_ahead) {
+    m.schedule = std::move(m.ahead);  // its batches are decoding, or decoded, already
+  } else {
+    m.drain(lk, m.ahead);
+    // No task of this epoch runs yet: its size is fixed here, before its first task is enqueued.
+    m.schedule = EpochSchedule{};
+    m.schedule.plan = m.make_plan(epoch, m.sampler->indices());
+    m.schedule.next_submit = std::clamp<int64_t>(start_batch, 0, m.schedule.total());
+    m.schedule.consumed = m.schedule.next_submit;
+  }
+  m.ahead = EpochSchedule{};
   m.skips.reset(epoch);
   m.pump(lk);
 }
@@ -659,9 +719,17 @@ std::optional<Batch> Loader::next() {
     return m.epoch_exhausted();
   }
   std::shared_ptr<InFlight> f = s.pending.front();
-  m.cv.wait(lk, [&] { return f->done; });
+  if (!f->done) {
+    const auto t0 = std::chrono::steady_clock::now();
+    m.cv.wait(lk, [&] { return f->done; });
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    m.skips.summary.wait_s += waited;
+    if (f->batch_index == 0) m.skips.summary.first_wait_s = waited;
+  }
   s.pending.pop_front();
   ++s.consumed;
+  m.plan_ahead();  // once this epoch is all scheduled, its free slots start the next one
+  m.pump(lk);
   if (f->error) {
     m.ring.release(f->slot);
     m.pump(lk);
@@ -701,7 +769,7 @@ void Loader::set_image_size(int size) {
 
 int Loader::image_size() const {
   std::lock_guard<std::mutex> g(impl_->mu);
-  return impl_->schedule.batches ? impl_->schedule.options.transform.output_size() : impl_->next_size;
+  return impl_->schedule.plan ? impl_->schedule.plan->side() : impl_->next_size;
 }
 
 int64_t Loader::num_batches() const {
@@ -712,7 +780,7 @@ int64_t Loader::num_batches() const {
 sampler::SamplerState Loader::state() const {
   impl_->fork_guard.check_usable();
   std::lock_guard<std::mutex> g(impl_->mu);
-  return {impl_->schedule.epoch, impl_->schedule.consumed};
+  return {impl_->schedule.epoch(), impl_->schedule.consumed};
 }
 
 const LoaderOptions& Loader::options() const { return impl_->options; }
@@ -766,7 +834,9 @@ SlotCounts Loader::slot_counts() const {
   m.fork_guard.check_usable();
   std::lock_guard<std::mutex> g(m.mu);
   SlotCounts c;
-  for (const auto& f : m.schedule.pending) (f->done ? c.ready : c.in_flight) += 1;
+  for (const EpochSchedule* s : {&m.schedule, &m.ahead}) {
+    for (const auto& f : s->pending) (f->done ? c.ready : c.in_flight) += 1;
+  }
   c.free = m.ring.free_count();
   c.held = m.ring.size() - c.ready - c.in_flight - c.free;
   return c;

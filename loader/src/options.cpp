@@ -183,6 +183,9 @@ Schema<LoaderOptions> make_loader_schema() {
                     "0 = image_size",
             .unit = "pixels", .min = 0, .max = kMaxSide},
            &LoaderOptions::max_image_size);
+  s.member({.name = "prefetch_next_epoch", .type = Type::kBool,
+            .help = "decode the next epoch's first batches while this one ends, so it starts without a wait"},
+           &LoaderOptions::prefetch_next_epoch);
   s.mount(transform_options_schema(), [](LoaderOptions& o) -> TransformOptions& { return o.transform; });
   return s;
 }
@@ -208,23 +211,19 @@ ErrorPolicy parse_error_policy(std::string_view name) {
 }
 
 const options::Schema<AugmentOptions>& augment_options_schema() {
-  static const auto s = make_augment_schema();
-  return s;
+  return options::made_once<make_augment_schema>();
 }
 
 const options::Schema<TransformOptions>& transform_options_schema() {
-  static const auto s = make_transform_schema();
-  return s;
+  return options::made_once<make_transform_schema>();
 }
 
 const options::Schema<LoaderOptions>& loader_options_schema() {
-  static const auto s = make_loader_schema();
-  return s;
+  return options::made_once<make_loader_schema>();
 }
 
 const options::Schema<IndexCacheOptions>& index_cache_options_schema() {
-  static const auto s = make_index_cache_schema();
-  return s;
+  return options::made_once<make_index_cache_schema>();
 }
 
 }  // namespace gpufeed::loader

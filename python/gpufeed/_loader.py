@@ -398,8 +398,11 @@ class DataLoader:
         started from the next ``iter(loader)`` on; batches become ``[N, 3, size, size]`` (or
         ``[N, size, size, 3]`` for uint8). A resumed epoch gets the size set before its iter, so
         set the schedule's size for that epoch before iterating (e.g. FFCV's train_imagenet.py
-        ``get_resolution(epoch)``; ``gpufeed train --min-res/--max-res`` implements it). Raises ValueError when size exceeds ``max_image_size`` (naming both),
-        when size < 1, or on an eval loader."""
+        ``get_resolution(epoch)``; ``gpufeed train --min-res/--max-res`` implements it). Set during
+        the previous epoch (any time after its ``iter``), and the loader decodes the next epoch's
+        first batches at that size while the previous one ends, so it starts without a wait
+        (``prefetch_next_epoch``). Raises ValueError when size exceeds ``max_image_size`` (naming
+        both), when size < 1, or on an eval loader."""
         if not self.labels_only:
             self._c.set_image_size(int(size))
         self.image_size = int(size)

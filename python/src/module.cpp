@@ -162,18 +162,6 @@ nb::object to_python(const options::Value& v) {
   return std::visit(visit, v);
 }
 
-const char* type_name(options::Type t) {
-  switch (t) {
-    case options::Type::kBool: return "bool";
-    case options::Type::kInt: return "int";
-    case options::Type::kFloat: return "float";
-    case options::Type::kString: return "str";
-    case options::Type::kChoice: return "choice";
-    case options::Type::kFloats: return "floats";
-  }
-  return "?";
-}
-
 /// gpufeed.DataLoader's schema keywords as dicts (name, type, help, unit, min, max, words,
 /// sizes, default, derived_default), in the schemas' order: the package builds its signature,
 /// its checks of Python types and its docstring from them.
@@ -183,7 +171,7 @@ void append_specs(nb::list& out, const options::Schema<T>& schema) {
     const options::Spec& s = f.spec;
     nb::dict d;
     d["name"] = s.name;
-    d["type"] = type_name(s.type);
+    d["type"] = options::type_name(s.type);
     d["help"] = s.help;
     d["unit"] = s.unit;
     d["min"] = s.min ? nb::object(nb::float_(*s.min)) : nb::none();

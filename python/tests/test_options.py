@@ -2,6 +2,7 @@
 same name (snake_case keyword, --kebab-case flag), default and accepted values in gpufeed.DataLoader
 and in `gpufeed bench`, and both refuse a bad value naming the option in their own spelling."""
 import inspect
+import json
 import re
 import subprocess
 
@@ -141,12 +142,32 @@ def test_library_errors_are_spelled_per_front():
         "raise num_workers= or prefetch_depth=; see `torch.compile`"
 
 
-def test_docs_options_table_is_generated_from_the_schema():
+@pytest.fixture(scope="module")
+def cli_specs(gpufeed_cli):
+    """`gpufeed option-specs`: every schema the CLI's commands are built from."""
+    out = subprocess.run([str(gpufeed_cli), "option-specs"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_the_cli_and_python_read_the_same_rows(cli_specs):
+    def plain(spec):
+        d = dict(spec)
+        if isinstance(d["default"], (tuple, list)):
+            d["default"] = list(d["default"])
+        d["words"], d["sizes"] = list(d["words"]), list(d["sizes"])
+        return d
+    assert [plain(s) for s in SPECS] == [plain(s) for s in cli_specs["loader"] + cli_specs["index_cache"]]
+    assert {"lr_schedule", "warmup_epochs", "min_res", "end_ramp"} <= {s["name"] for s in cli_specs["schedule"]}
+    assert {"shard_size", "max_side", "num_workers", "on_error"} <= {s["name"] for s in cli_specs["pack"]}
+
+
+def test_docs_options_table_is_generated_from_the_schema(cli_specs):
     import importlib.util
     import pathlib
     root = pathlib.Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location("gen_options_doc", root / "tools" / "gen_options_doc.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
-    assert (root / "docs" / "OPTIONS.md").read_text() == gen.render(SPECS), \
+    assert (root / "docs" / "OPTIONS.md").read_text() == gen.render(cli_specs), \
         "docs/OPTIONS.md is stale: run tools/gen_options_doc.py"

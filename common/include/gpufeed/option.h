@@ -44,6 +44,20 @@ enum class Type : uint8_t {
   kFloats,  ///< CLI: "a,b[,...]"; Python: a number or a sequence of numbers (lengths in `sizes`)
 };
 
+/// The type's name as the fronts' spec listings give it (`gpufeed option-specs`,
+/// gpufeed._C.option_specs()): bool, int, float, str, choice, floats.
+inline const char* type_name(Type t) {
+  switch (t) {
+    case Type::kBool: return "bool";
+    case Type::kInt: return "int";
+    case Type::kFloat: return "float";
+    case Type::kString: return "str";
+    case Type::kChoice: return "choice";
+    case Type::kFloats: return "floats";
+  }
+  return "?";
+}
+
 /// An option's value as a front hands it over (after parsing its text or converting its object).
 using Value = std::variant<bool, int64_t, double, std::string, std::vector<double>>;
 
@@ -55,9 +69,11 @@ struct Spec {
   std::string unit;  ///< "pixels", "samples", "threads", ... ("" when the value has none)
   std::optional<double> min, max;  ///< inclusive bounds of every number (kInt, kFloat, kFloats)
   std::vector<std::string> words;  ///< kChoice: the accepted words; kFloat: words accepted besides numbers
-  std::vector<size_t> sizes;       ///< kFloats: the accepted list lengths
-  /// Set when the default depends on other options ("image_size x 256 / 224"): the CLI shows no
-  /// value and Python's default is None; the field's own initialiser is not the default then.
+  std::vector<size_t> sizes;       ///< kFloats: the accepted list lengths (empty: any length)
+  /// Set when the default is no value of the field's own: one that depends on other options
+  /// ("round(image_size x 256 / 224)") or an unset option ("unset (no progressive resizing)").
+  /// The CLI shows this text and Python's default is None; the field's initialiser is not the
+  /// default then.
   std::string derived_default;
   std::vector<std::string> cli_aliases;  ///< other CLI spellings ("--workers"), hidden from --help
 };
@@ -134,7 +150,7 @@ inline std::string accepted(const Spec& s) {
       return s.words.empty() ? a : a + " or " + words();
     }
     case Type::kFloats: {
-      std::string n;
+      std::string n = s.sizes.empty() ? "a list of" : "";
       for (size_t i = 0; i < s.sizes.size(); ++i) n += (i ? " or " : "") + std::to_string(s.sizes[i]);
       return n + " numbers" + (bounds.empty() ? "" : " " + bounds);
     }
@@ -164,6 +180,7 @@ inline Value check(const Spec& s, Value v) {
   const auto in_bounds = [&](double x) {
     return std::isfinite(x) && (!s.min || x >= *s.min) && (!s.max || x <= *s.max);
   };
+  const auto is_word = [&](const std::string& w) { return std::find(s.words.begin(), s.words.end(), w) != s.words.end(); };
   switch (s.type) {
     case Type::kBool:
       if (!std::holds_alternative<bool>(v)) return refuse(format_value(v));
@@ -174,10 +191,7 @@ inline Value check(const Spec& s, Value v) {
     case Type::kChoice: {
       const auto* w = std::get_if<std::string>(&v);
       if (w == nullptr) return refuse(format_value(v));
-      for (const auto& word : s.words) {
-        if (*w == word) return v;
-      }
-      return refuse("'" + *w + "'");
+      return is_word(*w) ? v : refuse("'" + *w + "'");
     }
     case Type::kInt: {
       const auto* i = std::get_if<int64_t>(&v);
@@ -185,12 +199,7 @@ inline Value check(const Spec& s, Value v) {
       return v;
     }
     case Type::kFloat: {
-      if (const auto* w = std::get_if<std::string>(&v)) {
-        for (const auto& word : s.words) {
-          if (*w == word) return v;
-        }
-        return refuse("'" + *w + "'");
-      }
+      if (const auto* w = std::get_if<std::string>(&v)) return is_word(*w) ? v : refuse("'" + *w + "'");
       if (const auto* i = std::get_if<int64_t>(&v)) v = static_cast<double>(*i);
       const auto* d = std::get_if<double>(&v);
       if (d == nullptr || !in_bounds(*d)) return refuse(format_value(v));
@@ -201,7 +210,7 @@ inline Value check(const Spec& s, Value v) {
       if (const auto* i = std::get_if<int64_t>(&v)) v = std::vector<double>{static_cast<double>(*i)};
       const auto* l = std::get_if<std::vector<double>>(&v);
       if (l == nullptr) return refuse(format_value(v));
-      bool size_ok = false;
+      bool size_ok = s.sizes.empty();
       for (const size_t n : s.sizes) size_ok = size_ok || l->size() == n;
       bool values_ok = true;
       for (const double x : *l) values_ok = values_ok && in_bounds(x);
@@ -293,6 +302,14 @@ inline std::string spell_options(std::string_view text, Front front) {
   }
   out.append(text.substr(i));
   return out;
+}
+
+/// The schema `Make` returns, made on first use and kept (a function-local static: made once,
+/// thread-safe). The schemas' accessors: `return options::made_once<make_loader_schema>();`.
+template <auto Make>
+const auto& made_once() {
+  static const auto schema = Make();
+  return schema;
 }
 
 /// One option of T: its spec and how it reads and writes T's field.

@@ -136,8 +136,7 @@ Schema<PackOptions> make_pack_schema() {
 }  // namespace
 
 const options::Schema<PackOptions>& pack_options_schema() {
-  static const auto s = make_pack_schema();
-  return s;
+  return options::made_once<make_pack_schema>();
 }
 
 }  // namespace gpufeed::loader

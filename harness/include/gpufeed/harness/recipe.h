@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpufeed/harness/checkpoint.h"
+#include "gpufeed/harness/schedule_options.h"
 
 namespace gpufeed::harness {
 
@@ -150,27 +151,7 @@ class ModelEma {
   int64_t n_averaged_ = 0;
 };
 
-/// FFCV's progressive resizing: the ImageNet example's train crop size per epoch
-/// (ffcv-imagenet train_imagenet.py, config section "resolution": min_res, max_res, start_ramp,
-/// end_ramp; its rn50 configs, e.g. rn50_88_epochs.yaml, ramp 160 -> 192 over epochs 65 -> 76).
-struct ResolutionSchedule {
-  int min_res = 160;         ///< side before and at start_ramp, pixels (>= 1)
-  int max_res = 192;         ///< side from end_ramp on, pixels (>= min_res, as FFCV asserts)
-  int64_t start_ramp = 0;    ///< last epoch at min_res, 0-based (FFCV's default 0), >= 0
-  int64_t end_ramp = 0;      ///< first epoch at max_res, 0-based, >= start_ramp
-  /// Throws std::invalid_argument naming the field, its value and the accepted range.
-  void validate() const;
-};
-
-/// FFCV's get_resolution(epoch) for a 0-based epoch: min_res for epoch <= start_ramp, max_res
-/// for epoch >= end_ramp, between them np.interp(epoch, [start_ramp, end_ramp], [min_res,
-/// max_res]) (slope (max - min) / (end - start) times (epoch - start) plus min, in double) rounded
-/// to the NEAREST multiple of 32 with numpy's round (half to even: 176 -> 192, 208 -> 192):
-/// int(np.round(res / 32)) * 32. So inside the ramp the side can fall outside [min_res,
-/// max_res] when they are not multiples of 32 (160 -> 180: 176 -> 192), and to 0 for sides
-/// below 16. Pure; does not validate (validate() does). tests/test_recipe.cpp compares it with
-/// tests/goldens/gen_recipe.py's numpy rendering of the formula.
-int get_resolution(const ResolutionSchedule& schedule, int64_t epoch);
+// FFCV's progressive resizing (ResolutionSchedule, get_resolution) lives in schedule_options.h.
 
 /// The decay the references' train.py gives ExponentialMovingAverage for --model-ema-decay D
 /// with an update every `ema_steps` steps: adjust = world_size * batch_size * ema_steps / epochs,

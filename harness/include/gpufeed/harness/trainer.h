@@ -25,6 +25,7 @@
 #include "gpufeed/harness/profiler.h"
 #include "gpufeed/harness/recipe.h"
 #include "gpufeed/harness/resnet.h"
+#include "gpufeed/harness/schedule_options.h"
 #include "gpufeed/loader/loader.h"
 
 namespace gpufeed::harness {
@@ -93,13 +94,6 @@ struct TrainOptions {
   /// sets the transform's kind and max_image_size, and builds the validation transform itself.
   loader::LoaderOptions loader = default_train_loader_options();
   loader::IndexCacheOptions index_cache;  ///< the datasets' index cache ("" the user's cache folder)
-  /// Progressive resizing as FFCV's ResNet recipe does it (--min-res, --max-res, --start-ramp,
-  /// --end-ramp; recipe.h, get_resolution): epoch e (0-based) trains at get_resolution(*resolution,
-  /// e) instead of loader.transform.rrc.size; every side must be >= 8. The loader's slots are sized once for
-  /// the largest side of the run's epochs; the size changes at epoch starts only, a resumed epoch
-  /// gets its own epoch's side, and validation keeps its own size (val_crop_size /
-  /// val_resize_size, or the crop side). Unset: loader.transform.rrc.size every epoch.
-  std::optional<ResolutionSchedule> resolution;
   /// Validation Resize (shorter side) and CenterCrop, pixels (the references' --val-resize-size,
   /// --val-crop-size). 0: val_crop_size = loader.transform.rrc.size, val_resize_size = round(crop x
   /// 256 / 224).
@@ -194,18 +188,15 @@ struct TrainOptions {
   /// Stop an epoch after this many optimizer steps (0 = the whole epoch).
   int64_t max_steps_per_epoch = 0;
 
-  // --- learning-rate schedule (stepped per optimizer step; see lr_schedule.h) ---
-  LrScheduleKind lr_schedule = LrScheduleKind::kCosine;
-  double warmup_epochs = 0;         ///< linear warmup length (fractions allowed)
-  double warmup_start_factor = 0.1; ///< LinearLR's start_factor
-  double lr_step_epochs = 30;       ///< kStep: decay every this many epochs (after warmup)
-  std::vector<double> lr_milestones;  ///< kMultiStep: epochs (after warmup) at which to decay
-  double lr_gamma = 0.1;            ///< kStep, kMultiStep: decay factor
-  double min_lr = 0.0;              ///< kCosine: floor (absolute, not scaled)
-  double onecycle_pct_start = 0.3;  ///< kOneCycle: fraction of the cycle spent warming
-  double onecycle_div_factor = 25.0;         ///< kOneCycle: initial lr = scaled lr / this
-  double onecycle_final_div_factor = 1e4;    ///< kOneCycle: final lr = initial lr / this
-  double lr_peak_epoch = 2;         ///< kTriangular: epoch of the peak (FFCV's lr.lr_peak_epoch)
+  // --- schedule ---
+  /// The learning-rate schedule in epochs (stepped per optimizer step; lr_schedule.h) and
+  /// progressive resizing (schedule_options.h; `gpufeed train`'s --lr-schedule, --warmup-epochs,
+  /// --min-res, ... flags come from its schema). With schedule.resolution set, epoch e (0-based)
+  /// trains at get_resolution(*schedule.resolution, e) instead of loader.transform.rrc.size; every
+  /// side must be >= 8. The loader's slots are sized once for the largest side of the run's
+  /// epochs; the size changes at epoch starts only, a resumed epoch gets its own epoch's side,
+  /// and validation keeps its own size (val_crop_size / val_resize_size, or the crop side).
+  ScheduleOptions schedule;
 
   // --- precision ---
   Precision precision = Precision::kFloat32;

@@ -73,6 +73,10 @@ struct LoaderOptions {
   /// slots are allocated once, up front, for batch_size x max_image_size^2 x 3 bytes of images.
   /// 0: transform.output_size() (the size never grows). Otherwise must be >= transform.output_size().
   int max_image_size = 0;
+  /// Decode the expected next epoch's first batches while the current one ends, so that epoch
+  /// starts without a wait (Loader::start_epoch). Off for a loader used for one epoch only (the
+  /// trainer's validation loader), where that work would be thrown away.
+  bool prefetch_next_epoch = true;
 };
 
 /// LoaderOptions' user-facing fields, transform and augmentations included (gpufeed/option.h):
@@ -81,14 +85,20 @@ struct LoaderOptions {
 /// gpufeed.DataLoader's keywords are generated from it.
 const options::Schema<LoaderOptions>& loader_options_schema();
 
-/// The skip policy's account of one epoch, over the batches next() has returned so far (the
-/// whole epoch once next() has returned std::nullopt).
+/// One epoch's account, over the batches next() has returned so far (the whole epoch once next()
+/// has returned std::nullopt): the skip policy's, and the consumer's wait.
 struct EpochSummary {
   int64_t epoch = 0;      ///< the epoch start_epoch() began
   int64_t batches = 0;    ///< batches next() returned in it (batches before a resume point excluded)
   int64_t samples = 0;    ///< samples in those batches
   int64_t skipped = 0;    ///< samples replaced under kSkip (= skips.size())
   bool complete = false;  ///< next() returned std::nullopt: the epoch ran to its end
+  /// Time next() blocked waiting for these batches to be decoded, seconds: the consumer's data
+  /// wait as the loader sees it. `first_wait_s` is its part for the epoch's first batch, which
+  /// the loader decodes ahead, while the previous epoch's last batches are consumed, when that
+  /// epoch is started as it expected (see Loader::start_epoch).
+  double wait_s = 0;
+  double first_wait_s = 0;
   std::map<std::string, int64_t> skipped_by_kind;  ///< count per SkippedSample::kind
   std::vector<SkippedSample> skips;                ///< every replaced sample, in sampler order
 
@@ -215,6 +225,18 @@ class Loader {
   /// `start_batch` (for mid-epoch resume: the batches before it are not produced). Cancels and
   /// waits for whatever the previous epoch still had in flight. The epoch's batches have side
   /// image_size(), the size set_image_size last set (else transform.output_size()).
+  ///
+  /// No stall at epoch starts: once every batch of the current epoch is scheduled, the loader
+  /// plans the epoch it expects next (the epoch after it; the same epoch again when the last two
+  /// start_epoch calls gave the same one, as for a validation loader) at the size
+  /// set_image_size last set, and decodes its first batches into the slots the current epoch
+  /// leaves free. start_epoch(that epoch, 0) at that size takes them over, so its first next()
+  /// finds them decoded; any other start_epoch cancels them. Samples are the same either way;
+  /// a loader never asked for that epoch wastes at most prefetch_depth batches of work. The
+  /// sampler's order of the expected epoch is read on the consumer's thread (in next()), by
+  /// selecting that epoch and then the current one again with set_epoch. For progressive
+  /// resizing, set the next epoch's size during the current one (it applies to epochs started
+  /// later only).
   void start_epoch(int64_t epoch, int64_t start_batch = 0);
 
   /// Progressive resizing (FFCV's ResNet recipe: RandomResizedCrop's output size changes between
