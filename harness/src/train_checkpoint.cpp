@@ -134,12 +134,18 @@ void check_same_run(const TrainRunIdentity& saved, const TrainRunIdentity& now, 
   if (saved.arch != now.arch) differs("arch", saved.arch, now.arch);
   const std::pair<const char*, std::pair<int64_t, int64_t>> numbers[] = {
       {"num_classes", {saved.num_classes, now.num_classes}},
-      {"world size", {saved.world_size, now.world_size}},
       {"batch size", {saved.batch_size, now.batch_size}},
       {"accum steps", {saved.accum_steps, now.accum_steps}},
       {"seed", {saved.seed, now.seed}},
       {"ra_reps (0: no `ra_sampler`)", {saved.ra_reps, now.ra_reps}},
   };
+  if (saved.world_size != now.world_size) {
+    throw std::runtime_error(file + ": cannot resume: world size was " + std::to_string(saved.world_size) +
+                             ", this run has " + std::to_string(now.world_size) +
+                             ": the trainer resumes a checkpoint only on the world size that saved it "
+                             "(gpufeed.DataLoader.load_state_dict resumes a loader on another one, "
+                             "docs/SCALING.md)");
+  }
   for (const auto& [what, v] : numbers) {
     if (v.first != v.second) differs(what, std::to_string(v.first), std::to_string(v.second));
   }

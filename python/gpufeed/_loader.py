@@ -27,7 +27,7 @@ _FRONT_KEYWORDS = ("device", "dtype", "memory_format", "shuffle", "rank", "world
 _PYTHON_DEFAULTS: Dict[str, Any] = {"batch_size": 1}
 IMAGENET_MEAN = tuple(_SPECS["mean"]["default"])
 IMAGENET_STD = tuple(_SPECS["std"]["default"])
-_STATE_VERSION = 2
+_STATE_VERSION = 3
 # torchvision.datasets.folder.IMG_EXTENSIONS: the files torchvision's ImageFolder lists.
 TORCHVISION_IMG_EXTENSIONS = tuple(_C.TORCHVISION_IMG_EXTENSIONS)
 
@@ -202,6 +202,7 @@ class DataLoader:
         rank, world_size: shard as DistributedSampler(num_replicas=world_size, rank=rank,
             shuffle=shuffle, seed=seed) does (padding by repeating the start). Default: the
             initialised torch.distributed process group, else torchrun's RANK/WORLD_SIZE, else 0/1.
+            A state_dict() taken on another world_size resumes on this one (load_state_dict).
         extensions: the file names a folder's listing keeps (case-insensitive, with the dot). Default:
             torchvision's ``IMG_EXTENSIONS`` (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp), so
             ``samples``, ``dataset`` and a DistributedSampler built over the script's own
@@ -344,6 +345,7 @@ class DataLoader:
         self.mean = tuple(float(m) for m in resolved["mean"])
         self.std = tuple(float(v) for v in resolved["std"])
         self.shuffle = bool(shuffle)
+        self._sampler_drop_last = bool(sampler_drop_last)
         self.dtype = dtype
         self.memory_format = memory_format
         self.rank = rank
@@ -427,7 +429,8 @@ class DataLoader:
         state, self._next_iter_state = self._next_iter_state, None
         if state is None:
             return _Cursor(None, 0, False)
-        return _Cursor(int(state["epoch"]), int(state["batches_yielded"]), bool(state["finished"]))
+        return _Cursor(int(state["epoch"]), int(state["batches_yielded"]), bool(state["finished"]),
+                       state["_resume"])
 
     def __iter__(self) -> "_Iterator":
         if self._closed:
@@ -446,6 +449,7 @@ class DataLoader:
     def _start(self, it: "_Cursor") -> None:
         if it.epoch is None:
             it.epoch = self._fresh_epoch()
+        self._c.set_resume(None if it.resume is None else (it.epoch, *it.resume))
         if self.labels_only:
             self._epoch_indices = self._c.sampler_indices(it.epoch)
         else:
@@ -480,7 +484,8 @@ class DataLoader:
         """labels_only: batch ``it.batches_yielded`` of the running epoch as (None, [N] int64
         labels on ``device``, last_batch info), or None after the last one."""
         k = it.batches_yielded
-        if k >= len(self):
+        n = len(self._epoch_indices)  # a resumed epoch's share may be shorter than len(self)'s
+        if k >= (n // self.batch_size if self.drop_last else -(-n // self.batch_size)):
             return None
         indices = self._epoch_indices[k * self.batch_size:(k + 1) * self.batch_size]
         if not hasattr(self, "_targets"):
@@ -500,12 +505,18 @@ class DataLoader:
         ``iter(loader)`` returned, or, before any, the one the next ``iter()`` will return (so a
         state_dict() right after load_state_dict() equals the loaded state). Keys: version, epoch,
         batches_yielded, finished (the iterator raised StopIteration), next_epoch (the epoch a
-        fresh iteration runs after it), and the options resuming must match."""
+        fresh iteration runs after it), sampler_drop_last, epoch_world_size and epoch_start (the
+        epoch's DistributedSampler list is the one for epoch_world_size ranks, and its first
+        epoch_start positions were consumed before this run's ranks were dealt the rest: world_size
+        and 0 unless the epoch was resumed from another number of ranks), and the options it was
+        taken with (dataset_size, batch_size, shuffle, drop_last, seed, which resuming must match;
+        rank and world_size, which it need not: see load_state_dict)."""
         if self._iterator is None:
             self._iterator = self._make_cursor()
             self._initial_iter_for_state_dict = True
         it = self._iterator
         epoch = self._fresh_epoch() if it.epoch is None else it.epoch
+        epoch_world_size, epoch_start = (self.world_size, 0) if it.resume is None else it.resume
         return {
             "version": _STATE_VERSION,
             "epoch": epoch,
@@ -513,22 +524,43 @@ class DataLoader:
             "finished": it.finished,
             "next_epoch": self._next_epoch if it.started or it.epoch is not None else epoch + 1,
             "num_batches": len(self),
+            "epoch_world_size": epoch_world_size,
+            "epoch_start": epoch_start,
             **self._identity(),
         }
 
     def _identity(self) -> Dict[str, Any]:
         """The options a state_dict can only be resumed with."""
         return {"dataset_size": len(self.samples), "batch_size": self.batch_size, "shuffle": self.shuffle,
-                "drop_last": self.drop_last, "seed": self.seed, "rank": self.rank, "world_size": self.world_size}
+                "drop_last": self.drop_last, "sampler_drop_last": self._sampler_drop_last, "seed": self.seed,
+                "rank": self.rank, "world_size": self.world_size}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores a state_dict(): the next ``iter(loader)`` resumes from it (an iterator made
         before this call goes on with its own epoch until then). ``{}`` is a no-op, as in
-        StatefulDataLoader. A state of another rank of the same world_size resumes this rank at
-        the same position (the ranks of a job step together; Lightning loads rank 0's state on
-        every rank). Raises ValueError when the state was taken with options that give other
-        batches (dataset size, batch_size, shuffle, drop_last, seed, world_size) or is not a
-        complete gpufeed state, TypeError for a value of the wrong type."""
+        StatefulDataLoader.
+
+        Same world_size: a state of another rank resumes this rank at the same position (the ranks
+        of a job step together; Lightning loads rank 0's state on every rank), exactly as an
+        uninterrupted run goes on.
+
+        Another world_size (resuming on another number of ranks, docs/SCALING.md): the ranks of
+        the old run consumed in lockstep, so one rank's state tells which positions of the epoch's
+        DistributedSampler list were consumed (batches_yielded x batch_size per rank); the rest is
+        dealt to this run's ranks as DistributedSampler deals (rank r takes remaining[r::world_size])
+        without padding, so across the new ranks every sample the old run had not consumed is
+        delivered exactly once, and the ranks' batch counts may differ by one (DDP: use
+        ``torch.distributed.algorithms.Join``, as for validation tails). A short last batch is
+        still dropped with ``drop_last``, the only exception. The next epoch is
+        DistributedSampler(num_replicas=world_size, rank=rank) order. state_dict() then describes
+        the position in this run (epoch_world_size, epoch_start, batches_yielded of this rank's
+        share), so it can be resumed again on any number of ranks.
+
+        Raises ValueError when the state was taken with options that give other batches (dataset
+        size, batch_size, shuffle, drop_last, the sampler's drop_last, seed), is not a complete
+        gpufeed state, is a version-2 state (no sampler drop_last) of another world_size, or is
+        the state of a rank whose share of a resumed epoch ran out while rank 0 may still have had
+        a batch (take rank 0's state); TypeError for a value of the wrong type."""
         if not isinstance(state, dict):
             raise TypeError(f"gpufeed.DataLoader.load_state_dict: a state_dict() dict, not {type(state).__name__}")
         if state == {}:
@@ -536,22 +568,46 @@ class DataLoader:
             return
         state = _upgrade_state(state)
         mine = self._identity()
-        for key in ("dataset_size", "batch_size", "shuffle", "drop_last", "seed", "world_size"):
+        for key in ("dataset_size", "batch_size", "shuffle", "drop_last", "seed"):
             if state[key] != mine[key]:
                 raise ValueError(f"gpufeed.DataLoader.load_state_dict: the state has {key}={state[key]!r}, "
                                  f"this loader {mine[key]!r}: resuming would yield other batches")
-        # Another rank's state is this rank's too: every rank yields the same number of batches, so
-        # the ranks of a job stand at the same position (Lightning saves rank 0's state and loads it
-        # on every rank); each resumes its own shard there.
+        if state["sampler_drop_last"] not in (None, mine["sampler_drop_last"]):
+            raise ValueError(f"gpufeed.DataLoader.load_state_dict: the state has the sampler's drop_last="
+                             f"{state['sampler_drop_last']!r}, this loader {mine['sampler_drop_last']!r}: "
+                             f"resuming would yield other batches")
         _integer("state['epoch']", state["epoch"], -2**63, _INT64_MAX)
         _integer("state['next_epoch']", state["next_epoch"], -2**63, _INT64_MAX)
-        _integer("state['batches_yielded']", state["batches_yielded"], 0, len(self))
         if not isinstance(state["finished"], bool):
             raise TypeError(f"gpufeed.DataLoader.load_state_dict: state['finished'] must be a bool, "
                             f"not {state['finished']!r}")
+        world_size = _integer("state['world_size']", state["world_size"], 1)
+        epoch_world_size = _integer("state['epoch_world_size']", state["epoch_world_size"], 1)
+        epoch_start = _integer("state['epoch_start']", state["epoch_start"], 0)
+        if epoch_start == 0 and epoch_world_size != world_size:
+            raise ValueError(f"gpufeed.DataLoader.load_state_dict: the state's epoch_world_size={epoch_world_size} "
+                             f"with epoch_start=0 contradicts its world_size={world_size} (a resumed epoch "
+                             f"has positions consumed)")
+        resume = None if epoch_start == 0 else (epoch_world_size, epoch_start)
+        batches = state["batches_yielded"]
+        if world_size == self.world_size:
+            # Another rank's state is this rank's too: the ranks of a job stand at the same position.
+            _integer("state['batches_yielded']", batches, 0, len(self))
+        elif state["finished"]:  # the epoch ran to its end: the next one starts on this world size
+            _integer("state['batches_yielded']", batches, 0)
+        elif state["sampler_drop_last"] is None:
+            raise ValueError(f"gpufeed.DataLoader.load_state_dict: a version-2 state does not record the "
+                             f"sampler's drop_last, which resuming on world_size={self.world_size} instead of "
+                             f"{world_size} needs; resume it with world_size={world_size}")
+        else:
+            batches = _integer("state['batches_yielded']", batches, 0)
+            consumed = self._c.consumed_after_batches(epoch_world_size, epoch_start, world_size,
+                                                      _integer("state['rank']", state["rank"], 0, world_size - 1),
+                                                      batches)
+            resume, batches = (None if consumed == 0 else (epoch_world_size, consumed)), 0
         self._iterator, self._initial_iter_for_state_dict = None, False
         self._next_epoch = int(state["next_epoch"])
-        self._next_iter_state = state
+        self._next_iter_state = dict(state, batches_yielded=batches, _resume=None if state["finished"] else resume)
 
     # ---- the dataset, as torchvision.datasets.ImageFolder names it --------------------------------
 
@@ -680,14 +736,18 @@ class _Cursor:
     """Where one iterator stands; the loader keeps its current one (without a reference back,
     so a loader nobody refers to is freed at once)."""
 
-    __slots__ = ("epoch", "batches_yielded", "finished", "started", "image_size")
+    __slots__ = ("epoch", "batches_yielded", "finished", "started", "image_size", "resume")
 
-    def __init__(self, epoch: Optional[int], batches_yielded: int, finished: bool):
+    def __init__(self, epoch: Optional[int], batches_yielded: int, finished: bool,
+                 resume: Optional[Tuple[int, int]] = None):
         self.epoch = epoch  # None: a fresh epoch, chosen when the iterator starts
         self.batches_yielded = batches_yielded
         self.finished = finished
         self.started = False
         self.image_size = 0  # the train crop side of its epoch, once started
+        # (world size of the epoch's list, its positions consumed before this run's ranks were dealt
+        # the rest): the epoch resumes one begun on another number of ranks; None: DistributedSampler's
+        self.resume = resume
 
 
 class _Iterator:
@@ -860,7 +920,7 @@ def _from_distributed_sampler(sampler: Any, shuffle: bool, seed: int, rank: Opti
 
 
 _STATE_KEYS = ("epoch", "batches_yielded", "finished", "next_epoch", "dataset_size", "batch_size", "shuffle",
-               "drop_last", "seed", "rank", "world_size")
+               "drop_last", "sampler_drop_last", "seed", "rank", "world_size", "epoch_world_size", "epoch_start")
 
 
 def _upgrade_state(state: Dict[str, Any]) -> Dict[str, Any]:
@@ -868,8 +928,12 @@ def _upgrade_state(state: Dict[str, Any]) -> Dict[str, Any]:
     is missing or unknown."""
     version = state.get("version")
     if version == 1 and "in_epoch" in state:  # in_epoch instead of finished
-        state = dict(state, version=_STATE_VERSION, finished=not state["in_epoch"])
+        state = dict(state, version=2, finished=not state["in_epoch"])
         del state["in_epoch"]
+        version = 2
+    if version == 2:  # the epoch's own DistributedSampler list; the sampler's drop_last unrecorded
+        state = dict(state, version=_STATE_VERSION, sampler_drop_last=None,
+                     epoch_world_size=state.get("world_size"), epoch_start=0)
     elif version != _STATE_VERSION:
         raise ValueError(f"gpufeed.DataLoader.load_state_dict: not a gpufeed.DataLoader state_dict "
                          f"(version {version!r}; this gpufeed writes {_STATE_VERSION})")

@@ -45,6 +45,7 @@
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/option.h"
 #include "gpufeed/prefetch/prefetcher.h"
+#include "gpufeed/sampler/resume.h"
 #include "gpufeed/sampler/sampler.h"
 #include "bindings.h"
 
@@ -234,7 +235,7 @@ class PyLoader {
     so.shuffle = shuffle;
     so.seed = o.seed;
     so.drop_last = sampler_drop_last;
-    sampler_ = std::make_shared<sampler::DistributedSampler>(dataset_->size(), so);
+    sampler_ = std::make_shared<sampler::ResumedDistributedSampler>(dataset_->size(), so);
     prefetch::PrefetchOptions po;
     po.device = device_;
     po.dtype = dtype_;
@@ -327,19 +328,52 @@ class PyLoader {
     return nb::make_tuple(to_capsule(images), to_capsule(labels), info);
   }
 
-  int64_t num_batches() { return loader().num_batches(); }
+  /// Batches of a whole epoch of this rank (DistributedSampler's, whatever epoch is resumed).
+  int64_t num_batches() {
+    loader();
+    auto plain = std::make_shared<sampler::DistributedSampler>(dataset_->size(), sampler_->options());
+    return sampler::BatchSampler(plain, options_.batch_size, options_.drop_last).size();
+  }
   void set_image_size(int size) { loader().set_image_size(size); }
   int image_size() { return loader().image_size(); }
   std::pair<int64_t, int64_t> state() {
     const sampler::SamplerState s = loader().state();
     return {s.epoch, s.batches_consumed};
   }
+  /// This rank's indices of `epoch`: its part of the resumed epoch's remaining positions (set_resume),
+  /// else DistributedSampler's.
   std::vector<int64_t> sampler_indices(int64_t epoch) {
-    sampler::DistributedSampler s(dataset_->size(), sampler_->options());
+    sampler::ResumedDistributedSampler s = *sampler_;
     s.set_epoch(epoch);
     return s.indices();
   }
-  int64_t sampler_size() const { return sampler_->size(); }
+  /// DistributedSampler's samples per epoch for this rank (len(sampler)).
+  int64_t sampler_size() const { return sampler::DistributedSampler(dataset_->size(), sampler_->options()).size(); }
+  /// The epoch the next start_epoch resumes, (epoch, num_replicas of its list, positions consumed),
+  /// or None: every epoch is DistributedSampler's (gpufeed/sampler/resume.h).
+  void set_resume(std::optional<std::tuple<int64_t, int64_t, int64_t>> resume) {
+    if (!resume) return sampler_->set_resume(std::nullopt);
+    const auto [epoch, num_replicas, consumed] = *resume;
+    sampler_->set_resume(sampler::EpochResume{epoch, num_replicas, consumed});
+  }
+  /// Positions of an epoch list made for `list_world_size` ranks consumed across all ranks once
+  /// rank `rank` of `world_size`, dealt the positions from `start` on, has received
+  /// `batches_consumed` of this loader's batches (sampler::consumed_after_batches; ValueError where
+  /// it throws).
+  int64_t consumed_after_batches(int64_t list_world_size, int64_t start, int64_t world_size, int64_t rank,
+                                 int64_t batches_consumed) const {
+    if (list_world_size < 1) throw nb::value_error("the epoch list's world size must be >= 1");
+    sampler::DistributedSamplerOptions o = sampler_->options();
+    o.num_replicas = list_world_size;
+    o.rank = 0;
+    const int64_t total = sampler::DistributedSampler(dataset_->size(), o).total_size();
+    try {
+      return sampler::consumed_after_batches(total, start, world_size, rank, batches_consumed, options_.batch_size,
+                                             options_.drop_last);
+    } catch (const std::invalid_argument& e) {
+      throw nb::value_error(e.what());
+    }
+  }
   const std::vector<std::string>& classes() const { return dataset_->classes(); }
   nb::list samples() const {
     nb::list out;
@@ -394,7 +428,7 @@ class PyLoader {
   c10::ScalarType dtype_ = at::kByte;
   bool raw_ = true;
   std::shared_ptr<loader::Dataset> dataset_;
-  std::shared_ptr<sampler::DistributedSampler> sampler_;
+  std::shared_ptr<sampler::ResumedDistributedSampler> sampler_;
   std::shared_ptr<loader::Loader> loader_;
   std::unique_ptr<prefetch::Prefetcher> prefetcher_;
 };
@@ -464,6 +498,9 @@ NB_MODULE(_C, m) {
       .def("state", &PyLoader::state)
       .def("sampler_indices", &PyLoader::sampler_indices, "epoch"_a)
       .def("sampler_size", &PyLoader::sampler_size)
+      .def("set_resume", &PyLoader::set_resume, "resume"_a.none())
+      .def("consumed_after_batches", &PyLoader::consumed_after_batches, "list_world_size"_a, "start"_a,
+           "world_size"_a, "rank"_a, "batches_consumed"_a)
       .def("classes", &PyLoader::classes)
       .def("samples", &PyLoader::samples)
       .def("stats", &PyLoader::stats)

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "gpufeed/sampler/randperm.h"
+#include "gpufeed/sampler/resume.h"
 
 namespace gpufeed::sampler {
 namespace {
@@ -59,28 +60,8 @@ DistributedSampler::DistributedSampler(int64_t n, DistributedSamplerOptions opti
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {
-  std::vector<int64_t> all = options_.shuffle
-                                 ? randperm(n_, options_.seed + static_cast<uint64_t>(epoch_))
-                                 : iota(n_);
-  const int64_t total = total_size();
-  if (!options_.drop_last) {
-    // Pad by repeating from the start; wraps more than once when n < total - n.
-    if (n_ == 0) return {};
-    const auto original = static_cast<int64_t>(all.size());
-    all.reserve(static_cast<size_t>(total));
-    for (int64_t k = 0; static_cast<int64_t>(all.size()) < total; ++k) {
-      all.push_back(all[static_cast<size_t>(k % original)]);
-    }
-  } else {
-    all.resize(static_cast<size_t>(std::min<int64_t>(total, static_cast<int64_t>(all.size()))));
-  }
-  std::vector<int64_t> mine;
-  mine.reserve(static_cast<size_t>(num_samples_));
-  for (int64_t k = options_.rank; k < total && k < static_cast<int64_t>(all.size());
-       k += options_.num_replicas) {
-    mine.push_back(all[static_cast<size_t>(k)]);
-  }
-  return mine;
+  return remaining_for_rank(distributed_epoch_list(n_, options_, epoch_), 0, options_.num_replicas,
+                            options_.rank);
 }
 
 BatchSampler::BatchSampler(std::shared_ptr<Sampler> sampler, int64_t batch_size, bool drop_last)

@@ -82,7 +82,9 @@ void save_train_checkpoint(const TrainCheckpoint& ckpt, const std::filesystem::p
 TrainCheckpoint load_train_checkpoint(const std::filesystem::path& path);
 
 /// Throws std::runtime_error "FILE: cannot resume: WHAT was X, this run has Y" for the first
-/// difference between the saved run and this one.
+/// difference between the saved run and this one. A different world size is refused too (the
+/// trainer resumes only on the world size that saved the checkpoint; gpufeed.DataLoader's state
+/// resumes on another one, docs/SCALING.md "Resuming on another number of ranks").
 void check_same_run(const TrainRunIdentity& saved, const TrainRunIdentity& now, const std::string& file);
 
 /// torch.optim.SGD.state_dict()'s layout for `optimizer` (parameters numbered in group order;

@@ -222,7 +222,10 @@ class Loader {
   Loader& operator=(const Loader&) = delete;
 
   /// Begins epoch `epoch`: sets the sampler's epoch and starts decoding from batch
-  /// `start_batch` (for mid-epoch resume: the batches before it are not produced). Cancels and
+  /// `start_batch` (for mid-epoch resume on the same world size: the batches before it are not
+  /// produced; to resume an epoch that another number of ranks began, give the loader a
+  /// sampler::ResumedDistributedSampler (gpufeed/sampler/resume.h) and start at batch 0: this
+  /// rank's part of the positions the old ranks had not consumed, each delivered once). Cancels and
   /// waits for whatever the previous epoch still had in flight. The epoch's batches have side
   /// image_size(), the size set_image_size last set (else transform.output_size()).
   ///

@@ -108,6 +108,8 @@ class BatchSampler {
 /// Where an iteration stands, for mid-epoch resume: the epoch and how many of its batches the
 /// consumer has already received. Saved in checkpoints; the loader restarts an epoch at
 /// `batches_consumed` and yields exactly the batches an uninterrupted run would have.
+/// On another number of ranks, gpufeed/sampler/resume.h turns one rank's state into the positions
+/// all ranks consumed (consumed_after_batches) and deals the rest (ResumedDistributedSampler).
 struct SamplerState {
   int64_t epoch = 0;
   int64_t batches_consumed = 0;
