@@ -961,6 +961,34 @@ TEST(Loader, RaisePolicyNamesTheBadFile) {
   fs::remove_all(root);
 }
 
+// The next epoch decoded ahead meets the bad file again, but only a started epoch's handed-out
+// batches count a skip: stats().skipped is 1 after epoch 0 however far epoch 1 got, 2 after it.
+TEST(Loader, SkipsOfAnEpochDecodedAheadCountOnlyOnceItIsHandedOut) {
+  const fs::path root = fs::temp_directory_path() / ("gpufeed_ahead_skip_" + std::to_string(::getpid()));
+  fs::create_directories(root / "a");
+  for (int i = 0; i < 5; ++i)
+    fs::copy_file(synthetic_root() / "class_000" / "img_00000.jpg", root / "a" / ("ok" + std::to_string(i) + ".jpg"),
+                  fs::copy_options::overwrite_existing);
+  std::ofstream(root / "a" / "broken.jpg") << "this is not a jpeg";
+  auto ds = std::make_shared<ImageFolder>(root);
+  auto opts = small_options(1);
+  opts.error_policy = ErrorPolicy::kSkip;
+  opts.prefetch_depth = 4;  // 2 batches an epoch: epoch 1 fits in the slots epoch 0 leaves free
+  Loader loader(ds, std::make_shared<SequentialSampler>(ds->size()), opts);
+  run_epoch(loader, 0);
+  EXPECT_EQ(loader.epoch_summary().skipped, 1);
+  // Wait until epoch 1's batches (planned ahead) are decoded: nothing left in flight.
+  for (int i = 0; i < 500 && (loader.slot_counts().in_flight > 0 || loader.slot_counts().ready < 2); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(loader.slot_counts().ready, 2) << "epoch 1 was not decoded ahead";
+  EXPECT_EQ(loader.stats().samples, 12) << "epoch 1 decoded ahead: 6 samples each";
+  EXPECT_EQ(loader.stats().skipped, 1);
+  run_epoch(loader, 1);
+  EXPECT_EQ(loader.epoch_summary().skipped, 1);
+  EXPECT_EQ(loader.stats().skipped, 2);
+  fs::remove_all(root);
+}
+
 TEST(Loader, EvalTransformIsCloseToTorchvisionPixels) {
   const auto g = gpufeed::test::load_golden("transform.json");
   const auto& cases = g.at("pixels");

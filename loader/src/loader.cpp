@@ -561,7 +561,6 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     describe_failure(failure, skip);
     gpufeed::log()->warn("skipping sample {} ({}): {}: {}", skip.index, skip.path, skip.kind,
                          skip.reason);
-    counters.skipped.fetch_add(1, std::memory_order_relaxed);
     const auto len = static_cast<int64_t>(p.order.size());
     const int64_t candidates = std::min(len - 1, kMaxReplacementCandidates);
     for (int64_t step = 1; step <= candidates; ++step) {
@@ -735,6 +734,8 @@ std::optional<Batch> Loader::next() {
     m.pump(lk);
     std::rethrow_exception(f->error);
   }
+  // Counted as handed out: a skip in an epoch decoded ahead and never started is not one.
+  m.counters.skipped.fetch_add(static_cast<int64_t>(f->skipped.size()), std::memory_order_relaxed);
   if (m.skips.add_batch(*f, m.options)) m.end_epoch_at_skip_limit(lk, *f);
   return m.hand_out(*f);
 }

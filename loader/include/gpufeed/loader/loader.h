@@ -127,7 +127,7 @@ class SkipLimitExceeded : public std::runtime_error {
 /// Loader-side counters, summed over the loader's life.
 struct LoaderStats {
   int64_t samples = 0;        ///< samples written into slots
-  int64_t skipped = 0;        ///< samples replaced under the skip policy
+  int64_t skipped = 0;        ///< samples replaced under the skip policy, in batches next() returned
   int64_t bytes_read = 0;     ///< file bytes read
   double read_s = 0;          ///< summed over threads: reading files
   double decode_s = 0;        ///< summed over threads: probe + decode
