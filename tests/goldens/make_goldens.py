@@ -7,8 +7,17 @@ the references are recomputed by the reference implementations on every test run
 """
 import argparse
 import importlib.util
+import os
 import pathlib
 import sys
+
+# MKL picks its kernels by CPU: on Intel CPUs with AVX-512 its batched matmul (the bmm inside
+# torchvision's _affine_grid) fuses the multiply-adds, elsewhere (AVX2, and AMD CPUs, which MKL
+# runs on its AVX2 path) it rounds each product. The affine grid differs in the last bit, and
+# ShearX/ShearY/Rotate by one level in some pixels. gpufeed computes the AVX2 path's grid on every
+# CPU (loader/transforms/src/augment.cpp, AffineGrid), so the goldens come from that path on every
+# CPU too. Set before torch is imported; MKL reads it once.
+os.environ.setdefault("MKL_ENABLE_INSTRUCTIONS", "AVX2")
 
 
 def main() -> int:
