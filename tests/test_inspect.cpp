@@ -197,6 +197,49 @@ TEST(BenchCli, OnErrorSkipCountsTheBadFileAndRaiseStopsNamingIt) {
 
 
 
+// --num-workers takes auto among its counts, and --consumer-ms plays a consumer of known speed:
+// the record gives the consumer's data wait, each epoch's first-batch wait, the CPU seconds per
+// epoch and auto's decisions; the batches are the same (checksum) for every count. The floors
+// have no consumer, so auto is refused there, naming the flag.
+TEST(BenchCli, NumWorkersAutoAndAConsumerOfKnownSpeed) {
+  TempDir tmp;
+  fs::create_directories(tmp.path / "data" / "a");
+  kinds::JpegSpec s;
+  s.width = 96;
+  s.height = 80;
+  for (int i = 0; i < 16; ++i)
+    write_file(tmp.path / "data" / "a" / ("img" + std::to_string(i) + ".jpg"),
+               kinds::make_jpeg(s, kinds::pattern(96, 80, 3, static_cast<uint32_t>(i + 1))));
+  const std::string common = "bench --data '" + (tmp.path / "data").string() +
+                             "' --batch-size 2 --image-size 32 --index-cache off --epochs 2 --json";
+  std::string out, err;
+  ASSERT_EQ(gpufeed(common + " --num-workers 1,auto --consumer-ms 4", tmp.path, out, err), 0) << err;
+  const auto runs = nlohmann::json::parse(out)["scaling"];
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(runs[0]["num_workers"], 1);
+  EXPECT_EQ(runs[1]["num_workers"], "auto");
+  EXPECT_EQ(runs[0]["checksum"], runs[1]["checksum"]);
+  for (const auto& r : runs) {
+    EXPECT_EQ(r["samples"], 32);
+    EXPECT_EQ(r["consumer_ms"], 4.0);
+    EXPECT_GE(r["seconds"].get<double>(), 16 * 0.004) << "16 batches held 4 ms each";
+    EXPECT_EQ(r["first_batch_wait_s"].size(), 2u);
+    EXPECT_GE(r["data_wait_fraction"].get<double>(), 0.0);
+    EXPECT_LT(r["data_wait_fraction"].get<double>(), 1.0);
+    EXPECT_GT(r["cpu_s_per_epoch"].get<double>(), 0.0);
+  }
+  EXPECT_TRUE(runs[0]["thread_decisions"].empty());
+  for (const auto& d : runs[1]["thread_decisions"]) {
+    EXPECT_NE(d["to"], d["from"]);
+    EXPECT_FALSE(d["why"].get<std::string>().empty());
+  }
+  EXPECT_NE(gpufeed(common + " --num-workers auto --mode floor", tmp.path, out, err), 0);
+  EXPECT_NE(err.find("--num-workers auto needs --mode loader"), std::string::npos) << err;
+  EXPECT_NE(gpufeed(common + " --num-workers 2,many", tmp.path, out, err), 0);
+  EXPECT_NE(err.find("--num-workers"), std::string::npos) << err;
+  EXPECT_NE(err.find("or auto, not 'many'"), std::string::npos) << err;
+}
+
 TEST(BenchCli, ResizeKernelVariableGivesTheSameSamplesAndRefusesAnUnknownKernel) {
   // GPUFEED_RESIZE_KERNEL (loader/resize.h) narrows the loader's automatic kernel choice, so an
   // AVX2-only CPU's path can be measured on an AVX-512 machine: every kernel this CPU runs gives

@@ -14,6 +14,7 @@
 
 #include "golden.h"
 #include "recorded_draws.h"
+#include "gpufeed/cpu_budget.h"
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/loader/dataset.h"
 #include "gpufeed/loader/loader.h"
@@ -875,6 +876,154 @@ TEST(Loader, TheNextEpochsFirstBatchesAreDecodedWhileTheLastOnesAreConsumed) {
   fs::remove_all(root, ec);
 }
 
+// num_workers = auto (gpufeed/loader/thread_tuner.h) changes the thread count between batches,
+// each batch running in the arena of the count in force when it was scheduled; the batches are
+// those of one thread whatever it chose. Epoch 0's consumer holds each batch 25 ms (a sample
+// costs well under a millisecond here: one thread is plenty), epoch 1's asks again at once (every
+// thread), epoch 2 is slow again.
+TEST(Loader, AutoNumWorkersGivesOneThreadsBatchesWhateverItChooses) {
+  const fs::path root = fs::temp_directory_path() / ("gpufeed_test_auto_" + std::to_string(::getpid()));
+  SyntheticOptions so;
+  so.num_classes = 2;
+  so.images_per_class = 32;
+  so.min_size = 40;
+  so.max_size = 80;
+  write_synthetic_image_folder(root, so);
+  auto ds = std::make_shared<ImageFolder>(root);
+  DistributedSamplerOptions dso;
+  dso.seed = 3;
+  LoaderOptions o = small_options(1);
+  // The reference first, its loader gone before the tuned one runs: oneTBB applies the smallest
+  // live max_allowed_parallelism, so a live one-thread loader would leave the other one worker.
+  std::vector<Collected> reference;
+  {
+    Loader one(ds, std::make_shared<DistributedSampler>(ds->size(), dso), o);
+    for (const int64_t epoch : {0, 1, 2}) reference.push_back(run_epoch(one, epoch));
+    EXPECT_TRUE(one.thread_decisions().empty()) << "a fixed count decides nothing";
+  }
+  o.num_workers = kAutoNumWorkers;
+  auto tuned_owner = std::make_unique<Loader>(ds, std::make_shared<DistributedSampler>(ds->size(), dso), o);
+  Loader& tuned = *tuned_owner;
+  const int budget = gpufeed::cpu_budget();
+  EXPECT_EQ(tuned.num_threads(), budget) << "auto starts with the whole CPU budget";
+  for (const int64_t epoch : {0, 1, 2}) {
+    SCOPED_TRACE("epoch " + std::to_string(epoch));
+    Collected c;
+    tuned.start_epoch(epoch);
+    while (auto b = tuned.next()) {
+      c.images.emplace_back(b->images, b->images + b->image_bytes());
+      c.labels.emplace_back(b->labels, b->labels + b->size);
+      c.indices.push_back(b->indices);
+      if (epoch != 1) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    const Collected& want = reference[static_cast<size_t>(epoch)];
+    EXPECT_EQ(c.indices, want.indices);
+    EXPECT_EQ(c.labels, want.labels);
+    EXPECT_EQ(c.images, want.images);
+    if (budget >= 2) {
+      EXPECT_EQ(tuned.num_threads(), epoch == 1 ? budget : 1);
+    }
+  }
+  const std::vector<ThreadDecision> d = tuned.thread_decisions();
+  if (budget >= 2) {
+    ASSERT_EQ(d.size(), 3u) << "down in epoch 0, up in epoch 1, down in epoch 2";
+    for (size_t k = 0; k < d.size(); ++k) {
+      EXPECT_EQ(d[k].number, static_cast<int64_t>(k));
+      EXPECT_EQ(d[k].epoch, static_cast<int64_t>(k));
+      EXPECT_FALSE(d[k].why.empty());
+    }
+    EXPECT_EQ(d[0].to, 1);
+    EXPECT_EQ(d[1].to, budget);
+    EXPECT_EQ(d[2].to, 1);
+  } else {
+    std::printf("[ note ] CPU budget 1: auto has nothing to choose; only the batches are checked\n");
+    EXPECT_TRUE(d.empty());
+  }
+  tuned_owner.reset();  // before its files go: it may be decoding the epoch after
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
+// The consumer's wait as the loader counts it includes the blocking wait_ready() slices a
+// binding waits in (the Python iterator), not only the wait inside next().
+TEST(Loader, WaitReadySlicesCountAsTheConsumersDataWait) {
+  const fs::path root = fs::temp_directory_path() / ("gpufeed_test_waitslices_" + std::to_string(::getpid()));
+  SyntheticOptions so;
+  so.num_classes = 1;
+  so.images_per_class = 8;
+  so.min_size = 500;  // a batch takes milliseconds
+  so.max_size = 600;
+  write_synthetic_image_folder(root, so);
+  auto ds = std::make_shared<ImageFolder>(root);
+  LoaderOptions o = small_options(1);
+  o.prefetch_next_epoch = false;
+  Loader loader(ds, std::make_shared<SequentialSampler>(ds->size()), o);
+  loader.start_epoch(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!loader.wait_ready(std::chrono::microseconds(200))) {
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(loader.next());
+  const EpochSummary s = loader.epoch_summary();
+  EXPECT_GT(s.first_wait_s, 0.5 * waited) << "waited " << waited << " s in wait_ready";
+  EXPECT_LE(s.first_wait_s, waited + 0.001);
+  EXPECT_EQ(s.wait_s, s.first_wait_s);
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
+// The choice itself against consumers of known speed, from this machine's own per-batch decode
+// time T (one thread, measured first): a consumer taking 3T a batch is served by one thread, one
+// taking 0.6T needs more than one (all of a 2-CPU budget). Timing-dependent, so not a Loader.*
+// test (the TSan run takes those): margins of 3x and 1.7x against the 25% headroom.
+TEST(AutoNumWorkers, OneThreadForAConsumerThreeTimesSlowerThanADecodeMoreForOneFaster) {
+  const int budget = gpufeed::cpu_budget();
+  if (budget < 2) GTEST_SKIP() << "CPU budget " << budget << ": no choice to make";
+  const fs::path root = fs::temp_directory_path() / ("gpufeed_test_autochoice_" + std::to_string(::getpid()));
+  SyntheticOptions so;
+  so.num_classes = 2;
+  so.images_per_class = 24;
+  so.min_size = 400;
+  so.max_size = 600;
+  write_synthetic_image_folder(root, so);
+  auto ds = std::make_shared<ImageFolder>(root);
+  LoaderOptions o = small_options(1);
+  o.batch_size = 8;
+  o.transform.rrc.size = 128;  // little DCT scaling: a batch takes milliseconds
+  o.prefetch_next_epoch = false;
+  double per_batch_s = 0;
+  {
+    Loader one(ds, std::make_shared<SequentialSampler>(ds->size()), o);
+    run_epoch(one, 0);  // warm: page cache, thread-local buffers
+    const auto t0 = std::chrono::steady_clock::now();
+    run_epoch(one, 1);
+    per_batch_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                  static_cast<double>(one.num_batches());
+  }
+  o.num_workers = kAutoNumWorkers;
+  o.prefetch_next_epoch = true;
+  for (const auto& [factor, want] : {std::pair{3.0, 1}, std::pair{0.6, 2}}) {
+    SCOPED_TRACE("consumer " + std::to_string(factor) + " x " + std::to_string(per_batch_s * 1e3) + " ms");
+    Loader tuned(ds, std::make_shared<SequentialSampler>(ds->size()), o);
+    double wait = 0, took = 0;
+    for (int64_t epoch = 0; epoch < 4; ++epoch) {
+      const auto t0 = std::chrono::steady_clock::now();
+      tuned.start_epoch(epoch);
+      while (auto b = tuned.next()) std::this_thread::sleep_for(std::chrono::duration<double>(factor * per_batch_s));
+      if (epoch == 3) {
+        wait = tuned.epoch_summary().wait_s;
+        took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+    }
+    EXPECT_EQ(tuned.num_threads(), std::min(want, budget));
+    if (factor > 1) {
+      EXPECT_LT(wait, 0.05 * took) << "the last epoch waited " << wait << " s of " << took << " s";
+    }
+  }
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
 TEST(Loader, AnImageSizeAboveTheSlotsIsRefusedNamingBoth) {
   auto ds = std::make_shared<ImageFolder>(synthetic_root());
   auto o = small_options(1);
@@ -905,7 +1054,7 @@ TEST(Loader, AnImageSizeAboveTheSlotsIsRefusedNamingBoth) {
 TEST(Loader, NumWorkersOutsideZeroToTheMaximumIsRefusedBeforeAnyThreadStarts) {
   // 100000 threads made pthread_create fail inside oneTBB and the process abort (field report).
   auto ds = std::make_shared<ImageFolder>(synthetic_root());
-  for (const int n : {-1, kMaxNumWorkers + 1, 100000}) {
+  for (const int n : {-2, kMaxNumWorkers + 1, 100000}) {  // -1 is kAutoNumWorkers
     auto o = small_options(1);
     o.num_workers = n;
     EXPECT_NE(error_of<std::invalid_argument>([&] { Loader l(ds, std::make_shared<SequentialSampler>(ds->size()), o); })
@@ -974,6 +1123,7 @@ TEST(Loader, SkipsOfAnEpochDecodedAheadCountOnlyOnceItIsHandedOut) {
   auto opts = small_options(1);
   opts.error_policy = ErrorPolicy::kSkip;
   opts.prefetch_depth = 4;  // 2 batches an epoch: epoch 1 fits in the slots epoch 0 leaves free
+  {  // the loader goes before its files: it decodes epoch 2 ahead while epoch 1 ends
   Loader loader(ds, std::make_shared<SequentialSampler>(ds->size()), opts);
   run_epoch(loader, 0);
   EXPECT_EQ(loader.epoch_summary().skipped, 1);
@@ -986,6 +1136,7 @@ TEST(Loader, SkipsOfAnEpochDecodedAheadCountOnlyOnceItIsHandedOut) {
   run_epoch(loader, 1);
   EXPECT_EQ(loader.epoch_summary().skipped, 1);
   EXPECT_EQ(loader.stats().skipped, 2);
+  }
   fs::remove_all(root);
 }
 

@@ -82,7 +82,9 @@ TEST(OptionSchema, ApplySetsTheFieldsAndResolvesDerivedDefaults) {
 }
 
 TEST(OptionSchema, RefusalsNameTheOptionAndWhatItAccepts) {
-  EXPECT_EQ(refusal({{"num_workers", int64_t{-1}}}), "`num_workers` must be an integer in [0, 1024], not -1");
+  EXPECT_EQ(refusal({{"num_workers", int64_t{-1}}}), "`num_workers` must be an integer in [0, 1024] or auto, not -1");
+  EXPECT_EQ(refusal({{"num_workers", std::string("many")}}),
+            "`num_workers` must be an integer in [0, 1024] or auto, not 'many'");
   EXPECT_EQ(refusal({{"batch_size", int64_t{0}}}), "`batch_size` must be an integer >= 1, not 0");
   EXPECT_EQ(refusal({{"on_error", std::string("ignore")}}), "`on_error` must be raise or skip, not 'ignore'");
   EXPECT_EQ(refusal({{"scale", std::vector<double>{1, 0.08}}}),
@@ -107,6 +109,13 @@ TEST(OptionSchema, CliTextParsesToTheSameValues) {
   EXPECT_EQ(std::get<double>(options::parse(spec("random_erase"), "1")), 1.0);
   EXPECT_EQ(std::get<std::string>(options::parse(spec("random_erase_value"), "random")), "random");
   EXPECT_EQ(std::get<double>(options::parse(spec("random_erase_value"), "-0.5")), -0.5);
+  EXPECT_EQ(std::get<std::string>(options::parse(spec("num_workers"), "auto")), "auto");
+  EXPECT_EQ(std::get<int64_t>(options::parse(spec("num_workers"), "3")), 3);
+  // "auto" is kAutoNumWorkers in the struct, and reads back as "auto".
+  LoaderOptions tuned;
+  schema().apply(tuned, {{"num_workers", std::string("auto")}});
+  EXPECT_EQ(tuned.num_workers, gpufeed::loader::kAutoNumWorkers);
+  EXPECT_EQ(std::get<std::string>(schema().find("num_workers")->get(tuned)), "auto");
   const auto text_refusal = [&](const char* name, const char* text) {
     try {
       options::parse(spec(name), text);
@@ -116,7 +125,8 @@ TEST(OptionSchema, CliTextParsesToTheSameValues) {
     }
     return std::string();
   };
-  EXPECT_EQ(text_refusal("num_workers", "1e3"), "`num_workers` must be an integer in [0, 1024], not '1e3'");
+  EXPECT_EQ(text_refusal("num_workers", "1e3"), "`num_workers` must be an integer in [0, 1024] or auto, not '1e3'");
+  EXPECT_EQ(text_refusal("num_workers", "Auto"), "`num_workers` must be an integer in [0, 1024] or auto, not 'Auto'");
   EXPECT_EQ(text_refusal("random_erase_value", "x"), "`random_erase_value` must be a number or random, not 'x'");
   EXPECT_EQ(text_refusal("scale", "0.1,x"), "`scale` must be 2 numbers in [0, 1], not '0.1,x'");
 }

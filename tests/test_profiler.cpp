@@ -599,6 +599,9 @@ TEST(Profiler, CpuRunWritesMetricsAndANestedTraceWithLoaderThreadTracks) {
   ASSERT_EQ(epoch0["type"], "epoch");
   EXPECT_EQ(epoch0["steps"], spe);
   EXPECT_EQ(epoch0["loader"]["samples"], n);
+  EXPECT_EQ(epoch0["loader"]["num_workers"], 2);  // a fixed count: no num_workers auto decisions
+  EXPECT_EQ(epoch0["loader"]["threads"], 2);
+  EXPECT_TRUE(epoch0["loader"]["thread_decisions"].empty());
   EXPECT_EQ(epoch0["loader"]["decode"]["bucket_counts"].size(),
             size_t(loader::LatencyHistogram::kBuckets));
   EXPECT_EQ(records.back()["verdict"]["text"], p.verdict.text);

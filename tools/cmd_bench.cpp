@@ -8,6 +8,11 @@
 //   --mode full    whole-image decode of the same files at each --scales factor (8 = full size):
 //                  the reference rate, and the measurement behind decode::choose_scale's costs
 //
+// --consumer-ms X holds each batch X ms (a sleep: a training step of known speed that uses no
+// CPU), so the loader runs against a consumer of fixed rate; the record then says how long the
+// consumer waited for data, which is what num_workers auto (its thread choices are in the
+// record) keeps under 1% with the fewest threads. tools/bench_autotune.py sweeps it.
+//
 // The loader's "per sample" split (read, decode, resize, other) is each stage's wall time summed
 // over the worker threads, divided by the samples: on a loaded machine, where workers are
 // preempted mid-stage, it can exceed the CPU time per sample (getrusage) printed beside it.
@@ -63,7 +68,9 @@ struct Args {
   std::string data;
   loader::IndexCacheOptions cache;  // --index-cache (the schema's)
   loader::LoaderOptions loader;     // the loader's schema flags (--batch-size, --image-size, ...)
-  std::vector<int> workers{0};      // --num-workers as a list: one run per count
+  std::vector<int> workers{0};      // --num-workers as a list: one run per count (kAutoNumWorkers: auto)
+  std::vector<std::string> worker_texts;  // as given
+  double consumer_ms = 0;
   int epochs = 1;
   int warmup = 0;
   std::string mode = "loader";
@@ -169,6 +176,8 @@ nlohmann::json run_loader(const Args& a, std::shared_ptr<const loader::Dataset> 
   std::vector<int64_t> rss;          // after every pass, warm-up included
   std::vector<double> pass_per_s;    // every pass
   loader::LoaderStats before{};
+  double wait_s = 0;
+  std::vector<double> first_wait_s;  // every timed epoch's wait for its first batch
   Clock::time_point t0 = Clock::now();
   double cpu0 = process_cpu_s();
   for (int e = 0; e < a.warmup + a.epochs; ++e) {
@@ -189,6 +198,12 @@ nlohmann::json run_loader(const Args& a, std::shared_ptr<const loader::Dataset> 
       // Touch the batch as a consumer would, and make the run's output checkable.
       for (int64_t k = 0; k < b->size; ++k) checksum += b->images[k * b->height * b->width * 3];
       if (dumper && e == 0) dumper->add(*b);
+      if (a.consumer_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(a.consumer_ms));
+    }
+    if (e >= a.warmup) {
+      const loader::EpochSummary summary = loader.epoch_summary();
+      wait_s += summary.wait_s;
+      first_wait_s.push_back(summary.first_wait_s);
     }
     if (e == 0) dumper.reset();
     pass_per_s.push_back(static_cast<double>(pass_samples) / seconds_since(tp));
@@ -197,7 +212,22 @@ nlohmann::json run_loader(const Args& a, std::shared_ptr<const loader::Dataset> 
   const double seconds = seconds_since(t0);
   const double cpu_s = process_cpu_s() - cpu0;
   const auto st = loader.stats();
-  nlohmann::json r = base_record("loader", a, *ds, static_cast<size_t>(samples), seconds, cpu_s, workers, threads);
+  nlohmann::json r = base_record("loader", a, *ds, static_cast<size_t>(samples), seconds, cpu_s, workers,
+                                 loader.num_threads());
+  nlohmann::json decisions = nlohmann::json::array();
+  for (const loader::ThreadDecision& d : loader.thread_decisions()) {
+    decisions.push_back({{"epoch", d.epoch}, {"batch", d.batch}, {"from", d.from}, {"to", d.to},
+                         {"sample_cost_us", d.sample_cost_us}, {"demand_per_s", d.demand_per_s},
+                         {"needed", d.needed}, {"wait_fraction", d.wait_fraction}, {"why", d.why}});
+  }
+  if (workers == loader::kAutoNumWorkers) r["num_workers"] = "auto";
+  r.update({{"consumer_ms", a.consumer_ms},
+            {"data_wait_s", wait_s},
+            {"data_wait_fraction", seconds > 0 ? wait_s / seconds : 0.0},
+            {"first_batch_wait_s", first_wait_s},
+            {"cpu_s_per_epoch", cpu_s / a.epochs},
+            {"start_threads", threads},
+            {"thread_decisions", std::move(decisions)}});
   r.update({{"batches", batches},
             {"batch_size", a.loader.batch_size},
             {"image_size", a.image_size()},
@@ -343,6 +373,16 @@ std::string describe(const nlohmann::json& r) {
         r["peak_rss_bytes"].get<double>() / (1 << 20));
     if (const auto skipped = r["skipped"].get<int64_t>(); skipped > 0)
       s += fmt::format("; {} samples skipped (--on-error skip)", skipped);
+    if (r["consumer_ms"].get<double>() > 0 || r["num_workers"] == "auto") {
+      s += fmt::format("; consumer {:g} ms a batch, data wait {:.2f}%, {:.2f} CPU s an epoch",
+                       r["consumer_ms"].get<double>(), r["data_wait_fraction"].get<double>() * 100,
+                       r["cpu_s_per_epoch"].get<double>());
+    }
+    for (const auto& d : r["thread_decisions"]) {
+      s += fmt::format("\n  num_workers auto: {} -> {} threads after batch {} of epoch {}: {}", d["from"].get<int>(),
+                       d["to"].get<int>(), d["batch"].get<int64_t>(), d["epoch"].get<int64_t>(),
+                       d["why"].get<std::string>());
+    }
   } else if (mode == "floor") {
     const auto& w = r["decode_work"];
     s += fmt::format(
@@ -368,12 +408,16 @@ Run add_bench(CLI::App& app) {
       ->required();
   const SchemaFlags cache = add_schema_options(app, loader::index_cache_options_schema(), a->cache);
   const options::Spec& workers = loader::loader_options_schema().find("num_workers")->spec;
-  app.add_option("--num-workers", a->workers,
-                 schema_help(workers, "0") + "; a list such as 1,2,4 runs once per count: a thread-scaling "
+  app.add_option("--num-workers", a->worker_texts,
+                 schema_help(workers, "0") + "; a list such as 1,2,4,auto runs once per count: a thread-scaling "
                  "curve (--json, then tools/plot.py --bench)")
       ->delimiter(',')
       ->check(schema_validator(workers));
-  for (const auto& alias : workers.cli_aliases) app.add_option(alias, a->workers)->delimiter(',')->group("");
+  for (const auto& alias : workers.cli_aliases) app.add_option(alias, a->worker_texts)->delimiter(',')->group("");
+  app.add_option("--consumer-ms", a->consumer_ms,
+                 "--mode loader: hold each batch this long (a sleep), as a training step of known speed; the "
+                 "record gives the consumer's data wait (milliseconds; default 0: take batches as fast as they come)")
+      ->check(CLI::Range(0.0, 1e6));
   // The loader's own flags, from its schema (gpufeed/loader/loader.h), but --num-workers (a list here).
   const SchemaFlags flags = add_schema_options(app, loader::loader_options_schema(), a->loader, {"num_workers"});
   // The old spelling of --no-train, for scripts (hidden from --help).
@@ -392,13 +436,25 @@ Run add_bench(CLI::App& app) {
                  "--mode loader: write the first pass's samples ([N, S, S, 3] uint8, sampler order) "
                  "to this file and their plans to FILE.json (first --num-workers count only)");
   app.add_flag("--json", a->json, "print one JSON object instead of text");
-  return [a, cache, flags, transform, transform_opt] {
+  return [a, cache, flags, transform, transform_opt, workers] {
     cache.apply();
     if (transform_opt->count() > 0) {
       a->loader.transform.kind = *transform == "train" ? loader::TransformOptions::Kind::kTrain
                                                        : loader::TransformOptions::Kind::kEval;
     }
     flags.apply();
+    if (!a->worker_texts.empty()) {
+      a->workers.clear();
+      for (const std::string& t : a->worker_texts) {
+        const options::Value v = options::parse(workers, t);
+        a->workers.push_back(std::holds_alternative<std::string>(v) ? loader::kAutoNumWorkers
+                                                                     : static_cast<int>(std::get<int64_t>(v)));
+      }
+    }
+    for (const int w : a->workers) {
+      if (w == loader::kAutoNumWorkers && a->mode != "loader")
+        throw std::invalid_argument("bench: --num-workers auto needs --mode loader (the floors have no consumer to measure)");
+    }
     std::shared_ptr<const loader::Dataset> ds = loader::open_dataset(a->data, a->cache);
     // The floors decode from memory: read every file once, before any timing.
     std::vector<std::vector<uint8_t>> files;

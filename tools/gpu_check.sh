@@ -15,6 +15,8 @@
 #      channels_last, 200 steps: images/s, data wait, GPU busy fraction (CUDA events; NVML too
 #      when the run reports it); then torchvision's DataLoader feeding the same model on the same
 #      files (tools/baselines/torch_train.py), for the ratio.
+#      The same with --num-workers auto (ResNet-18 and ResNet-50, each beside the fixed count):
+#      threads chosen, GPU busy, epoch-start wait.
 #   4. examples/python/train_imagenet.py (the Python package, .gpu_bundle/py) on the same files,
 #      one epoch with --loader gpufeed and one with --loader torch; examples/python/train_pipeline.py,
 #      the model in 2 pipeline stages (torch.distributed.pipelining, NCCL), one epoch.
@@ -101,6 +103,19 @@ for r in map(json.loads, open(sys.argv[1])):
     if r["type"] == "summary":
         print(r.get("nvml")); print(r["verdict"]["text"])' "$OUT/train_metrics.jsonl"
 
+# num_workers auto beside the fixed count (the run above; resnet18's fixed run here): GPU busy,
+# images/s, the threads auto ended with and the epoch-start wait (the epoch lines and the metrics'
+# loader records: threads, thread_decisions).
+AUTO_ARCHS=("$ARCH"); [ "$ARCH" != resnet18 ] && AUTO_ARCHS=(resnet18 "$ARCH")
+for arch in "${AUTO_ARCHS[@]}"; do
+  for workers in auto "$THREADS"; do
+    [ "$arch" = "$ARCH" ] && [ "$workers" = "$THREADS" ] && continue  # train_gpufeed above
+    run "train_${arch}_workers_$workers" 90 "$G" train --data "$DATA" --arch "$arch" --epochs "$EPOCHS" \
+      --batch-size "$BATCH" --num-workers "$workers" --device "$DEVICE" --channels-last --image-size "$SIZE" \
+      --lr 0.1 --progress lines --metrics "$OUT/train_${arch}_workers_$workers.jsonl" --metrics-every 10 "${EXTRA[@]}"
+  done
+done
+
 BF16=(); [ "$DEVICE" != cpu ] && BF16=(--bf16)
 run train_torch 150 "$PY" tools/baselines/torch_train.py --data "$DATA" --arch "$ARCH" \
   --batch-size "$BATCH" --num-workers "$THREADS" --steps "$STEPS" --warmup-steps "$WARM" \
@@ -143,6 +158,7 @@ grep -h "overlap:" "$OUT/test_gpu.log" 2>/dev/null
 grep -h -E '"(memcpy_peak_gb_per_s|slot_h2d_gb_per_s|slot_over_peak|convert_bf16_cl_ms)"' "$OUT/h2d_bench.log" 2>/dev/null
 grep -h -E "^epoch|verdict|busy|steps:" "$OUT/train_gpufeed.log" 2>/dev/null | tail -n 6
 tail -n 3 "$OUT/train_profile_summary.log" 2>/dev/null
+for f in "$OUT"/train_*_workers_*.log; do [ -f "$f" ] && echo "$(basename "$f" .log):" && grep -h -E "^epoch|verdict" "$f" | tail -n 3; done
 grep -h -E '"(images_per_s|gpu_busy_fraction_events|data_wait_fraction)"' "$OUT/train_torch.log" 2>/dev/null
 grep -h -E "^epoch|verdict" "$OUT/example_gpufeed.log" "$OUT/example_torch.log" 2>/dev/null
 grep -h -E "^pipeline|^epoch" "$OUT/example_pipeline.log" 2>/dev/null

@@ -183,6 +183,10 @@ void Trainer::Impl::finish_epoch(EpochState& ep) {
   st.top1 = samples > 0 ? tot[1].item<double>() / samples : 0;
   st.images_per_s = st.seconds > 0 ? samples / st.seconds : 0;
   st.data_wait_fraction = st.seconds > 0 ? ep.wait_s / st.seconds : 0;
+  st.first_batch_wait_s = train_loader->epoch_summary().first_wait_s;
+  st.loader_threads = train_loader->num_threads();
+  const auto decisions = train_loader->thread_decisions();
+  st.thread_decisions = decisions.empty() ? 0 : decisions.back().number + 1;
 }
 
 // The references' train_one_epoch: `if model_ema and i % args.model_ema_steps == 0:

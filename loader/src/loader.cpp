@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "gpufeed/loader/augment.h"
+#include "gpufeed/loader/thread_tuner.h"
 #include "gpufeed/cpu_budget.h"
 #include "gpufeed/log.h"
 #include "fork_guard.h"
@@ -105,6 +106,8 @@ SampleCost transform_into(const SampleRef& ref, int64_t index, int64_t epoch,
   return cost;
 }
 
+// The threads a num_workers value asks for: itself, or the CPU budget for 0 and for auto (where
+// the ThreadTuner starts from the whole budget and lowers it from measurements).
 int worker_count(int requested) {
   return requested > 0 ? requested : gpufeed::cpu_budget();
 }
@@ -386,6 +389,25 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   // worker per loader thread. The effective limit is the minimum over live global_controls.
   tbb::global_control parallelism;
   tbb::task_arena arena;
+  // The thread count in force. Under num_workers = auto the arena keeps the whole budget and
+  // `threads` lanes gate it: a worker takes a lane for each sample it decodes and waits (asleep,
+  // using no CPU) while all are taken, so at most `threads` samples are decoded at once and a
+  // decision takes effect at the next sample. (One arena per count, switched between batches,
+  // left the new arena without a worker for tens of milliseconds after each switch.)
+  std::atomic<int> threads;
+  std::mutex lanes_mu;
+  std::condition_variable lanes_cv;
+  int lanes_taken = 0;  // guarded by lanes_mu
+  std::optional<ThreadTuner> tuner;  // num_workers = auto only
+  std::vector<ThreadDecision> decisions;  // its changes, oldest first (the last kMaxDecisions)
+  // The consumer as the tuner measures it: when next() last returned, and the data wait since
+  // then spent in blocking wait_ready() calls (the Python binding waits in those slices).
+  Clock::time_point last_return{};
+  bool have_return = false;
+  double pending_wait_s = 0;
+  int64_t cost_ns_seen = 0, cost_samples_seen = 0;  // counters when the tuner's last window ended
+  int64_t tuned_batches = 0;
+  double sample_cost_s = 0;                          // worker thread time per sample, last window
 
   std::mutex mu;  // guards ring, schedule, ahead, epoch_step, skips, running_tasks, shutdown
   std::condition_variable cv;
@@ -415,7 +437,62 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
                                          tbb::global_control::max_allowed_parallelism),
                                      static_cast<size_t>(worker_count(options.num_workers)) + 1)),
         arena(worker_count(options.num_workers), /*reserved_for_masters=*/0),
-        ring(*allocator, options.prefetch_depth, options.batch_size, slot_side) {}
+        threads(worker_count(options.num_workers)),
+        ring(*allocator, options.prefetch_depth, options.batch_size, slot_side) {
+    if (options.num_workers == kAutoNumWorkers) {
+      tuner.emplace(ThreadTunerOptions{.budget = threads.load(), .window = std::max(4, options.prefetch_depth)},
+                    threads.load());
+    }
+  }
+
+  static constexpr size_t kMaxDecisions = 1024;
+
+  // num_workers = auto: a lane for one sample (false: the plan was cancelled while waiting).
+  bool take_lane(const EpochPlan& p) {
+    std::unique_lock<std::mutex> lk(lanes_mu);
+    lanes_cv.wait(lk, [&] { return lanes_taken < threads.load(std::memory_order_relaxed) || cancelled(p); });
+    if (cancelled(p)) return false;
+    ++lanes_taken;
+    return true;
+  }
+  void give_lane() {
+    {
+      std::lock_guard<std::mutex> g(lanes_mu);
+      --lanes_taken;
+    }
+    lanes_cv.notify_one();
+  }
+  // Wakes the workers waiting for a lane: the count rose, or a plan was cancelled.
+  void wake_lanes() {
+    { std::lock_guard<std::mutex> g(lanes_mu); }
+    lanes_cv.notify_all();
+  }
+
+  // The consumer's half of a handed-out batch for the tuner: `consumer_s` its step before asking
+  // (negative: unknown), `wait_s` its data wait.
+  void tune(const InFlight& f, double consumer_s, double wait_s) {
+    if (!tuner) return;
+    const int64_t ns = counters.read_ns.load(std::memory_order_relaxed) +
+                       counters.decode_ns.load(std::memory_order_relaxed) +
+                       counters.resize_ns.load(std::memory_order_relaxed);
+    const int64_t n = counters.samples.load(std::memory_order_relaxed);
+    if (n > cost_samples_seen) {
+      sample_cost_s = static_cast<double>(ns - cost_ns_seen) * 1e-9 / static_cast<double>(n - cost_samples_seen);
+    }
+    auto d = tuner->observe(f.plan->epoch, f.batch_index, static_cast<int64_t>(f.indices.size()), consumer_s, wait_s,
+                            sample_cost_s);
+    if (++tuned_batches % tuner->options().window == 0) {  // the tuner's window ended: the next one's costs
+      cost_ns_seen = ns;
+      cost_samples_seen = n;
+    }
+    if (!d) return;
+    threads.store(d->to, std::memory_order_relaxed);
+    wake_lanes();
+    gpufeed::log()->info("loader: num_workers auto: {} -> {} threads after batch {} of epoch {}: {}", d->from, d->to,
+                         d->batch, d->epoch, d->why);
+    if (decisions.size() == kMaxDecisions) decisions.erase(decisions.begin());
+    decisions.push_back(std::move(*d));
+  }
 
   // Epoch `epoch`'s plan at the current image size (next_size): its batches in sampler order.
   // `indices` is the sampler's order of that epoch.
@@ -440,6 +517,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   // batches go back to the ring; slots held by the consumer stay with their Batch.
   void drain(std::unique_lock<std::mutex>& lk, EpochSchedule& s) {
     if (s.plan) s.plan->cancelled.store(true, std::memory_order_relaxed);
+    if (tuner) wake_lanes();
     cv.wait(lk, [&] { return std::all_of(s.pending.begin(), s.pending.end(), [](const auto& f) { return f->done; }); });
     for (auto& f : s.pending) ring.release(f->slot);
     s.pending.clear();
@@ -523,7 +601,15 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     detail::parallel_for_ordered(tbb::blocked_range<size_t>(0, n, 1), [&](const tbb::blocked_range<size_t>& r) {
       for (size_t k = r.begin(); k < r.end(); ++k) {
         if (cancelled(p)) break;
-        run_sample(f, k, p, base_pos + static_cast<int64_t>(k));
+        if (!tuner) {
+          run_sample(f, k, p, base_pos + static_cast<int64_t>(k));
+        } else if (take_lane(p)) {
+          struct Lane {
+            Impl* m;
+            ~Lane() { m->give_lane(); }
+          } lane{this};
+          run_sample(f, k, p, base_pos + static_cast<int64_t>(k));
+        }
       }
     });
   }
@@ -648,9 +734,10 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<sampler::
   // cv::setNumThreads(n) installs a process-wide tbb::global_control(max_allowed_parallelism, n)
   // that would starve our arena (n = 0 leaves it no worker at all). Its loops nest inside our
   // tasks on the same TBB workers instead: one parallel layer, no extra threads.
-  if (options.num_workers < 0 || options.num_workers > kMaxNumWorkers)
-    throw std::invalid_argument(fmt::format("Loader: num_workers {} must be in 0..{} (0 = the CPU budget)",
-                                            options.num_workers, kMaxNumWorkers));
+  if ((options.num_workers < 0 && options.num_workers != kAutoNumWorkers) || options.num_workers > kMaxNumWorkers)
+    throw std::invalid_argument(fmt::format("Loader: num_workers {} must be in 0..{} (0 = the CPU budget) or "
+                                            "kAutoNumWorkers ({})",
+                                            options.num_workers, kMaxNumWorkers, kAutoNumWorkers));
   if (const CpuBudget& budget = cpu_budget_info(); options.num_workers > budget.cpus) {
     // DataLoader warns the same way: more decode threads than the CPUs the process may use only
     // add switching.
@@ -700,12 +787,15 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
   }
   m.ahead = EpochSchedule{};
   m.skips.reset(epoch);
+  m.have_return = false;  // the gap before this epoch's first next() is no consumer step
+  m.pending_wait_s = 0;
   m.pump(lk);
 }
 
 std::optional<Batch> Loader::next() {
   Impl& m = *impl_;
   m.fork_guard.check_usable();
+  const auto asked = Clock::now();
   std::unique_lock<std::mutex> lk(m.mu);
   m.pump(lk);
   EpochSchedule& s = m.schedule;
@@ -718,17 +808,26 @@ std::optional<Batch> Loader::next() {
     return m.epoch_exhausted();
   }
   std::shared_ptr<InFlight> f = s.pending.front();
+  // The data wait: blocked here, plus in wait_ready() slices since the last batch.
+  double waited = m.pending_wait_s;
   if (!f->done) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
     m.cv.wait(lk, [&] { return f->done; });
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    m.skips.summary.wait_s += waited;
-    if (f->batch_index == 0) m.skips.summary.first_wait_s = waited;
+    waited += std::chrono::duration<double>(Clock::now() - t0).count();
   }
+  m.skips.summary.wait_s += waited;
+  if (f->batch_index == 0) m.skips.summary.first_wait_s = waited;
+  const double consumer_s =
+      m.have_return ? std::max(0.0, std::chrono::duration<double>(asked - m.last_return).count() - m.pending_wait_s)
+                    : -1.0;
+  m.pending_wait_s = 0;
+  m.tune(*f, consumer_s, waited);
   s.pending.pop_front();
   ++s.consumed;
   m.plan_ahead();  // once this epoch is all scheduled, its free slots start the next one
   m.pump(lk);
+  m.last_return = Clock::now();  // the consumer's next step starts now
+  m.have_return = true;
   if (f->error) {
     m.ring.release(f->slot);
     m.pump(lk);
@@ -747,7 +846,12 @@ bool Loader::wait_ready(std::chrono::nanoseconds timeout) {
   m.pump(lk);
   if (m.schedule.pending.empty()) return true;
   std::shared_ptr<InFlight> f = m.schedule.pending.front();
-  return m.cv.wait_for(lk, timeout, [&] { return f->done; });
+  if (f->done || timeout.count() <= 0) return f->done;
+  // A blocking wait is the consumer's data wait (next() adds it to the batch's).
+  const auto t0 = Clock::now();
+  const bool ready = m.cv.wait_for(lk, timeout, [&] { return f->done; });
+  m.pending_wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  return ready;
 }
 
 void Loader::set_image_size(int size) {
@@ -786,7 +890,12 @@ sampler::SamplerState Loader::state() const {
 
 const LoaderOptions& Loader::options() const { return impl_->options; }
 
-int Loader::num_threads() const { return worker_count(impl_->options.num_workers); }
+int Loader::num_threads() const { return impl_->threads.load(std::memory_order_relaxed); }
+
+std::vector<ThreadDecision> Loader::thread_decisions() const {
+  std::lock_guard<std::mutex> g(impl_->mu);
+  return impl_->decisions;
+}
 const Dataset& Loader::dataset() const { return *impl_->dataset; }
 int64_t Loader::epoch_skips() const {
   impl_->fork_guard.check_usable();

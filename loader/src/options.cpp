@@ -153,10 +153,17 @@ Schema<LoaderOptions> make_loader_schema() {
   s.member({.name = "drop_last", .type = Type::kBool,
             .help = "drop each epoch's last, shorter batch (DataLoader's drop_last)"},
            &LoaderOptions::drop_last);
-  s.member({.name = "num_workers", .type = Type::kInt,
-            .help = "decode threads; 0 = the CPU budget (the affinity mask's CPUs capped by the cgroup CPU quota)",
-            .unit = "threads", .min = 0, .max = kMaxNumWorkers, .cli_aliases = {"--workers"}},
-           &LoaderOptions::num_workers);
+  s.add({.name = "num_workers", .type = Type::kInt,
+         .help = "decode threads; 0 = the CPU budget (the affinity mask's CPUs capped by the cgroup CPU quota); "
+                 "auto = the fewest that keep the consumer's data wait under 1%, measured and adapted as it runs",
+         .unit = "threads", .min = 0, .max = kMaxNumWorkers, .words = {"auto"}, .cli_aliases = {"--workers"}},
+        [](LoaderOptions& o, const Value& v) {
+          o.num_workers = std::holds_alternative<std::string>(v) ? kAutoNumWorkers : static_cast<int>(std::get<int64_t>(v));
+        },
+        [](const LoaderOptions& o) -> Value {
+          if (o.num_workers == kAutoNumWorkers) return std::string("auto");
+          return static_cast<int64_t>(o.num_workers);
+        });
   s.member({.name = "prefetch_depth", .type = Type::kInt,
             .help = "batch slots, the one the consumer holds included", .unit = "batches", .min = 1, .max = 1 << 16},
            &LoaderOptions::prefetch_depth);

@@ -71,6 +71,8 @@ def _keyword_value(name: str, value: Any) -> Any:
     if kind == "bool":
         return bool(value)
     if kind == "int":
+        if isinstance(value, str) and spec["words"]:
+            return value  # num_workers="auto"; another word is refused in C++ (ValueError)
         if name == "seed":  # torch.manual_seed's range; seed s orders as s mod 2**64 (as torch's)
             value = _integer(name, value, -2**63, 2**64 - 1)
             return value - 2**64 if value > _INT64_MAX else value
@@ -237,7 +239,10 @@ class DataLoader:
 {keywords}
 
     Notes on the keywords: ``num_workers`` threads are C++ threads, not processes (the
-    ``num_workers`` attribute is the count in use). ``seed`` with ``shuffle`` orders every epoch
+    ``num_workers`` attribute is the count the loader started with). ``num_workers="auto"``
+    starts with the CPU budget and then runs the fewest threads that keep this loop's data wait
+    under 1%, measured from how fast the loop asks for batches; ``stats()["threads"]`` is the
+    count now and ``stats()["thread_decisions"]`` says why; the batches are the same. ``seed`` with ``shuffle`` orders every epoch
     with a generator seeded ``seed + epoch``, exactly DistributedSampler's order (also with one
     process); each sample's crop, flip and augmentation depend only on (seed, epoch, index),
     whatever the thread count (draw order: gpufeed/loader/augment.h). ``train`` is torchvision's
@@ -688,14 +693,19 @@ class DataLoader:
     def epoch_summary(self) -> Dict[str, Any]:
         """The current epoch's skip account over the batches yielded so far: epoch, batches,
         samples, skipped, complete, skipped_by_kind {kind: n}, skips [{index, replaced_by,
-        position, path, kind, reason}] (on_error="skip"; see DecodeError.kind for the kinds)."""
+        position, path, kind, reason}] (on_error="skip"; see DecodeError.kind for the kinds), wait_s
+        (seconds this epoch's iteration waited for decoded batches) and first_wait_s (its part for
+        the first batch, which the loader decodes while the previous epoch ends)."""
         self._decoding("epoch_summary")
         return self._c.epoch_summary()
 
     def stats(self) -> Dict[str, Any]:
         """The loader's counters over its life: samples, skipped, bytes_read, read_s, decode_s,
         resize_s (thread seconds summed over the workers), decoded_pixels, threads (decode threads
-        in use), and slots {ready, in_flight, held, free} now."""
+        in use now), thread_decisions (num_workers="auto": each change of the thread count, a dict
+        of epoch, batch, from, to, sample_cost_us, demand_per_s, needed, wait_fraction and why;
+        the rule is gpufeed/loader/thread_tuner.h's), and slots {ready, in_flight, held, free}
+        now."""
         self._decoding("stats")
         return self._c.stats()
 

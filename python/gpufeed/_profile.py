@@ -57,6 +57,9 @@ class profile:
         trace_max_events: bound on the trace (first and last halves kept).
         nvml: sample NVML on CUDA devices.
         verbose: print the step breakdown and the verdict when the run ends.
+        consumer_ms: also hold each batch this many milliseconds after the loop's own work (a
+            sleep, inside the step): a model of known speed, as ``gpufeed bench
+            --consumer-ms``, to see what ``num_workers="auto"`` chooses for it; 0: none.
 
     Attributes: ``epochs_done`` (one dict per finished epoch: steps, images, wall_ms,
     data_wait_ms, compute_ms, images_per_s, data_wait_fraction, ...), ``result`` (after the run:
@@ -68,8 +71,13 @@ class profile:
                  metrics: "str | os.PathLike[str] | None" = None,
                  trace: "str | os.PathLike[str] | None" = None, metrics_every: int = 10,
                  epochs: int = 1, model: str = "", trace_max_events: int = 400000,
-                 nvml: bool = True, verbose: bool = True):
+                 nvml: bool = True, verbose: bool = True, consumer_ms: float = 0):
         from ._loader import DataLoader
+
+        if not isinstance(consumer_ms, (int, float)) or isinstance(consumer_ms, bool) or not 0 <= consumer_ms < 1e6:
+            raise ValueError(f"gpufeed.profile: consumer_ms must be a number of milliseconds in [0, 1e6), "
+                             f"not {consumer_ms!r}")
+        self.consumer_ms = float(consumer_ms)
 
         self.loader = loader
         ours = isinstance(loader, DataLoader)
@@ -134,6 +142,8 @@ class profile:
                 self._images = _batch_size_of(batch)
                 self._open = True
                 yield batch
+                if self.consumer_ms > 0:
+                    time.sleep(self.consumer_ms / 1000)
         finally:
             if self._open:  # the loop left early (break, exception): its last step still counts
                 self._p.step_end(self._images)

@@ -112,6 +112,8 @@ nb::dict summary_dict(const loader::EpochSummary& s) {
   for (const auto& [kind, n] : s.skipped_by_kind) by_kind[kind.c_str()] = n;
   d["skipped_by_kind"] = by_kind;
   d["skips"] = skipped_list(s.skips);
+  d["wait_s"] = s.wait_s;
+  d["first_wait_s"] = s.first_wait_s;
   return d;
 }
 
@@ -394,6 +396,21 @@ class PyLoader {
     d["resize_s"] = s.resize_s;
     d["decoded_pixels"] = s.decoded_pixels;
     d["threads"] = loader().num_threads();
+    nb::list decisions;
+    for (const loader::ThreadDecision& t : loader().thread_decisions()) {
+      nb::dict e;
+      e["epoch"] = t.epoch;
+      e["batch"] = t.batch;
+      e["from"] = t.from;
+      e["to"] = t.to;
+      e["sample_cost_us"] = t.sample_cost_us;
+      e["demand_per_s"] = t.demand_per_s;
+      e["needed"] = t.needed;
+      e["wait_fraction"] = t.wait_fraction;
+      e["why"] = t.why;
+      decisions.append(e);
+    }
+    d["thread_decisions"] = decisions;
     const loader::SlotCounts c = loader().slot_counts();
     nb::dict slots;
     slots["ready"] = c.ready;

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -454,3 +455,63 @@ def test_inspect_matches_the_cli(tmp_path, bad_folder, gpufeed_cli):
     good = by_path[str(bad_folder / "bees" / "bees_000.jpg")]
     img = gpufeed.decode_image(good["path"])
     assert good["result"] == "ok" and (good["output"]["height"], good["output"]["width"]) == tuple(img.shape[:2])
+
+
+# ---- num_workers="auto" -------------------------------------------------------------------------
+
+
+def test_num_workers_auto_gives_one_threads_batches_and_reports_its_choices(folder):
+    """The thread count follows the loop's pace (each change in stats()["thread_decisions"]),
+    the batches do not: they equal num_workers=1's, in an epoch whose loop holds each batch 20 ms
+    (one thread is plenty for these small images) and in one that asks again at once (where the
+    count may rise again)."""
+    kw = dict(batch_size=1, shuffle=True, seed=5, image_size=32, dtype=torch.uint8, prefetch_depth=2)
+    fixed = gpufeed.DataLoader(folder, num_workers=1, **kw)
+    want = []
+    for epoch in (0, 1):
+        fixed.set_epoch(epoch)
+        want.append(epoch_batches(fixed))
+    fixed.close()
+    probe = gpufeed.DataLoader(folder, num_workers=0, **kw)
+    budget = probe.num_workers  # 0 = the CPU budget
+    probe.close()
+    loader = gpufeed.DataLoader(folder, num_workers="auto", **kw)
+    assert loader.num_workers == budget  # it starts with the whole budget
+    assert loader.stats()["threads"] == budget
+    got = []
+    for epoch, pause in ((0, 0.02), (1, 0.0)):
+        loader.set_epoch(epoch)
+        batches = []
+        for images, labels in loader:
+            batches.append((images.clone(), labels.clone(), list(loader.last_batch["indices"])))
+            time.sleep(pause)
+        got.append(batches)
+        if budget >= 2 and epoch == 0:
+            assert loader.stats()["threads"] == 1, loader.stats()["thread_decisions"]
+    for g, w in zip(got, want):
+        assert len(g) == len(w)
+        for (gi, gl, gx), (wi, wl, wx) in zip(g, w):
+            assert gx == wx
+            assert torch.equal(gl, wl)
+            assert torch.equal(gi, wi)
+    decisions = loader.stats()["thread_decisions"]
+    if budget >= 2:
+        assert (decisions[0]["from"], decisions[0]["to"]) == (budget, 1)
+        assert all(d["epoch"] == 1 for d in decisions[1:])
+        assert set(decisions[0]) == {"epoch", "batch", "from", "to", "sample_cost_us", "demand_per_s", "needed",
+                                     "wait_fraction", "why"}
+        assert decisions[0]["epoch"] == 0 and "threads needed" in decisions[0]["why"]
+    else:
+        print(f"CPU budget {budget}: auto has no choice to make; only the batches are checked")
+        assert decisions == []
+    # The loop's data wait, as the loader counts it (the iterator waits in wait_ready slices).
+    summary = loader.epoch_summary()
+    assert summary["wait_s"] >= summary["first_wait_s"] >= 0
+    loader.close()
+
+
+def test_num_workers_refuses_other_words_naming_the_keyword(folder):
+    with pytest.raises(ValueError, match=r"num_workers=.*or auto, not 'many'"):
+        gpufeed.DataLoader(folder, num_workers="many")
+    with pytest.raises(TypeError, match="num_workers"):
+        gpufeed.DataLoader(folder, num_workers=2.5)

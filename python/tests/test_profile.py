@@ -74,3 +74,24 @@ def test_profile_rejects_unknown_phase(folder):
     next(it)
     with pytest.raises(ValueError, match="phase"):
         prof.phase("backward")
+
+
+def test_profile_consumer_ms_plays_a_model_of_known_speed_for_num_workers_auto(tmp_path, folder):
+    """consumer_ms holds each batch that long (the step's compute), so a loop of known speed needs
+    no model; with num_workers="auto" the summary record carries the loader's thread choices."""
+    loader = gpufeed.DataLoader(folder, batch_size=1, num_workers="auto", image_size=32, prefetch_depth=2)
+    metrics = tmp_path / "m.jsonl"
+    prof = gpufeed.profile(loader, metrics=metrics, epochs=1, verbose=False, consumer_ms=15)
+    n = sum(1 for _ in prof)
+    assert n == len(loader) == 27
+    result = prof.result
+    assert result["steps"]["wall_ms"] >= 0.9 * 15 * n, result["steps"]
+    summary = records(metrics)[-1]
+    assert summary["type"] == "summary"
+    assert summary["loader"]["num_workers"] == "auto"
+    assert summary["loader"]["threads"] == loader.stats()["threads"]
+    assert summary["loader"]["thread_decisions"] == loader.stats()["thread_decisions"]
+    if loader.num_workers >= 2:  # 15 ms a sample of 40-160 px: one thread is plenty
+        assert summary["loader"]["threads"] == 1, summary["loader"]["thread_decisions"]
+    with pytest.raises(ValueError, match="consumer_ms"):
+        gpufeed.profile(loader, consumer_ms=-1)

@@ -31,6 +31,7 @@ PUBLIC_HEADERS = [
     "gpufeed/sampler/sampler.h", "gpufeed/sampler/randperm.h", "gpufeed/sampler/ra_sampler.h",
     "gpufeed/loader/augment.h", "gpufeed/loader/batch.h", "gpufeed/loader/dataset.h", "gpufeed/loader/host_allocator.h",
     "gpufeed/loader/loader.h", "gpufeed/loader/resize.h", "gpufeed/loader/shards.h", "gpufeed/loader/synthetic.h",
+    "gpufeed/loader/thread_tuner.h",
     "gpufeed/loader/transform.h", "gpufeed/prefetch/prefetcher.h",
     "gpufeed/harness/amp.h", "gpufeed/harness/checkpoint.h", "gpufeed/harness/data_parallel.h",
     "gpufeed/harness/distributed.h", "gpufeed/harness/lr_schedule.h", "gpufeed/harness/profiler.h",

@@ -37,7 +37,7 @@ namespace gpufeed::options {
 /// How a front reads an option's value.
 enum class Type : uint8_t {
   kBool,    ///< CLI: a flag; Python: bool
-  kInt,     ///< CLI: an integer; Python: int
+  kInt,     ///< CLI: an integer; Python: int; with `words`, also one of them (num_workers "auto")
   kFloat,   ///< CLI: a number; Python: float or int; with `words`, also one of them (e.g. "random")
   kString,  ///< free text (a path, a folder); "" is the unset state
   kChoice,  ///< one of `words`
@@ -68,7 +68,7 @@ struct Spec {
   std::string help;  ///< one phrase, lower case, no final period
   std::string unit;  ///< "pixels", "samples", "threads", ... ("" when the value has none)
   std::optional<double> min, max;  ///< inclusive bounds of every number (kInt, kFloat, kFloats)
-  std::vector<std::string> words;  ///< kChoice: the accepted words; kFloat: words accepted besides numbers
+  std::vector<std::string> words;  ///< kChoice: the accepted words; kInt, kFloat: words accepted besides numbers
   std::vector<size_t> sizes;       ///< kFloats: the accepted list lengths (empty: any length)
   /// Set when the default is no value of the field's own: one that depends on other options
   /// ("round(image_size x 256 / 224)") or an unset option ("unset (no progressive resizing)").
@@ -194,6 +194,7 @@ inline Value check(const Spec& s, Value v) {
       return is_word(*w) ? v : refuse("'" + *w + "'");
     }
     case Type::kInt: {
+      if (const auto* w = std::get_if<std::string>(&v)) return is_word(*w) ? v : refuse("'" + *w + "'");
       const auto* i = std::get_if<int64_t>(&v);
       if (i == nullptr || !in_bounds(static_cast<double>(*i))) return refuse(format_value(v));
       return v;
@@ -244,6 +245,7 @@ inline Value parse(const Spec& s, const std::string& text) {
       char* end = nullptr;
       errno = 0;
       const long long i = std::strtoll(text.c_str(), &end, 10);
+      if (!s.words.empty() && std::find(s.words.begin(), s.words.end(), text) != s.words.end()) return check(s, text);
       if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE) return refuse();
       return check(s, static_cast<int64_t>(i));
     }

@@ -291,6 +291,7 @@ struct Profiler::Impl {
   std::deque<std::array<double, 3>> recent;  // wall_ms, wait_ms, images of the last steps
   double trained_ms = 0;                     // host wall of all steps so far
   loader::LoaderStats loader_start, epoch_loader_start;
+  int64_t epoch_decision_start = 0;  // the first num_workers=auto decision of the epoch (its number)
   std::optional<double> last_busy_fraction;
   bool finished = false;
 
@@ -342,11 +343,24 @@ struct Profiler::Impl {
     return j;
   }
 
-  nlohmann::json loader_json(const loader::LoaderStats& from) const {
+  // The loader's counters since `from`, its thread count now and its num_workers=auto decisions
+  // numbered `from_decision` and up.
+  nlohmann::json loader_json(const loader::LoaderStats& from, int64_t from_decision) const {
     if (!loader) return nullptr;
     const loader::LoaderStats now = loader->stats();
     const loader::LoaderHistograms h = loader->histograms();
-    return {{"samples", now.samples - from.samples},
+    nlohmann::json decisions = nlohmann::json::array();
+    for (const loader::ThreadDecision& d : loader->thread_decisions()) {
+      if (d.number < from_decision) continue;
+      decisions.push_back({{"epoch", d.epoch}, {"batch", d.batch}, {"from", d.from}, {"to", d.to},
+                           {"sample_cost_us", d.sample_cost_us}, {"demand_per_s", d.demand_per_s},
+                           {"needed", d.needed}, {"wait_fraction", d.wait_fraction}, {"why", d.why}});
+    }
+    const int workers = loader->options().num_workers;
+    return {{"num_workers", workers == loader::kAutoNumWorkers ? nlohmann::json("auto") : nlohmann::json(workers)},
+            {"threads", loader->num_threads()},
+            {"thread_decisions", std::move(decisions)},
+            {"samples", now.samples - from.samples},
             {"skipped", now.skipped - from.skipped},
             {"bytes_read", now.bytes_read - from.bytes_read},
             {"read_s", now.read_s - from.read_s},
@@ -630,7 +644,11 @@ void Profiler::begin_epoch(int64_t epoch) {
   m.step_in_epoch = 0;
   m.epoch_sum = StepBreakdown{};
   m.recent.clear();
-  if (m.loader) m.epoch_loader_start = m.loader->stats();
+  if (m.loader) {
+    m.epoch_loader_start = m.loader->stats();
+    const auto d = m.loader->thread_decisions();
+    m.epoch_decision_start = d.empty() ? 0 : d.back().number + 1;
+  }
 }
 
 void Profiler::step_begin() {
@@ -732,7 +750,7 @@ StepBreakdown Profiler::end_epoch() {
   j["type"] = "epoch";
   j["epoch"] = m.epoch;
   j["t_s"] = ms(now_ns() - m.origin_ns) / 1000.0;
-  j["loader"] = m.loader_json(m.epoch_loader_start);
+  j["loader"] = m.loader_json(m.epoch_loader_start, m.epoch_decision_start);
   m.write_record(j);
   return m.epoch_sum;
 }
@@ -772,6 +790,8 @@ RunProfile Profiler::finish() {
     in.loader_resize_s = p.loader.resize_s;
   }
   in.num_workers = m.run.num_workers;
+  // num_workers auto: the verdict judges the count the loader ended with.
+  if (m.loader && m.loader->options().num_workers == loader::kAutoNumWorkers) in.num_workers = m.loader->num_threads();
   in.hardware_threads = m.run.hardware_threads;
   in.cpu_budget = m.run.cpu_budget;
   in.prefetch_depth = m.run.prefetch_depth;
@@ -782,7 +802,7 @@ RunProfile Profiler::finish() {
   nlohmann::json j = m.breakdown_json(m.run_sum);
   j["type"] = "summary";
   j["t_s"] = ms(now_ns() - m.origin_ns) / 1000.0;
-  j["loader"] = m.loader_json(m.loader_start);
+  j["loader"] = m.loader_json(m.loader_start, 0);
   j["nvml"] = m.nvml_status;
   j["steady"] = m.breakdown_json(p.steady);
   j["warmup_steps_excluded"] = p.warmup_steps_excluded;

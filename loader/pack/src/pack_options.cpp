@@ -103,8 +103,10 @@ void add_pixel_rows(Schema<PackOptions>& s) {
 
 // num_workers, on_error and max_skips: the loader's rows, with pack's words where they differ.
 void add_worker_rows(Schema<PackOptions>& s) {
-  Spec workers = loader_spec("num_workers");
-  workers.help += "; the shards are the same for any count";
+  // No "auto": pack has no consumer whose rate would size the pool; it runs the whole budget.
+  Spec workers = loader_spec("num_workers", "decode/resize/encode threads; 0 = the CPU budget (the affinity mask's "
+                                            "CPUs capped by the cgroup CPU quota); the shards are the same for any count");
+  workers.words.clear();
   s.member(std::move(workers), &PackOptions::num_workers);
   s.add(loader_spec("on_error", "a file that cannot be read or decoded: raise (stop, naming it) or skip (leave it "
                                 "out, counted and listed in the summary and manifest.json)"),

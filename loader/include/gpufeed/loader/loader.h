@@ -27,6 +27,7 @@
 #include "gpufeed/loader/batch.h"
 #include "gpufeed/loader/dataset.h"
 #include "gpufeed/loader/host_allocator.h"
+#include "gpufeed/loader/thread_tuner.h"
 #include "gpufeed/loader/transform.h"
 #include "gpufeed/sampler/sampler.h"
 
@@ -57,11 +58,18 @@ ErrorPolicy parse_error_policy(std::string_view name);
 /// above tens of thousands of threads, and the process aborts).
 inline constexpr int kMaxNumWorkers = 1024;
 
+/// LoaderOptions::num_workers = kAutoNumWorkers ("auto" in the CLI and Python): the loader picks
+/// its thread count from measurements, the fewest threads that keep the consumer's data wait
+/// under 1%, within the CPU budget, and adapts when the consumer's rate or the per-sample cost
+/// changes (the rule: gpufeed/loader/thread_tuner.h). It starts with the whole budget; every
+/// change is a ThreadDecision (Loader::thread_decisions()). Samples are identical for any count.
+inline constexpr int kAutoNumWorkers = -1;
+
 /// Loader options, DataLoader's vocabulary where one exists.
 struct LoaderOptions {
   int64_t batch_size = 256;   ///< samples per batch
   bool drop_last = false;     ///< drop the last, short batch (DataLoader's drop_last)
-  int num_workers = 0;        ///< decode threads in the loader's arena; 0 = the CPU budget (gpufeed/cpu_budget.h: the affinity mask and cgroup quota); at most kMaxNumWorkers
+  int num_workers = 0;        ///< decode threads in the loader's arena; 0 = the CPU budget (gpufeed/cpu_budget.h: the affinity mask and cgroup quota); kAutoNumWorkers = chosen from measurements; at most kMaxNumWorkers
   int prefetch_depth = 3;     ///< batch slots that exist, held by the consumer included; >= 1
   uint64_t seed = 0;          ///< augmentation seed: sample i of epoch e draws from (seed, e, i)
   TransformOptions transform{};        ///< train or eval transform and its parameters
@@ -211,7 +219,8 @@ class Loader {
  public:
   /// Allocates all slots up front, for max(options.max_image_size, transform.output_size()).
   /// Throws std::invalid_argument for a null dataset/sampler or bad options (batch_size < 1,
-  /// prefetch_depth < 1, num_workers < 0, 0 < max_image_size < transform.output_size()),
+  /// prefetch_depth < 1, num_workers < 0 other than kAutoNumWorkers, 0 < max_image_size <
+  /// transform.output_size()),
   /// std::runtime_error naming the sizes when the slots cannot be allocated. Logs a warning
   /// when num_workers exceeds the process's CPU budget (as DataLoader does), saying what the
   /// budget is made of (affinity mask, cgroup quota).
@@ -277,9 +286,13 @@ class Loader {
   /// The options the loader was built with (transform.rrc.size as given there: image_size()
   /// is the current epoch's side).
   const LoaderOptions& options() const;
-  /// The decode threads the loader runs: options().num_workers, or for 0 the process's CPU
-  /// budget (gpufeed/cpu_budget.h) when the loader was built.
+  /// The decode threads the loader runs now: options().num_workers, for 0 the process's CPU
+  /// budget (gpufeed/cpu_budget.h) when the loader was built, for kAutoNumWorkers the count
+  /// its last ThreadDecision chose (the budget before the first). Thread-safe.
   int num_threads() const;
+  /// num_workers = kAutoNumWorkers: every change of the thread count so far, oldest first (the
+  /// last 1024); empty otherwise. Thread-safe.
+  std::vector<ThreadDecision> thread_decisions() const;
   /// The dataset.
   const Dataset& dataset() const;
   /// Counters so far.
