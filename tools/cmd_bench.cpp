@@ -164,6 +164,27 @@ nlohmann::json base_record(const char* mode, const Args& a, const loader::Datase
           {"warmup", a.warmup}};
 }
 
+// The consumer's side of a timed run: --consumer-ms, its data wait (seconds and fraction of the
+// timed wall time), each timed epoch's first-batch wait, CPU seconds per epoch, and
+// num_workers=auto's thread count at the start and every change after.
+nlohmann::json consumer_record(const Args& a, const loader::Loader& loader, double wait_s,
+                               const std::vector<double>& first_wait_s, double seconds, double cpu_s,
+                               int start_threads) {
+  nlohmann::json decisions = nlohmann::json::array();
+  for (const loader::ThreadDecision& d : loader.thread_decisions()) {
+    decisions.push_back({{"epoch", d.epoch}, {"batch", d.batch}, {"from", d.from}, {"to", d.to},
+                         {"sample_cost_us", d.sample_cost_us}, {"demand_per_s", d.demand_per_s},
+                         {"needed", d.needed}, {"wait_fraction", d.wait_fraction}, {"why", d.why}});
+  }
+  return {{"consumer_ms", a.consumer_ms},
+          {"data_wait_s", wait_s},
+          {"data_wait_fraction", seconds > 0 ? wait_s / seconds : 0.0},
+          {"first_batch_wait_s", first_wait_s},
+          {"cpu_s_per_epoch", cpu_s / a.epochs},
+          {"start_threads", start_threads},
+          {"thread_decisions", std::move(decisions)}};
+}
+
 nlohmann::json run_loader(const Args& a, std::shared_ptr<const loader::Dataset> ds, int workers,
                           bool dump) {
   const loader::LoaderOptions o = loader_options(a, workers);
@@ -214,20 +235,8 @@ nlohmann::json run_loader(const Args& a, std::shared_ptr<const loader::Dataset> 
   const auto st = loader.stats();
   nlohmann::json r = base_record("loader", a, *ds, static_cast<size_t>(samples), seconds, cpu_s, workers,
                                  loader.num_threads());
-  nlohmann::json decisions = nlohmann::json::array();
-  for (const loader::ThreadDecision& d : loader.thread_decisions()) {
-    decisions.push_back({{"epoch", d.epoch}, {"batch", d.batch}, {"from", d.from}, {"to", d.to},
-                         {"sample_cost_us", d.sample_cost_us}, {"demand_per_s", d.demand_per_s},
-                         {"needed", d.needed}, {"wait_fraction", d.wait_fraction}, {"why", d.why}});
-  }
   if (workers == loader::kAutoNumWorkers) r["num_workers"] = "auto";
-  r.update({{"consumer_ms", a.consumer_ms},
-            {"data_wait_s", wait_s},
-            {"data_wait_fraction", seconds > 0 ? wait_s / seconds : 0.0},
-            {"first_batch_wait_s", first_wait_s},
-            {"cpu_s_per_epoch", cpu_s / a.epochs},
-            {"start_threads", threads},
-            {"thread_decisions", std::move(decisions)}});
+  r.update(consumer_record(a, loader, wait_s, first_wait_s, seconds, cpu_s, threads));
   r.update({{"batches", batches},
             {"batch_size", a.loader.batch_size},
             {"image_size", a.image_size()},
@@ -398,6 +407,31 @@ std::string describe(const nlohmann::json& r) {
   return s;
 }
 
+// The floors decode from memory: every file read once, before any timing.
+void preload(const loader::Dataset& ds, std::vector<std::vector<uint8_t>>& files, std::vector<std::string>& names) {
+  files.resize(static_cast<size_t>(ds.size()));
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    names.push_back(ds.at(i).source());
+    loader::read_sample(ds.at(i), files[static_cast<size_t>(i)]);
+  }
+}
+
+// --num-workers as given (numbers, auto) into Args::workers; auto only for --mode loader.
+void parse_workers(Args& a, const options::Spec& spec) {
+  if (!a.worker_texts.empty()) {
+    a.workers.clear();
+    for (const std::string& t : a.worker_texts) {
+      const options::Value v = options::parse(spec, t);
+      a.workers.push_back(std::holds_alternative<std::string>(v) ? loader::kAutoNumWorkers
+                                                                 : static_cast<int>(std::get<int64_t>(v)));
+    }
+  }
+  for (const int w : a.workers) {
+    if (w == loader::kAutoNumWorkers && a.mode != "loader")
+      throw std::invalid_argument("bench: --num-workers auto needs --mode loader (the floors have no consumer to measure)");
+  }
+}
+
 }  // namespace
 
 Run add_bench(CLI::App& app) {
@@ -443,29 +477,11 @@ Run add_bench(CLI::App& app) {
                                                        : loader::TransformOptions::Kind::kEval;
     }
     flags.apply();
-    if (!a->worker_texts.empty()) {
-      a->workers.clear();
-      for (const std::string& t : a->worker_texts) {
-        const options::Value v = options::parse(workers, t);
-        a->workers.push_back(std::holds_alternative<std::string>(v) ? loader::kAutoNumWorkers
-                                                                     : static_cast<int>(std::get<int64_t>(v)));
-      }
-    }
-    for (const int w : a->workers) {
-      if (w == loader::kAutoNumWorkers && a->mode != "loader")
-        throw std::invalid_argument("bench: --num-workers auto needs --mode loader (the floors have no consumer to measure)");
-    }
+    parse_workers(*a, workers);
     std::shared_ptr<const loader::Dataset> ds = loader::open_dataset(a->data, a->cache);
-    // The floors decode from memory: read every file once, before any timing.
     std::vector<std::vector<uint8_t>> files;
     std::vector<std::string> names;
-    if (a->mode != "loader") {
-      files.resize(static_cast<size_t>(ds->size()));
-      for (int64_t i = 0; i < ds->size(); ++i) {
-        names.push_back(ds->at(i).source());
-        loader::read_sample(ds->at(i), files[static_cast<size_t>(i)]);
-      }
-    }
+    if (a->mode != "loader") preload(*ds, files, names);
     // Let the floors' arenas have as many threads as asked for (oneTBB defaults to the cores).
     int most = 1;
     for (const int w : a->workers) most = std::max(most, resolve_threads(w));
