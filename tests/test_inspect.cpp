@@ -238,6 +238,12 @@ TEST(BenchCli, NumWorkersAutoAndAConsumerOfKnownSpeed) {
   EXPECT_NE(gpufeed(common + " --num-workers 2,many", tmp.path, out, err), 0);
   EXPECT_NE(err.find("--num-workers"), std::string::npos) << err;
   EXPECT_NE(err.find("or auto, not 'many'"), std::string::npos) << err;
+  for (const char* bad : {"nan", "-1", "inf", "x"}) {
+    EXPECT_NE(gpufeed(common + " --consumer-ms " + bad, tmp.path, out, err), 0) << bad;
+    EXPECT_NE(err.find("--consumer-ms"), std::string::npos) << bad << ": " << err;
+  }
+  EXPECT_NE(gpufeed(common + " --consumer-ms 3 --mode floor", tmp.path, out, err), 0);
+  EXPECT_NE(err.find("--consumer-ms needs --mode loader"), std::string::npos) << err;
 }
 
 TEST(BenchCli, ResizeKernelVariableGivesTheSameSamplesAndRefusesAnUnknownKernel) {

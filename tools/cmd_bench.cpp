@@ -366,9 +366,10 @@ nlohmann::json run_full_decode(const Args& a, const loader::Dataset& ds, int wor
 std::string describe(const nlohmann::json& r) {
   const std::string mode = r["mode"];
   std::string s = fmt::format(
-      "bench {}: {} samples in {:.2f} s = {:.1f} images/s, {} threads, {:.0f} CPU us/sample", mode,
+      "bench {}: {} samples in {:.2f} s = {:.1f} images/s, {} threads{}, {:.0f} CPU us/sample", mode,
       r["samples"].get<int64_t>(), r["seconds"].get<double>(), r["images_per_s"].get<double>(),
-      r["threads"].get<int>(), r["cpu_us_per_sample"].get<double>());
+      r["threads"].get<int>(), r["num_workers"] == "auto" ? " (num_workers auto, at the end)" : "",
+      r["cpu_us_per_sample"].get<double>());
   if (mode == "loader") {
     const auto& p = r["per_sample_us"];
     const auto& rss = r["rss_after_pass_bytes"];
@@ -382,7 +383,7 @@ std::string describe(const nlohmann::json& r) {
         r["peak_rss_bytes"].get<double>() / (1 << 20));
     if (const auto skipped = r["skipped"].get<int64_t>(); skipped > 0)
       s += fmt::format("; {} samples skipped (--on-error skip)", skipped);
-    if (r["consumer_ms"].get<double>() > 0 || r["num_workers"] == "auto") {
+    if (r["consumer_ms"].get<double>() > 0) {
       s += fmt::format("; consumer {:g} ms a batch, data wait {:.2f}%, {:.2f} CPU s an epoch",
                        r["consumer_ms"].get<double>(), r["data_wait_fraction"].get<double>() * 100,
                        r["cpu_s_per_epoch"].get<double>());
@@ -430,6 +431,8 @@ void parse_workers(Args& a, const options::Spec& spec) {
     if (w == loader::kAutoNumWorkers && a.mode != "loader")
       throw std::invalid_argument("bench: --num-workers auto needs --mode loader (the floors have no consumer to measure)");
   }
+  if (a.consumer_ms > 0 && a.mode != "loader")
+    throw std::invalid_argument("bench: --consumer-ms needs --mode loader (the floors hand no batches to a consumer)");
 }
 
 }  // namespace
@@ -451,6 +454,12 @@ Run add_bench(CLI::App& app) {
   app.add_option("--consumer-ms", a->consumer_ms,
                  "--mode loader: hold each batch this long (a sleep), as a training step of known speed; the "
                  "record gives the consumer's data wait (milliseconds; default 0: take batches as fast as they come)")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            const double v = std::strtod(text.c_str(), nullptr);
+            return v >= 0 && v <= 1e6 ? "" : "must be a number of milliseconds in [0, 1e6], not '" + text + "'";
+          },
+          "", ""))
       ->check(CLI::Range(0.0, 1e6));
   // The loader's own flags, from its schema (gpufeed/loader/loader.h), but --num-workers (a list here).
   const SchemaFlags flags = add_schema_options(app, loader::loader_options_schema(), a->loader, {"num_workers"});

@@ -425,7 +425,10 @@ void print_epoch(const harness::EpochStats& st, int64_t epochs) {
       static_cast<long long>(st.epoch + 1), static_cast<long long>(epochs), st.image_size, st.loss,
       100 * st.top1, st.images_per_s, 100 * st.data_wait_fraction, st.lr, st.seconds);
   line += format("  threads %d", st.loader_threads);
-  if (st.thread_decisions > 0) line += format(" (auto, %lld changes)", static_cast<long long>(st.thread_decisions));
+  if (st.auto_threads) {
+    line += format(" (auto, %lld change%s so far)", static_cast<long long>(st.thread_decisions),
+                   st.thread_decisions == 1 ? "" : "s");
+  }
   if (st.skipped_steps > 0) line += format("  skipped_steps %lld", static_cast<long long>(st.skipped_steps));
   if (st.skipped_samples > 0) line += format("  skipped_samples %lld", static_cast<long long>(st.skipped_samples));
   if (st.val_top1) {

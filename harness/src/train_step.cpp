@@ -185,6 +185,7 @@ void Trainer::Impl::finish_epoch(EpochState& ep) {
   st.data_wait_fraction = st.seconds > 0 ? ep.wait_s / st.seconds : 0;
   st.first_batch_wait_s = train_loader->epoch_summary().first_wait_s;
   st.loader_threads = train_loader->num_threads();
+  st.auto_threads = train_loader->options().num_workers == loader::kAutoNumWorkers;
   const auto decisions = train_loader->thread_decisions();
   st.thread_decisions = decisions.empty() ? 0 : decisions.back().number + 1;
 }

@@ -242,7 +242,11 @@ class DataLoader:
     ``num_workers`` attribute is the count the loader started with). ``num_workers="auto"``
     starts with the CPU budget and then runs the fewest threads that keep this loop's data wait
     under 1%, measured from how fast the loop asks for batches; ``stats()["threads"]`` is the
-    count now and ``stats()["thread_decisions"]`` says why; the batches are the same. ``seed`` with ``shuffle`` orders every epoch
+    count now and ``stats()["thread_decisions"]`` says why; the batches are the same. The wait it
+    keeps under 1% is the wait for decoded batches: with a float ``dtype`` on the CPU the uint8 ->
+    float conversion runs in ``next()`` on the loop's own thread, so the loop's time in ``next()``
+    also holds that conversion, which more decode threads would not shorten (``dtype=torch.uint8``,
+    or ``device="cuda"``, where the conversion runs on the GPU, leaves it out). ``seed`` with ``shuffle`` orders every epoch
     with a generator seeded ``seed + epoch``, exactly DistributedSampler's order (also with one
     process); each sample's crop, flip and augmentation depend only on (seed, epoch, index),
     whatever the thread count (draw order: gpufeed/loader/augment.h). ``train`` is torchvision's

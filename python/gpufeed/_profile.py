@@ -74,6 +74,8 @@ class profile:
                  nvml: bool = True, verbose: bool = True, consumer_ms: float = 0):
         from ._loader import DataLoader
 
+        if consumer_ms is None:
+            consumer_ms = 0
         if not isinstance(consumer_ms, (int, float)) or isinstance(consumer_ms, bool) or not 0 <= consumer_ms < 1e6:
             raise ValueError(f"gpufeed.profile: consumer_ms must be a number of milliseconds in [0, 1e6), "
                              f"not {consumer_ms!r}")

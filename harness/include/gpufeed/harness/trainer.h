@@ -258,7 +258,8 @@ struct EpochStats {
   double data_wait_fraction = 0;  ///< time blocked in Prefetcher::next() / seconds (this rank)
   double first_batch_wait_s = 0;  ///< the loader's wait for the epoch's first batch, seconds (EpochSummary::first_wait_s, this rank)
   int loader_threads = 0;         ///< the train loader's decode threads at the epoch's end (num_workers auto: its choice)
-  int64_t thread_decisions = 0;   ///< num_workers auto: the train loader's decisions so far (Loader::thread_decisions())
+  bool auto_threads = false;      ///< the train loader runs num_workers auto
+  int64_t thread_decisions = 0;   ///< num_workers auto: the train loader's changes of thread count so far, all epochs (Loader::thread_decisions())
   double lr = 0;                ///< learning rate at the epoch's last step
   int64_t skipped_steps = 0;    ///< fp16: steps skipped for inf/NaN gradients
   int64_t skipped_samples = 0;  ///< --on-error skip: training samples replaced (loader's epoch_summary), all ranks

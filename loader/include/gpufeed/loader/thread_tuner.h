@@ -4,7 +4,9 @@
 // The loader feeds it one observation per batch next() hands out: how long the consumer worked
 // on the previous batch before asking for this one (its step, data wait excluded), how long it
 // waited for this one, and the thread time the loader's workers have spent per sample so far.
-// Every `window` batches it decides:
+// Every `window` batches it decides (the loader's window is max(4, prefetch_depth) batches: the
+// batches already decoded into the slots when a count changes were decoded at the old one, so a
+// shorter window would judge a change by batches it did not make):
 //
 //   demand  = batch samples / median consumer step         (samples/s the consumer takes)
 //   needed  = demand x thread time per sample               (threads, fractional)
