@@ -1024,6 +1024,63 @@ TEST(AutoNumWorkers, OneThreadForAConsumerThreeTimesSlowerThanADecodeMoreForOneF
   fs::remove_all(root, ec);
 }
 
+// prefetch_depth = auto (loader.h): a consumer that pauses 80 ms every 8th batch and takes the
+// other 7 at once drains the 2 batches the loader decoded during the pause and then waits for
+// each of the rest; the loader adds a slot after each such window, until the pause's read-ahead
+// covers the burst and the waits stop. The batches are those of a fixed-depth loader.
+TEST(AutoPrefetchDepth, GrowsForABurstyConsumerUntilItsBurstsAreDecodedAhead) {
+  const fs::path root = fs::temp_directory_path() / ("gpufeed_test_autodepth_" + std::to_string(::getpid()));
+  SyntheticOptions so;
+  so.num_classes = 2;
+  so.images_per_class = 32;
+  so.min_size = 400;
+  so.max_size = 600;
+  write_synthetic_image_folder(root, so);
+  auto ds = std::make_shared<ImageFolder>(root);
+  LoaderOptions o = small_options(1);
+  o.transform.rrc.size = 128;  // a batch takes milliseconds: the burst waits for each one not decoded ahead
+  std::vector<Collected> reference;
+  {
+    Loader fixed(ds, std::make_shared<SequentialSampler>(ds->size()), o);
+    for (int64_t epoch = 0; epoch < 6; ++epoch) reference.push_back(run_epoch(fixed, epoch));
+  }
+  o.prefetch_depth = kAutoPrefetchDepth;
+  auto owner = std::make_unique<Loader>(ds, std::make_shared<SequentialSampler>(ds->size()), o);
+  Loader& loader = *owner;
+  EXPECT_EQ(loader.prefetch_depth(), kAutoPrefetchStart);
+  std::vector<double> waits;
+  for (int64_t epoch = 0; epoch < 6; ++epoch) {
+    Collected c;
+    loader.start_epoch(epoch);
+    int k = 0;
+    while (auto b = loader.next()) {
+      c.images.emplace_back(b->images, b->images + b->image_bytes());
+      c.indices.push_back(b->indices);
+      if (++k % 8 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(80));
+    }
+    EXPECT_EQ(c.images, reference[static_cast<size_t>(epoch)].images) << "epoch " << epoch;
+    EXPECT_EQ(c.indices, reference[static_cast<size_t>(epoch)].indices) << "epoch " << epoch;
+    waits.push_back(loader.epoch_summary().wait_s);
+  }
+  const auto d = loader.thread_decisions();
+  ASSERT_FALSE(d.empty()) << "no slot was added";
+  for (size_t k = 0; k < d.size(); ++k) {
+    EXPECT_EQ(d[k].from, 1);
+    EXPECT_EQ(d[k].to, 1);
+    EXPECT_EQ(d[k].prefetch_depth_to, d[k].prefetch_depth_from + 1);
+    EXPECT_EQ(d[k].number, static_cast<int64_t>(k));
+  }
+  EXPECT_GE(loader.prefetch_depth(), 6);
+  EXPECT_LE(loader.prefetch_depth(), kAutoPrefetchMax);
+  EXPECT_LT(waits.back(), 0.5 * waits.front()) << "first epoch waited " << waits.front() << " s, last "
+                                               << waits.back() << " s";
+  const SlotCounts slots = loader.slot_counts();
+  EXPECT_EQ(slots.ready + slots.in_flight + slots.held + slots.free, loader.prefetch_depth());
+  owner.reset();
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
 TEST(Loader, AnImageSizeAboveTheSlotsIsRefusedNamingBoth) {
   auto ds = std::make_shared<ImageFolder>(synthetic_root());
   auto o = small_options(1);

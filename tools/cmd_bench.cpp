@@ -173,6 +173,7 @@ nlohmann::json consumer_record(const Args& a, const loader::Loader& loader, doub
   nlohmann::json decisions = nlohmann::json::array();
   for (const loader::ThreadDecision& d : loader.thread_decisions()) {
     decisions.push_back({{"epoch", d.epoch}, {"batch", d.batch}, {"from", d.from}, {"to", d.to},
+                         {"prefetch_depth_from", d.prefetch_depth_from}, {"prefetch_depth_to", d.prefetch_depth_to},
                          {"sample_cost_us", d.sample_cost_us}, {"demand_per_s", d.demand_per_s},
                          {"needed", d.needed}, {"wait_fraction", d.wait_fraction}, {"why", d.why}});
   }

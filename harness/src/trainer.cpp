@@ -579,7 +579,8 @@ RunInfo Trainer::Impl::run_info() const {
   run.hardware_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   run.cpu_budget = gpufeed::cpu_budget();
   run.num_workers = o.loader.num_workers > 0 ? o.loader.num_workers : run.cpu_budget;
-  run.prefetch_depth = o.loader.prefetch_depth;
+  run.prefetch_depth = o.loader.prefetch_depth == loader::kAutoPrefetchDepth ? loader::kAutoPrefetchStart
+                                                                             : o.loader.prefetch_depth;
   run.image_size = train_image_size(epoch);  // the first epoch this fit() trains
   run.allreduce = ddp != nullptr;  // else the all-reduce phase is recorded as zero-length
   return run;

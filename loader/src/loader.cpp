@@ -5,6 +5,8 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -128,26 +130,36 @@ struct Slot {
 class SlotRing {
  public:
   SlotRing(HostAllocator& allocator, int depth, int64_t batch_size, int64_t side)
-      : allocator_(allocator), slots_(static_cast<size_t>(depth)) {
-    const auto image_bytes = static_cast<size_t>(side * side * 3 * batch_size);
-    const size_t label_offset = (image_bytes + 63) / 64 * 64;
-    const size_t bytes = label_offset + static_cast<size_t>(batch_size) * sizeof(int64_t);
-    for (Slot& slot : slots_) {
-      try {
-        slot.base = allocator_.allocate(bytes);
-      } catch (const std::bad_alloc&) {
+      : allocator_(allocator),
+        label_offset_((static_cast<size_t>(side * side * 3 * batch_size) + 63) / 64 * 64),
+        bytes_(label_offset_ + static_cast<size_t>(batch_size) * sizeof(int64_t)) {
+    for (int k = 0; k < depth; ++k) {
+      if (!grow()) {
         deallocate_all();
         throw std::runtime_error(fmt::format(
             "Loader: cannot allocate {} batch slot(s) of {:.1f} MiB (batch_size {} x {}x{}x3 "
             "uint8): lower batch_size, the image size or prefetch_depth",
-            depth, static_cast<double>(bytes) / (1 << 20), batch_size, side, side));
+            depth, static_cast<double>(bytes_) / (1 << 20), batch_size, side, side));
       }
-      slot.bytes = bytes;
-      slot.images = static_cast<uint8_t*>(slot.base);
-      slot.labels = reinterpret_cast<int64_t*>(static_cast<uint8_t*>(slot.base) + label_offset);
-      free_.push_back(&slot);
     }
   }
+  /// One slot more (prefetch_depth auto), free at once; false when the allocator refuses it.
+  /// Slots live in a deque: a slot's address never moves while batches point into it.
+  bool grow() {
+    Slot slot;
+    try {
+      slot.base = allocator_.allocate(bytes_);
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+    slot.bytes = bytes_;
+    slot.images = static_cast<uint8_t*>(slot.base);
+    slot.labels = reinterpret_cast<int64_t*>(static_cast<uint8_t*>(slot.base) + label_offset_);
+    slots_.push_back(slot);
+    free_.push_back(&slots_.back());
+    return true;
+  }
+  size_t slot_bytes() const { return bytes_; }
   ~SlotRing() { deallocate_all(); }
   SlotRing(const SlotRing&) = delete;
   SlotRing& operator=(const SlotRing&) = delete;
@@ -169,7 +181,8 @@ class SlotRing {
       if (s.base) allocator_.deallocate(s.base, s.bytes);
   }
   HostAllocator& allocator_;
-  std::vector<Slot> slots_;
+  size_t label_offset_, bytes_;
+  std::deque<Slot> slots_;
   std::vector<Slot*> free_;
 };
 
@@ -407,6 +420,13 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   double pending_wait_s = 0;
   int64_t cost_ns_seen = 0, cost_samples_seen = 0;  // counters when the tuner's last window ended
   int64_t tuned_batches = 0;
+  int window = 4;  // batches per tuning window: max(4, the slots at construction)
+  // prefetch_depth auto: the most slots, and this window's consumer wait, steps and whether the
+  // loader found every slot full while it had batches to schedule (guarded by mu).
+  int depth_max = 0;
+  double depth_wait_s = 0, depth_step_s = 0;
+  bool slots_were_full = false, slots_were_full_before = false;
+  int64_t decisions_made = 0;
   double sample_cost_s = 0;                          // worker thread time per sample, last window
 
   std::mutex mu;  // guards ring, schedule, ahead, epoch_step, skips, running_tasks, shutdown
@@ -438,10 +458,16 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
                                      static_cast<size_t>(worker_count(options.num_workers)) + 1)),
         arena(worker_count(options.num_workers), /*reserved_for_masters=*/0),
         threads(worker_count(options.num_workers)),
-        ring(*allocator, options.prefetch_depth, options.batch_size, slot_side) {
+        ring(*allocator, options.prefetch_depth == kAutoPrefetchDepth ? kAutoPrefetchStart : options.prefetch_depth,
+             options.batch_size, slot_side) {
+    window = std::max(4, ring.size());
     if (options.num_workers == kAutoNumWorkers) {
-      tuner.emplace(ThreadTunerOptions{.budget = threads.load(), .window = std::max(4, options.prefetch_depth)},
-                    threads.load());
+      tuner.emplace(ThreadTunerOptions{.budget = threads.load(), .window = window}, threads.load());
+    }
+    if (options.prefetch_depth == kAutoPrefetchDepth) {
+      const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+      const auto fit = static_cast<int>(memory / 16 / static_cast<double>(ring.slot_bytes()));
+      depth_max = std::clamp(fit, kAutoPrefetchStart, kAutoPrefetchMax);
     }
   }
 
@@ -471,7 +497,23 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   // The consumer's half of a handed-out batch for the tuner: `consumer_s` its step before asking
   // (negative: unknown), `wait_s` its data wait.
   void tune(const InFlight& f, double consumer_s, double wait_s) {
-    if (!tuner) return;
+    if (!tuner && depth_max == 0) return;
+    const bool window_ended = ++tuned_batches % window == 0;
+    if (tuner) tune_threads(f, consumer_s, wait_s, window_ended);
+    if (depth_max == 0) return;
+    depth_wait_s += std::max(0.0, wait_s);
+    if (consumer_s >= 0) depth_step_s += consumer_s;
+    if (!window_ended) return;
+    // The burst that drains what the slots held can fall in the window after the one in which
+    // they were full: either counts.
+    const bool full = slots_were_full || slots_were_full_before;
+    slots_were_full_before = slots_were_full;
+    grow_if_bursty(f, full);
+    depth_wait_s = depth_step_s = 0;
+    slots_were_full = false;
+  }
+
+  void tune_threads(const InFlight& f, double consumer_s, double wait_s, bool window_ended) {
     const int64_t ns = counters.read_ns.load(std::memory_order_relaxed) +
                        counters.decode_ns.load(std::memory_order_relaxed) +
                        counters.resize_ns.load(std::memory_order_relaxed);
@@ -481,7 +523,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     }
     auto d = tuner->observe(f.plan->epoch, f.batch_index, static_cast<int64_t>(f.indices.size()), consumer_s, wait_s,
                             sample_cost_s);
-    if (++tuned_batches % tuner->options().window == 0) {  // the tuner's window ended: the next one's costs
+    if (window_ended) {  // the tuner's window ended: the next one's costs
       cost_ns_seen = ns;
       cost_samples_seen = n;
     }
@@ -490,8 +532,54 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     wake_lanes();
     gpufeed::log()->info("loader: num_workers auto: {} -> {} threads after batch {} of epoch {}: {}", d->from, d->to,
                          d->batch, d->epoch, d->why);
+    d->prefetch_depth_from = d->prefetch_depth_to = ring.size();
+    record(std::move(*d));
+  }
+
+  // prefetch_depth auto, at a window's end: one slot more when the consumer waited over 1% of the
+  // window and the loader had, at some release in it or in the window before, every other slot
+  // holding a decoded batch with more to schedule (`full`: it had run as far ahead as the slots
+  // allow, so more slots would have held more decoded batches for the burst that followed).
+  void grow_if_bursty(const InFlight& f, bool full) {
+    const double busy = depth_wait_s + depth_step_s;
+    const double waited = busy > 0 ? depth_wait_s / busy : 0;
+    if (!(waited > 0.01 && full && ring.size() < depth_max)) return;
+    const int before = ring.size();
+    if (!ring.grow()) {
+      gpufeed::log()->warn("loader: prefetch_depth auto: the allocator refused slot {}; staying at {}", before + 1,
+                           before);
+      depth_max = before;
+      return;
+    }
+    ThreadDecision d;
+    d.epoch = f.plan->epoch;
+    d.batch = f.batch_index;
+    d.from = d.to = threads.load(std::memory_order_relaxed);
+    d.prefetch_depth_from = before;
+    d.prefetch_depth_to = before + 1;
+    d.wait_fraction = waited;
+    d.why = fmt::format("data wait {:.1f}% of the window after the loader had filled every slot: a slot more "
+                        "({} of at most {})", waited * 100, before + 1, depth_max);
+    gpufeed::log()->info("loader: prefetch_depth auto: {} -> {} slots after batch {} of epoch {}: {}", before,
+                         before + 1, d.batch, d.epoch, d.why);
+    record(std::move(d));  // next() pumps the new slot right after
+  }
+
+  void record(ThreadDecision d) {
+    d.number = decisions_made++;
     if (decisions.size() == kMaxDecisions) decisions.erase(decisions.begin());
-    decisions.push_back(std::move(*d));
+    decisions.push_back(std::move(d));
+  }
+
+  // Whether every slot but those the consumer holds holds a decoded batch while there is more to
+  // schedule: the loader idles for want of a slot. Under mu.
+  bool idle_for_slots() const {
+    if (ring.free_count() > 0 || !(schedule.more_to_schedule() || ahead.more_to_schedule())) return false;
+    for (const EpochSchedule* s : {&schedule, &ahead}) {
+      for (const auto& f : s->pending)
+        if (!f->done) return false;
+    }
+    return true;
   }
 
   // Epoch `epoch`'s plan at the current image size (next_size): its batches in sampler order.
@@ -671,6 +759,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
 
   void release(Slot* slot) {
     std::unique_lock<std::mutex> lk(mu);
+    if (depth_max > 0 && idle_for_slots()) slots_were_full = true;
     ring.release(slot);
     pump(lk);
   }
@@ -721,7 +810,8 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<sampler::
   if (!dataset) throw std::invalid_argument("Loader: dataset is null");
   if (!sampler) throw std::invalid_argument("Loader: sampler is null");
   if (options.batch_size < 1) throw std::invalid_argument("Loader: batch_size must be >= 1");
-  if (options.prefetch_depth < 1) throw std::invalid_argument("Loader: prefetch_depth must be >= 1");
+  if (options.prefetch_depth < 1 && options.prefetch_depth != kAutoPrefetchDepth)
+    throw std::invalid_argument("Loader: prefetch_depth must be >= 1 or kAutoPrefetchDepth");
   if (options.transform.output_size() < 1) throw std::invalid_argument("Loader: output size must be >= 1");
   if (options.max_image_size < 0 ||
       (options.max_image_size > 0 && options.max_image_size < options.transform.output_size())) {
@@ -801,7 +891,7 @@ std::optional<Batch> Loader::next() {
   EpochSchedule& s = m.schedule;
   if (s.pending.empty()) {
     if (s.more_to_schedule()) {
-      throw std::logic_error("Loader::next: all " + std::to_string(m.options.prefetch_depth) +
+      throw std::logic_error("Loader::next: all " + std::to_string(m.ring.size()) +
                              " slots are held by unreleased Batches; release one first or raise "
                              "prefetch_depth");
     }
@@ -891,6 +981,11 @@ sampler::SamplerState Loader::state() const {
 const LoaderOptions& Loader::options() const { return impl_->options; }
 
 int Loader::num_threads() const { return impl_->threads.load(std::memory_order_relaxed); }
+
+int Loader::prefetch_depth() const {
+  std::lock_guard<std::mutex> g(impl_->mu);
+  return impl_->ring.size();
+}
 
 std::vector<ThreadDecision> Loader::thread_decisions() const {
   std::lock_guard<std::mutex> g(impl_->mu);

@@ -164,9 +164,18 @@ Schema<LoaderOptions> make_loader_schema() {
           if (o.num_workers == kAutoNumWorkers) return std::string("auto");
           return static_cast<int64_t>(o.num_workers);
         });
-  s.member({.name = "prefetch_depth", .type = Type::kInt,
-            .help = "batch slots, the one the consumer holds included", .unit = "batches", .min = 1, .max = 1 << 16},
-           &LoaderOptions::prefetch_depth);
+  s.add({.name = "prefetch_depth", .type = Type::kInt,
+         .help = "batch slots, the one the consumer holds included; auto = 3, and one more (up to 16, within 1/16 "
+                 "of the machine's memory) whenever the consumer waited after the loader had filled them all",
+         .unit = "batches", .min = 1, .max = 1 << 16, .words = {"auto"}},
+        [](LoaderOptions& o, const Value& v) {
+          o.prefetch_depth =
+              std::holds_alternative<std::string>(v) ? kAutoPrefetchDepth : static_cast<int>(std::get<int64_t>(v));
+        },
+        [](const LoaderOptions& o) -> Value {
+          if (o.prefetch_depth == kAutoPrefetchDepth) return std::string("auto");
+          return static_cast<int64_t>(o.prefetch_depth);
+        });
   s.add({.name = "seed", .type = Type::kInt,
          .help = "seed of the shuffled order and of the augmentations' draws (sample i of epoch e draws from (seed, e, i))"},
         [](LoaderOptions& o, const Value& v) { o.seed = static_cast<uint64_t>(std::get<int64_t>(v)); },

@@ -135,7 +135,7 @@ class CudaPrefetcher final : public Prefetcher {
     while (!exhausted_ && static_cast<int>(ready_.size()) < options_.device_prefetch_depth) {
       if (!(block && ready_.empty()) && !loader_->wait_ready(std::chrono::nanoseconds(0))) break;
       // Never hold every loader slot: the loader needs one to work ahead.
-      if (static_cast<int>(copying_.size()) >= loader_->options().prefetch_depth - 1 &&
+      if (static_cast<int>(copying_.size()) >= loader_->prefetch_depth() - 1 &&
           !copying_.empty()) {
         release_finished(true);
       }

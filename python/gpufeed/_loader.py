@@ -318,7 +318,8 @@ class DataLoader:
             raise ValueError(f"memory_format must be torch.contiguous_format or torch.channels_last, "
                              f"not {memory_format}")
         device = torch.device(device)
-        if keywords.get("prefetch_depth", 3) < 2 and dtype == torch.uint8 and device.type == "cpu":
+        depth = keywords.get("prefetch_depth", 3)
+        if isinstance(depth, int) and depth < 2 and dtype == torch.uint8 and device.type == "cpu":
             raise ValueError(
                 "prefetch_depth=1 with dtype=torch.uint8 on the CPU: those batches are views of the "
                 "loader's slots, and a `for images, labels in loader` loop still holds the previous "
@@ -346,7 +347,8 @@ class DataLoader:
         # The options in force, read back as the C++ side resolved them.
         resolved = {name: (keywords[name] if name in keywords else _keyword_default(name)) for name in _SPECS}
         self.batch_size = int(resolved["batch_size"])
-        self.prefetch_depth = int(resolved["prefetch_depth"])
+        # prefetch_depth="auto": the slots it starts with (stats()["prefetch_depth"]: now).
+        self.prefetch_depth = 3 if resolved["prefetch_depth"] == "auto" else int(resolved["prefetch_depth"])
         self.drop_last = bool(resolved["drop_last"])
         self.seed = int(seed)
         self.train = bool(resolved["train"])
@@ -706,10 +708,11 @@ class DataLoader:
     def stats(self) -> Dict[str, Any]:
         """The loader's counters over its life: samples, skipped, bytes_read, read_s, decode_s,
         resize_s (thread seconds summed over the workers), decoded_pixels, threads (decode threads
-        in use now), thread_decisions (num_workers="auto": each change of the thread count, a dict
-        of epoch, batch, from, to, sample_cost_us, demand_per_s, needed, wait_fraction and why;
-        the rule is gpufeed/loader/thread_tuner.h's), and slots {ready, in_flight, held, free}
-        now."""
+        in use now), prefetch_depth (batch slots now), thread_decisions (num_workers="auto" and
+        prefetch_depth="auto": each change of the thread count or of the slots, a dict of epoch,
+        batch, from, to, prefetch_depth_from, prefetch_depth_to, sample_cost_us, demand_per_s,
+        needed, wait_fraction and why; the rules are gpufeed/loader/thread_tuner.h's and
+        gpufeed/loader/loader.h's), and slots {ready, in_flight, held, free} now."""
         self._decoding("stats")
         return self._c.stats()
 

@@ -396,6 +396,7 @@ class PyLoader {
     d["resize_s"] = s.resize_s;
     d["decoded_pixels"] = s.decoded_pixels;
     d["threads"] = loader().num_threads();
+    d["prefetch_depth"] = loader().prefetch_depth();
     nb::list decisions;
     for (const loader::ThreadDecision& t : loader().thread_decisions()) {
       nb::dict e;
@@ -403,6 +404,8 @@ class PyLoader {
       e["batch"] = t.batch;
       e["from"] = t.from;
       e["to"] = t.to;
+      e["prefetch_depth_from"] = t.prefetch_depth_from;
+      e["prefetch_depth_to"] = t.prefetch_depth_to;
       e["sample_cost_us"] = t.sample_cost_us;
       e["demand_per_s"] = t.demand_per_s;
       e["needed"] = t.needed;

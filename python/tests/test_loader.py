@@ -498,8 +498,9 @@ def test_num_workers_auto_gives_one_threads_batches_and_reports_its_choices(fold
     if budget >= 2:
         assert (decisions[0]["from"], decisions[0]["to"]) == (budget, 1)
         assert all(d["epoch"] == 1 for d in decisions[1:])
-        assert set(decisions[0]) == {"epoch", "batch", "from", "to", "sample_cost_us", "demand_per_s", "needed",
-                                     "wait_fraction", "why"}
+        assert set(decisions[0]) == {"epoch", "batch", "from", "to", "prefetch_depth_from", "prefetch_depth_to",
+                                     "sample_cost_us", "demand_per_s", "needed", "wait_fraction", "why"}
+        assert decisions[0]["prefetch_depth_from"] == decisions[0]["prefetch_depth_to"] == 2
         assert decisions[0]["epoch"] == 0 and "threads needed" in decisions[0]["why"]
     else:
         print(f"CPU budget {budget}: auto has no choice to make; only the batches are checked")

@@ -353,12 +353,14 @@ struct Profiler::Impl {
     for (const loader::ThreadDecision& d : loader->thread_decisions()) {
       if (d.number < from_decision) continue;
       decisions.push_back({{"epoch", d.epoch}, {"batch", d.batch}, {"from", d.from}, {"to", d.to},
+                         {"prefetch_depth_from", d.prefetch_depth_from}, {"prefetch_depth_to", d.prefetch_depth_to},
                            {"sample_cost_us", d.sample_cost_us}, {"demand_per_s", d.demand_per_s},
                            {"needed", d.needed}, {"wait_fraction", d.wait_fraction}, {"why", d.why}});
     }
     const int workers = loader->options().num_workers;
     return {{"num_workers", workers == loader::kAutoNumWorkers ? nlohmann::json("auto") : nlohmann::json(workers)},
             {"threads", loader->num_threads()},
+            {"prefetch_depth", loader->prefetch_depth()},
             {"thread_decisions", std::move(decisions)},
             {"samples", now.samples - from.samples},
             {"skipped", now.skipped - from.skipped},
@@ -792,6 +794,7 @@ RunProfile Profiler::finish() {
   in.num_workers = m.run.num_workers;
   // num_workers auto: the verdict judges the count the loader ended with.
   if (m.loader && m.loader->options().num_workers == loader::kAutoNumWorkers) in.num_workers = m.loader->num_threads();
+  if (m.loader) in.prefetch_depth = m.loader->prefetch_depth();
   in.hardware_threads = m.run.hardware_threads;
   in.cpu_budget = m.run.cpu_budget;
   in.prefetch_depth = m.run.prefetch_depth;

@@ -65,12 +65,22 @@ inline constexpr int kMaxNumWorkers = 1024;
 /// change is a ThreadDecision (Loader::thread_decisions()). Samples are identical for any count.
 inline constexpr int kAutoNumWorkers = -1;
 
+/// LoaderOptions::prefetch_depth = kAutoPrefetchDepth ("auto"): the loader starts with
+/// kAutoPrefetchStart slots and adds one (allocating it, on the consumer's thread) whenever a
+/// window of batches saw the consumer wait more than 1% while every slot was full at some point
+/// (the loader had decoded as far ahead as the slots allow, then the consumer caught up: a
+/// bursty consumer), up to kAutoPrefetchMax slots and at most 1/16 of the machine's physical
+/// memory in slots. Each addition is a ThreadDecision whose prefetch_depth_to is one more.
+inline constexpr int kAutoPrefetchDepth = -1;
+inline constexpr int kAutoPrefetchStart = 3;
+inline constexpr int kAutoPrefetchMax = 16;
+
 /// Loader options, DataLoader's vocabulary where one exists.
 struct LoaderOptions {
   int64_t batch_size = 256;   ///< samples per batch
   bool drop_last = false;     ///< drop the last, short batch (DataLoader's drop_last)
   int num_workers = 0;        ///< decode threads in the loader's arena; 0 = the CPU budget (gpufeed/cpu_budget.h: the affinity mask and cgroup quota); kAutoNumWorkers = chosen from measurements; at most kMaxNumWorkers
-  int prefetch_depth = 3;     ///< batch slots that exist, held by the consumer included; >= 1
+  int prefetch_depth = 3;     ///< batch slots that exist, held by the consumer included; >= 1, or kAutoPrefetchDepth
   uint64_t seed = 0;          ///< augmentation seed: sample i of epoch e draws from (seed, e, i)
   TransformOptions transform{};        ///< train or eval transform and its parameters
   decode::DecodeOptions decode{};      ///< pixel limit, truncated-data policy (scale/crop ignored)
@@ -290,9 +300,13 @@ class Loader {
   /// budget (gpufeed/cpu_budget.h) when the loader was built, for kAutoNumWorkers the count
   /// its last ThreadDecision chose (the budget before the first). Thread-safe.
   int num_threads() const;
-  /// num_workers = kAutoNumWorkers: every change of the thread count so far, oldest first (the
-  /// last 1024); empty otherwise. Thread-safe.
+  /// num_workers = kAutoNumWorkers or prefetch_depth = kAutoPrefetchDepth: every change of the
+  /// thread count or of the slots so far, oldest first (the last 1024); empty otherwise.
+  /// Thread-safe.
   std::vector<ThreadDecision> thread_decisions() const;
+  /// The batch slots that exist now: options().prefetch_depth, or under kAutoPrefetchDepth the
+  /// kAutoPrefetchStart it began with plus those added since. Thread-safe.
+  int prefetch_depth() const;
   /// The dataset.
   const Dataset& dataset() const;
   /// Counters so far.

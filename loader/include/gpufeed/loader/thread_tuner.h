@@ -41,7 +41,9 @@ struct ThreadDecision {
   int64_t epoch = 0;           ///< the epoch of the batch after which it was decided
   int64_t batch = 0;           ///< that batch's index in its epoch
   int from = 0;                ///< threads before
-  int to = 0;                  ///< threads after
+  int to = 0;                  ///< threads after (= from for a change of prefetch_depth alone)
+  int prefetch_depth_from = 0;  ///< batch slots before (prefetch_depth auto grows them; else fixed)
+  int prefetch_depth_to = 0;    ///< batch slots after
   double sample_cost_us = 0;   ///< worker thread time per sample (read + decode + resize), microseconds
   double demand_per_s = 0;     ///< samples per second the consumer takes (batch / median step)
   double needed = 0;           ///< threads: demand x cost
