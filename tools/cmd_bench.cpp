@@ -409,6 +409,16 @@ std::string describe(const nlohmann::json& r) {
   return s;
 }
 
+// A number of milliseconds in [0, 1e6] (CLI::Range lets NaN through).
+CLI::Validator milliseconds_validator() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const double v = std::strtod(text.c_str(), nullptr);
+        return v >= 0 && v <= 1e6 ? "" : "must be a number of milliseconds in [0, 1e6], not '" + text + "'";
+      },
+      "", "");
+}
+
 // The floors decode from memory: every file read once, before any timing.
 void preload(const loader::Dataset& ds, std::vector<std::vector<uint8_t>>& files, std::vector<std::string>& names) {
   files.resize(static_cast<size_t>(ds.size()));
@@ -455,12 +465,7 @@ Run add_bench(CLI::App& app) {
   app.add_option("--consumer-ms", a->consumer_ms,
                  "--mode loader: hold each batch this long (a sleep), as a training step of known speed; the "
                  "record gives the consumer's data wait (milliseconds; default 0: take batches as fast as they come)")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            const double v = std::strtod(text.c_str(), nullptr);
-            return v >= 0 && v <= 1e6 ? "" : "must be a number of milliseconds in [0, 1e6], not '" + text + "'";
-          },
-          "", ""))
+      ->check(milliseconds_validator())
       ->check(CLI::Range(0.0, 1e6));
   // The loader's own flags, from its schema (gpufeed/loader/loader.h), but --num-workers (a list here).
   const SchemaFlags flags = add_schema_options(app, loader::loader_options_schema(), a->loader, {"num_workers"});
