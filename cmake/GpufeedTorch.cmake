@@ -15,24 +15,15 @@ list(APPEND CMAKE_PREFIX_PATH "${GPUFEED_TORCH_PREFIX}")
 if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
   set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
 endif()
-find_package(CUDAToolkit QUIET)
 find_package(Torch REQUIRED)
-# Our own .cu files (after Torch, which warns about and ignores this variable).
-if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-  set(CMAKE_CUDA_ARCHITECTURES "80;90")
-endif()
 
-set(GPUFEED_CUDA_ENABLED OFF)
-if(GPUFEED_WITH_CUDA AND CUDAToolkit_FOUND AND TORCH_CUDA_LIBRARIES)
-  include(CheckLanguage)
-  check_language(CUDA)
-  if(CMAKE_CUDA_COMPILER)
-    enable_language(CUDA)
-    set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 knows no CUDA20 flags for nvcc
-    set(GPUFEED_CUDA_ENABLED ON)
-  endif()
+# The torch side of the CUDA path (prefetch/'s CUDA prefetcher, the harness's CUDA code): the
+# device room's CUDA path and a CUDA LibTorch.
+set(GPUFEED_TORCH_CUDA OFF)
+if(GPUFEED_CUDA_ENABLED AND TORCH_CUDA_LIBRARIES)
+  set(GPUFEED_TORCH_CUDA ON)
 endif()
-message(STATUS "gpufeed: LibTorch ${Torch_VERSION} from ${GPUFEED_TORCH_PREFIX}; CUDA path: ${GPUFEED_CUDA_ENABLED}")
+message(STATUS "gpufeed: LibTorch ${Torch_VERSION} from ${GPUFEED_TORCH_PREFIX}; CUDA path: ${GPUFEED_TORCH_CUDA}")
 
 # TORCH_LIBRARIES carries torch's own flags; expose one interface target for our rooms.
 # libtorch.so exports its own, statically linked copy of std::filesystem (64 symbols); when it
@@ -42,6 +33,6 @@ message(STATUS "gpufeed: LibTorch ${Torch_VERSION} from ${GPUFEED_TORCH_PREFIX};
 add_library(gpufeed_torch INTERFACE)
 target_link_libraries(gpufeed_torch INTERFACE stdc++ ${TORCH_LIBRARIES})
 target_include_directories(gpufeed_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
-if(GPUFEED_CUDA_ENABLED)
+if(GPUFEED_TORCH_CUDA)
   target_compile_definitions(gpufeed_torch INTERFACE GPUFEED_WITH_CUDA=1)
 endif()

@@ -723,7 +723,7 @@ TEST(Profiler, SteadyStateLeavesTheWarmupStepsOutOfTheVerdict) {
     prof.begin_epoch(0);
     for (int s = 0; s < total; ++s) {
       prof.step_begin();
-      prof.batch_ready(prefetch::DeviceBatch{});
+      prof.batch_ready(harness::ReadyBatch{});
       if (s < 10) std::this_thread::sleep_for(std::chrono::milliseconds(20));
       prof.phase_done(Phase::kForwardBackward);
       prof.phase_done(Phase::kAllReduce);

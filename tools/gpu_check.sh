@@ -17,7 +17,7 @@
 #      files (tools/baselines/torch_train.py), for the ratio.
 #      The same with --num-workers auto (ResNet-18 and ResNet-50, each beside the fixed count):
 #      threads chosen, GPU busy, epoch-start wait.
-#   4. examples/python/train_imagenet.py (the Python package, .gpu_bundle/py) on the same files,
+#   4. examples/python/train_imagenet.py (the Python package from the repaired wheel, .gpu_bundle/py) on the same files,
 #      one epoch with --loader gpufeed and one with --loader torch; examples/python/train_pipeline.py,
 #      the model in 2 pipeline stages (torch.distributed.pipelining, NCCL), one epoch.
 #   5. Harness paths only a GPU runs: DDP over NCCL (world size 1), DataParallel, fp16 + GradScaler.

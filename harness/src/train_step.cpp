@@ -240,7 +240,8 @@ void Trainer::Impl::train_micro_batch(EpochState& ep, StepState& step, bool last
   profiler.step_begin();
   auto batch = prefetcher->next();
   if (!batch) throw std::runtime_error("train: the loader ended the epoch early");
-  profiler.batch_ready(*batch);
+  profiler.batch_ready({batch->wait_ms, batch->batch_index, static_cast<int64_t>(batch->skipped.size()),
+                        batch->copy_begin, batch->copy_end});
   ep.wait_s += batch->wait_ms / 1000.0;
   const int64_t n = batch->labels.size(0);
   // MixUp/CutMix (keyed by seed, epoch, micro-batch, rank), then the batch transform hook.

@@ -592,7 +592,9 @@ std::vector<EpochStats> Trainer::fit(const std::function<void(const EpochStats&)
   StopVote vote(m.group.get(), m.device);
   m.stopped = 0;
   std::vector<EpochStats> history;
-  Profiler profiler(o.profile, m.run_info(), m.train_loader.get());
+  ProfileOptions profile = o.profile;
+  if (m.device.is_cuda()) profile.current_stream = [d = m.device] { return prefetch::current_stream(d); };
+  Profiler profiler(std::move(profile), m.run_info(), m.train_loader.get());
   if (o.steps_started) o.steps_started->store(true);
   for (int64_t epoch = m.epoch; epoch < o.epochs && m.stopped == 0; ++epoch) {
     EpochStats st = m.train_epoch(epoch, profiler, vote);

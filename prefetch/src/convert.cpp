@@ -5,10 +5,7 @@
 #include "gpufeed/prefetch/prefetcher.h"
 
 #ifdef GPUFEED_WITH_CUDA
-#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
-
-#include "normalize_kernel.h"
 #endif
 
 namespace gpufeed::prefetch {
@@ -27,34 +24,29 @@ at::Tensor convert_images(const at::Tensor& nhwc, c10::ScalarType dtype, bool ch
   if (dtype == at::kByte) return nchw.contiguous(format);
   // (x/255 - mean)/std = x * scale - shift, scale = 1/(255 std), shift = mean/std, computed in
   // float32 as a multiply then a subtract (two roundings), on every device alike.
-  float scale_c[3], shift_c[3];
-  for (size_t c = 0; c < 3; ++c) {
-    scale_c[c] = 1.0f / (255.0f * n.std[c]);
-    shift_c[c] = n.mean[c] / n.std[c];
-  }
+  const device::NormalizeConstants k = device::normalize_constants(n);
 #ifdef GPUFEED_WITH_CUDA
   if (nhwc.is_cuda()) {
     // One fused pass (normalize_kernel.cu) on the current stream: reads the uint8 batch once and
     // writes the result once, in the requested dtype and layout.
     TORCH_CHECK(nhwc.is_contiguous() && nhwc.dim() == 4 && nhwc.size(3) == 3,
                 "convert_images: expected a contiguous [N, H, W, 3] uint8 tensor");
-    const auto type = dtype == at::kFloat      ? detail::OutputType::kFloat32
-                      : dtype == at::kBFloat16 ? detail::OutputType::kBFloat16
-                      : dtype == at::kHalf     ? detail::OutputType::kFloat16
+    const auto type = dtype == at::kFloat      ? device::OutputType::kFloat32
+                      : dtype == at::kBFloat16 ? device::OutputType::kBFloat16
+                      : dtype == at::kHalf     ? device::OutputType::kFloat16
                                                : throw std::invalid_argument(
                                                      "convert_images: unsupported dtype");
     at::Tensor out = at::empty(nchw.sizes(), at::TensorOptions().dtype(dtype).device(nhwc.device())
                                                  .memory_format(format));
-    C10_CUDA_CHECK(detail::launch_normalize(nhwc.data_ptr<uint8_t>(), out.data_ptr(), type,
-                                            nhwc.size(0), nhwc.size(1), nhwc.size(2),
-                                            channels_last, scale_c, shift_c,
-                                            c10::cuda::getCurrentCUDAStream(nhwc.device().index())));
+    device::launch_normalize(nhwc.data_ptr<uint8_t>(), out.data_ptr(), type, nhwc.size(0), nhwc.size(1),
+                             nhwc.size(2), channels_last, k,
+                             c10::cuda::getCurrentCUDAStream(nhwc.device().index()).stream());
     return out;
   }
 #endif
   const auto opts = at::TensorOptions().dtype(at::kFloat).device(nhwc.device());
-  const at::Tensor scale = at::from_blob(scale_c, {1, 3, 1, 1}, at::kFloat).clone();
-  const at::Tensor shift = at::from_blob(shift_c, {1, 3, 1, 1}, at::kFloat).clone();
+  const at::Tensor scale = at::from_blob(const_cast<float*>(k.scale), {1, 3, 1, 1}, at::kFloat).clone();
+  const at::Tensor shift = at::from_blob(const_cast<float*>(k.shift), {1, 3, 1, 1}, at::kFloat).clone();
   at::Tensor out = at::empty(nchw.sizes(), opts.memory_format(format));
   out.copy_(nchw);
   out.mul_(scale).sub_(shift);

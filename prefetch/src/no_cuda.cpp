@@ -8,6 +8,8 @@ namespace gpufeed::prefetch {
 
 bool cuda_available() { return false; }
 
+device::StreamHandle current_stream(const c10::Device&) { return nullptr; }
+
 std::shared_ptr<StreamMark> record_stream_mark(const c10::Device& device) {
   throw std::runtime_error("gpufeed was built without the CUDA path; cannot mark " + device.str());
 }

@@ -10,16 +10,25 @@ See gpufeed.DataLoader, gpufeed.decode_image, gpufeed.inspect, gpufeed.profile a
 """
 import json
 import os
+import re
 from typing import Any, Dict, Optional
 
-import torch  # first: gpufeed._C links the LibTorch this torch package loads
+import torch
 
 from . import _build
 
-if not torch.__version__.split("+")[0] == _build.TORCH_VERSION:
-    raise ImportError(f"gpufeed was built against torch {_build.TORCH_VERSION} but this Python has "
-                      f"torch {torch.__version__}: install torch=={_build.TORCH_VERSION} or rebuild gpufeed "
-                      f"(pip install --no-build-isolation <gpufeed source>)")
+
+def _release(version: str) -> tuple:
+    """(major, minor) of a version string such as "2.15.0+cu130" or "2.16.0.dev20261201"."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+# gpufeed._C links no LibTorch (batches reach torch through DLPack), so any torch from the oldest
+# tested release on works; an older one is refused here, naming both versions.
+if _release(torch.__version__) < _release(_build.MIN_TORCH):
+    raise ImportError(f"gpufeed {_build.VERSION} needs torch >= {_build.MIN_TORCH}, but this Python has torch "
+                      f"{torch.__version__}: upgrade torch (pip install 'torch>={_build.MIN_TORCH}')")
 
 from . import _C  # noqa: E402
 from ._errors import DecodeError, SkipLimitExceeded  # noqa: E402
@@ -42,7 +51,7 @@ def decode_image(source, apply_exif_orientation: bool = False) -> torch.Tensor:
 
     Raises gpufeed.DecodeError naming the file (or "<bytes>"), the kind and the reason.
     """
-    return torch.utils.dlpack.from_dlpack(_C.decode_image(source, apply_exif_orientation))
+    return _C.decode_image(source, apply_exif_orientation)
 
 
 def inspect(*paths, all_files: bool = False, apply_exif_orientation: bool = False, strict_decode: bool = False,

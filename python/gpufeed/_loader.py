@@ -28,6 +28,28 @@ _PYTHON_DEFAULTS: Dict[str, Any] = {"batch_size": 1}
 IMAGENET_MEAN = tuple(_SPECS["mean"]["default"])
 IMAGENET_STD = tuple(_SPECS["std"]["default"])
 _STATE_VERSION = 3
+
+
+class _CpuConvert:
+    """uint8 ``[N, H, W, 3]`` -> ``[N, 3, H, W]`` ``dtype``, ``(x / 255 - mean) / std``, NCHW or
+    channels_last: a copy to float32 in the target layout, a multiply and a subtract in float32 (the
+    device room's constants: scale = 1 / (255 std), shift = mean / std), then a cast for bfloat16 /
+    float16. The same arithmetic as the CUDA kernel and the C++ CPU prefetcher, so float32 results are
+    bit-identical across them."""
+
+    def __init__(self, mean, std, dtype: torch.dtype, channels_last: bool):
+        scale, shift = _C.normalize_constants(tuple(mean), tuple(std))
+        self.scale = torch.tensor(scale, dtype=torch.float32).view(1, 3, 1, 1)
+        self.shift = torch.tensor(shift, dtype=torch.float32).view(1, 3, 1, 1)
+        self.dtype = dtype
+        self.format = torch.channels_last if channels_last else torch.contiguous_format
+
+    def __call__(self, nhwc: torch.Tensor) -> torch.Tensor:
+        nchw = nhwc.permute(0, 3, 1, 2)
+        out = torch.empty(nchw.shape, dtype=torch.float32, memory_format=self.format)
+        out.copy_(nchw)
+        out.mul_(self.scale).sub_(self.shift)
+        return out if self.dtype == torch.float32 else out.to(self.dtype)
 # torchvision.datasets.folder.IMG_EXTENSIONS: the files torchvision's ImageFolder lists.
 TORCHVISION_IMG_EXTENSIONS = tuple(_C.TORCHVISION_IMG_EXTENSIONS)
 
@@ -359,6 +381,8 @@ class DataLoader:
         self._sampler_drop_last = bool(sampler_drop_last)
         self.dtype = dtype
         self.memory_format = memory_format
+        self._convert = (_CpuConvert(self.mean, self.std, dtype, memory_format == torch.channels_last)
+                         if self.device.type == "cpu" and dtype != torch.uint8 else None)
         self.rank = rank
         self.world_size = world_size
         self._init_torch_attributes(sampler, _sample_only or self.labels_only)
@@ -479,7 +503,7 @@ class DataLoader:
         if it is not self._running:
             raise RuntimeError("gpufeed.DataLoader: this iterator was superseded by a newer "
                                "iter(loader) (one epoch runs at a time)")
-        out = self._next_labels(it) if self.labels_only else self._c.next(self._wait_slice_s)
+        out = self._next_labels(it) if self.labels_only else self._c.next(self._wait_slice_s, self._stream())
         if out is None:
             it.finished = True
             self._running = None
@@ -489,7 +513,13 @@ class DataLoader:
         self.last_batch = info
         if self.labels_only:
             return None, labels
-        return torch.utils.dlpack.from_dlpack(images), torch.utils.dlpack.from_dlpack(labels)
+        if self._convert is not None:  # CPU, float: the slot's views become copies (the slot is freed)
+            images, labels = self._convert(images), labels.clone()
+        return images, labels
+
+    def _stream(self) -> int:
+        """The caller's current CUDA stream (the batch is made ready on it), 0 on the CPU."""
+        return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
 
     def _next_labels(self, it: "_Cursor") -> Optional[Tuple[None, torch.Tensor, Dict[str, Any]]]:
         """labels_only: batch ``it.batches_yielded`` of the running epoch as (None, [N] int64
@@ -726,7 +756,7 @@ class DataLoader:
         only, eval keeps its crop). Needs no decode threads: works in a forked process too.
         Raises IndexError, gpufeed.DecodeError."""
         size = self._current_image_size() if image_size is None else _integer("image_size", image_size, 1)
-        return torch.utils.dlpack.from_dlpack(self._c.load_sample(_integer("index", index), epoch, size))
+        return self._c.load_sample(_integer("index", index), epoch, size)
 
     # ---- life -------------------------------------------------------------------------------------
 

@@ -105,7 +105,8 @@ class profile:
             None if metrics is None else os.fspath(metrics), metrics_every,
             None if trace is None else os.fspath(trace), trace_max_events, nvml, str(self.device), model, epochs,
             steps, batch_size, num_workers, getattr(loader, "prefetch_depth", 0) if ours else 0,
-            getattr(loader, "image_size", 0) if ours else 0, allreduce, loader._c if ours else None)
+            getattr(loader, "image_size", 0) if ours else 0, allreduce, loader._c if ours else None,
+            self._stream())
         self._ours = ours
         self.metrics, self.trace = metrics, trace
         self.epochs = epochs
@@ -116,6 +117,10 @@ class profile:
         self._epoch = 0
         self._open = False
         self._images = 0
+
+    def _stream(self) -> int:
+        """The current CUDA stream of the profiled device (its marks go there), 0 on the CPU."""
+        return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -132,6 +137,8 @@ class profile:
                 if self._open:
                     self._p.step_end(self._images)
                     self._open = False
+                if self.device.type == "cuda":
+                    self._p.set_stream(self._stream())
                 self._p.step_begin()
                 t0 = time.perf_counter()
                 try:

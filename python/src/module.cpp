@@ -1,18 +1,21 @@
 // gpufeed._C: the loader, the prefetcher and the decoder for Python (nanobind). The Python package
 // (python/gpufeed/) wraps this module in PyTorch's vocabulary; everything here is mechanism:
 //
-// - Tensors cross into Python as DLPack capsules (at::toDLPack), which torch.from_dlpack adopts
-//   without copying. A raw uint8 CPU batch is a view of the loader's slot: the tensors' deleters
-//   hold the Batch's lease, so the slot returns to the loader only when the last tensor (images or
-//   labels) referring to it is freed, and the loader's state outlives the loader object if needed.
+// - No LibTorch: this module links the torch-free rooms only, so one build serves every torch
+//   release. Tensors cross into Python through DLPack (nanobind's ndarray, which hands its capsule
+//   to torch.utils.dlpack.from_dlpack) without copying; their owners keep the memory alive. A CPU
+//   batch is a view of the loader's slot: the owners hold the Batch's lease, so the slot returns
+//   to the loader only when the last tensor (images or labels) referring to it is freed, and the
+//   loader's state outlives the loader object if needed. The package converts CPU batches to
+//   float with torch's own ops (python/gpufeed/_loader.py).
+// - CUDA batches come from the device room's engine (gpufeed/device/engine.h) on the stream the
+//   caller passes (torch.cuda.current_stream().cuda_stream), in device memory from the engine's
+//   stream-ordered pool, freed on that stream when torch frees the tensor.
 // - Waiting for a batch releases the GIL and waits in short slices (Loader::wait_ready), checking
 //   for signals between them (PyErr_CheckSignals), so Ctrl-C raises KeyboardInterrupt promptly.
 // - No Python object is touched off the calling thread: the loader's workers run C++ only.
-//
-// Torch translation unit: it never includes spdlog/fmt (LibTorch bundles its own fmt).
-#include <ATen/ATen.h>
-#include <ATen/DLConvertor.h>
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -21,11 +24,6 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
-
-#ifdef GPUFEED_WITH_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
 
 #include <algorithm>
 #include <array>
@@ -39,12 +37,13 @@
 #include <vector>
 
 #include "gpufeed/decode/decoder.h"
+#include "gpufeed/device/cuda.h"
+#include "gpufeed/device/engine.h"
 #include "gpufeed/decode/error.h"
 #include "gpufeed/loader/dataset.h"
 #include "gpufeed/loader/inspect.h"
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/option.h"
-#include "gpufeed/prefetch/prefetcher.h"
 #include "gpufeed/sampler/resume.h"
 #include "gpufeed/sampler/sampler.h"
 #include "bindings.h"
@@ -57,32 +56,62 @@ namespace {
 
 // ---- tensors -> Python ---------------------------------------------------------------------------
 
-void delete_unconsumed_capsule(PyObject* capsule) noexcept {
-  // torch.from_dlpack renames the capsule "used_dltensor" once it owns the tensor; an unused one
-  // still owns its DLManagedTensor.
-  if (PyCapsule_IsValid(capsule, "dltensor")) {
-    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
-    if (managed && managed->deleter) managed->deleter(managed);
-  }
+using Tensor = nb::ndarray<nb::pytorch>;
+
+/// A capsule owning `value` (deleted when the last tensor viewing it is freed).
+template <class T>
+nb::capsule owner_of(T value) {
+  auto* held = new T(std::move(value));
+  return nb::capsule(held, [](void* p) noexcept { delete static_cast<T*>(p); });
 }
 
-/// A DLPack capsule owning a reference to `t` (torch.from_dlpack adopts it without a copy).
-nb::object to_capsule(const at::Tensor& t) {
-  DLManagedTensor* managed = at::toDLPack(t);
-  PyObject* capsule = PyCapsule_New(managed, "dltensor", delete_unconsumed_capsule);
-  if (!capsule) {
-    managed->deleter(managed);
-    throw nb::python_error();
-  }
-  return nb::steal(capsule);
+/// A torch.Tensor viewing `data` (strides in elements; empty: contiguous), kept alive by `owner`.
+nb::object tensor(void* data, std::vector<size_t> shape, std::vector<int64_t> strides, nb::dlpack::dtype dtype,
+                  nb::handle owner, int device_id = -1) {
+  const int device_type = device_id < 0 ? nb::device::cpu::value : nb::device::cuda::value;
+  Tensor t(data, shape.size(), shape.data(), owner, strides.empty() ? nullptr : strides.data(), dtype, device_type,
+           device_id < 0 ? 0 : device_id);
+  return nb::cast(t);
 }
 
-/// Wraps a slot as tensors that keep its lease: [N, H, W, 3] uint8 and [N] int64, CPU.
-std::pair<at::Tensor, at::Tensor> lease_tensors(const loader::Batch& b) {
-  std::shared_ptr<void> lease = b.lease;
-  auto images = at::from_blob(b.images, {b.size, b.height, b.width, 3}, [lease](void*) {},
-                              at::TensorOptions().dtype(at::kByte));
-  auto labels = at::from_blob(b.labels, {b.size}, [lease](void*) {}, at::TensorOptions().dtype(at::kLong));
+nb::dlpack::dtype dlpack_dtype(device::OutputType type) {
+  switch (type) {
+    case device::OutputType::kUInt8:
+      return nb::dtype<uint8_t>();
+    case device::OutputType::kFloat32:
+      return nb::dtype<float>();
+    case device::OutputType::kBFloat16:
+      return {static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+    case device::OutputType::kFloat16:
+      return {static_cast<uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
+  }
+  throw std::invalid_argument("unknown OutputType");
+}
+
+/// A slot as tensors that keep its lease: [N, H, W, 3] uint8 and [N] int64, CPU.
+std::pair<nb::object, nb::object> lease_tensors(const loader::Batch& b) {
+  const auto n = static_cast<size_t>(b.size);
+  nb::object images = tensor(b.images, {n, static_cast<size_t>(b.height), static_cast<size_t>(b.width), 3}, {},
+                             nb::dtype<uint8_t>(), owner_of(b.lease));
+  nb::object labels = tensor(b.labels, {n}, {}, nb::dtype<int64_t>(), owner_of(b.lease));
+  return {images, labels};
+}
+
+/// An engine batch as tensors on its device: images [N, 3, H, W] of its dtype (uint8: [N, H, W, 3],
+/// the slot's layout), NCHW or channels_last strides; labels [N] int64.
+std::pair<nb::object, nb::object> device_tensors(const device::EngineBatch& b, int device_id) {
+  const auto n = static_cast<size_t>(b.size), h = static_cast<size_t>(b.height), w = static_cast<size_t>(b.width);
+  nb::object images;
+  if (b.dtype == device::OutputType::kUInt8) {
+    images = tensor(b.images->data(), {n, h, w, 3}, {}, dlpack_dtype(b.dtype), owner_of(b.images), device_id);
+  } else if (b.channels_last) {
+    const auto hw = static_cast<int64_t>(h * w), wi = static_cast<int64_t>(w);
+    images = tensor(b.images->data(), {n, 3, h, w}, {hw * 3, 1, wi * 3, 3}, dlpack_dtype(b.dtype), owner_of(b.images),
+                    device_id);
+  } else {
+    images = tensor(b.images->data(), {n, 3, h, w}, {}, dlpack_dtype(b.dtype), owner_of(b.images), device_id);
+  }
+  nb::object labels = tensor(b.labels->data(), {n}, {}, nb::dtype<int64_t>(), owner_of(b.labels), device_id);
   return {images, labels};
 }
 
@@ -141,11 +170,11 @@ void translate_errors(const std::exception_ptr& p, void*) {
 
 // ---- the loader -------------------------------------------------------------------------------------
 
-c10::ScalarType parse_dtype(const std::string& name) {
-  if (name == "uint8") return at::kByte;
-  if (name == "float32") return at::kFloat;
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
+device::OutputType parse_dtype(const std::string& name) {
+  if (name == "uint8") return device::OutputType::kUInt8;
+  if (name == "float32") return device::OutputType::kFloat32;
+  if (name == "bfloat16") return device::OutputType::kBFloat16;
+  if (name == "float16") return device::OutputType::kFloat16;
   throw nb::value_error(("dtype must be torch.uint8, float32, bfloat16 or float16, not " + name).c_str());
 }
 
@@ -222,9 +251,11 @@ class PyLoader {
            const std::string& device, const std::string& dtype, bool channels_last, int64_t rank,
            int64_t world_size, bool shuffle, bool sampler_drop_last, bool sample_only,
            const std::vector<std::string>& extensions) {
-    device_ = c10::Device(device);
-    if (!device_.is_cpu() && !device_.is_cuda())
+    try {
+      device_ = device::parse_device(device);
+    } catch (const std::invalid_argument&) {
       throw nb::value_error(("device must be 'cpu' or 'cuda[:N]', not '" + device + "'").c_str());
+    }
     dtype_ = parse_dtype(dtype);
     const KeywordOptions k = apply_keywords(keywords);
     const loader::LoaderOptions& o = k.loader;
@@ -238,17 +269,26 @@ class PyLoader {
     so.seed = o.seed;
     so.drop_last = sampler_drop_last;
     sampler_ = std::make_shared<sampler::ResumedDistributedSampler>(dataset_->size(), so);
-    prefetch::PrefetchOptions po;
-    po.device = device_;
-    po.dtype = dtype_;
-    // uint8 stays NHWC: on CUDA the prefetcher's channels_last uint8 result is that buffer.
-    po.channels_last = dtype_ == at::kByte ? true : channels_last;
-    po.normalize.mean = o.transform.augment.mean;
-    po.normalize.std = o.transform.augment.std;
     if (sample_only) return;  // load_sample only: no slots, no threads (a worker's copy of loader.dataset)
-    loader_ = std::make_shared<loader::Loader>(dataset_, sampler_, o, prefetch::host_allocator_for(device_));
-    raw_ = dtype_ == at::kByte && device_.is_cpu();
-    if (!raw_) prefetcher_ = prefetch::make_prefetcher(loader_, po);
+    if (device_ < 0) {
+      // CPU: the slots' uint8 views; the package converts other dtypes with torch's ops.
+      loader_ = std::make_shared<loader::Loader>(dataset_, sampler_, o, loader::default_host_allocator());
+      return;
+    }
+    device::EngineOptions eo;
+    eo.device = device_;
+    eo.dtype = dtype_;
+    // uint8 stays NHWC: the engine's channels_last uint8 result is the copied slot.
+    eo.channels_last = dtype_ == device::OutputType::kUInt8 ? true : channels_last;
+    eo.normalize.mean = o.transform.augment.mean;
+    eo.normalize.std = o.transform.augment.std;
+    if (!device::cuda_available())
+      throw std::runtime_error(device::built_with_cuda()
+                                   ? "no CUDA device is visible; cannot use " + device +
+                                         " (check CUDA_VISIBLE_DEVICES and the driver)"
+                                   : "gpufeed was built without the CUDA path; cannot use " + device);
+    loader_ = std::make_shared<loader::Loader>(dataset_, sampler_, o, device::pinned_host_allocator());
+    engine_ = std::make_unique<device::CudaEngine>(loader_, eo);
   }
 
   ~PyLoader() { close(); }
@@ -256,7 +296,7 @@ class PyLoader {
   /// Cancels the epoch's pending work and frees the slots not held by live tensors.
   void close() {
     nb::gil_scoped_release nogil;
-    prefetcher_.reset();
+    engine_.reset();
     loader_.reset();
   }
 
@@ -273,14 +313,16 @@ class PyLoader {
   void start_epoch(int64_t epoch, int64_t start_batch) {
     loader::Loader& l = loader();
     nb::gil_scoped_release nogil;
-    if (prefetcher_)
-      prefetcher_->start_epoch(epoch, start_batch);
+    if (engine_)
+      engine_->start_epoch(epoch, start_batch);
     else
       l.start_epoch(epoch, start_batch);
   }
 
-  /// The next batch as (images capsule, labels capsule, info dict), or None at the epoch's end.
-  nb::object next(double slice_s) {
+  /// The next batch as (images, labels, info dict), or None at the epoch's end. CPU: the slot's
+  /// [N, H, W, 3] uint8 and [N] int64 views; CUDA: the engine's tensors, ready on `stream` (a
+  /// cudaStream_t as an integer: torch.cuda.current_stream().cuda_stream).
+  nb::object next(double slice_s, uintptr_t stream) {
     loader::Loader& l = loader();
     const auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(slice_s));
     const auto t0 = std::chrono::steady_clock::now();
@@ -288,46 +330,34 @@ class PyLoader {
       bool ready;
       {
         nb::gil_scoped_release nogil;
-        ready = prefetcher_ ? prefetcher_->wait_ready(slice) : l.wait_ready(slice);
+        ready = engine_ ? engine_->wait_ready(slice) : l.wait_ready(slice);
       }
       if (ready) break;
       if (PyErr_CheckSignals() != 0) throw nb::python_error();
     }
-    at::Tensor images, labels;
+    std::pair<nb::object, nb::object> tensors;
     nb::dict info;
-    if (raw_) {
+    if (!engine_) {
       std::optional<loader::Batch> b;
       {
         nb::gil_scoped_release nogil;
         b = l.next();
       }
       if (!b) return nb::none();
-      std::tie(images, labels) = lease_tensors(*b);
-      info["epoch"] = b->epoch;
-      info["batch_index"] = b->batch_index;
-      info["indices"] = b->indices;
-      info["skipped"] = skipped_list(b->skipped);
+      tensors = lease_tensors(*b);
+      fill_info(info, *b);
     } else {
-      std::optional<prefetch::DeviceBatch> b;
+      std::optional<device::EngineBatch> b;
       {
         nb::gil_scoped_release nogil;
-#ifdef GPUFEED_WITH_CUDA
-        // The batch is made ready on the caller's current stream (torch.cuda.current_stream()).
-        std::optional<c10::cuda::CUDAGuard> guard;
-        if (device_.is_cuda()) guard.emplace(device_);
-#endif
-        b = prefetcher_->next();
+        b = engine_->next(reinterpret_cast<device::StreamHandle>(stream));
       }
       if (!b) return nb::none();
-      images = dtype_ == at::kByte ? b->images.permute({0, 2, 3, 1}) : b->images;
-      labels = b->labels;
-      info["epoch"] = b->epoch;
-      info["batch_index"] = b->batch_index;
-      info["indices"] = b->indices;
-      info["skipped"] = skipped_list(b->skipped);
+      tensors = device_tensors(*b, device_);
+      fill_info(info, *b);
     }
     info["wait_ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    return nb::make_tuple(to_capsule(images), to_capsule(labels), info);
+    return nb::make_tuple(tensors.first, tensors.second, info);
   }
 
   /// Batches of a whole epoch of this rank (DistributedSampler's, whatever epoch is resumed).
@@ -433,24 +463,32 @@ class PyLoader {
                              std::to_string(dataset_->size()) + " samples").c_str());
     loader::LoaderOptions o = options_;
     if (size > 0 && o.transform.kind == loader::TransformOptions::Kind::kTrain) o.transform.rrc.size = size;
-    const int64_t s = o.transform.output_size();
-    at::Tensor out = at::empty({s, s, 3}, at::kByte);
+    const auto s = static_cast<size_t>(o.transform.output_size());
+    auto out = std::make_unique<std::vector<uint8_t>>(s * s * 3);
     {
       nb::gil_scoped_release nogil;
-      loader::load_sample(*dataset_, index, epoch, o, out.data_ptr<uint8_t>());
+      loader::load_sample(*dataset_, index, epoch, o, out->data());
     }
-    return to_capsule(out);
+    uint8_t* data = out->data();
+    return tensor(data, {s, s, 3}, {}, nb::dtype<uint8_t>(), owner_of(std::move(out)));
   }
 
  private:
-  c10::Device device_{c10::kCPU};
+  template <class B>
+  static void fill_info(nb::dict& info, const B& b) {
+    info["epoch"] = b.epoch;
+    info["batch_index"] = b.batch_index;
+    info["indices"] = b.indices;
+    info["skipped"] = skipped_list(b.skipped);
+  }
+
+  int device_ = -1;  // CUDA device; -1: the CPU
   loader::LoaderOptions options_;
-  c10::ScalarType dtype_ = at::kByte;
-  bool raw_ = true;
+  device::OutputType dtype_ = device::OutputType::kUInt8;
   std::shared_ptr<loader::Dataset> dataset_;
   std::shared_ptr<sampler::ResumedDistributedSampler> sampler_;
   std::shared_ptr<loader::Loader> loader_;
-  std::unique_ptr<prefetch::Prefetcher> prefetcher_;
+  std::unique_ptr<device::CudaEngine> engine_;  // CUDA only; destroyed before loader_
 };
 
 /// Decodes a whole image (file path or bytes) to an [H, W, 3] uint8 capsule.
@@ -473,9 +511,11 @@ nb::object decode_image(nb::object source, bool apply_exif_orientation) {
     decode::Decoder decoder;
     decoder.decode(bytes, label, options, image);
   }
-  at::Tensor out = at::empty({image.height, image.width, 3}, at::kByte);
-  std::memcpy(out.data_ptr<uint8_t>(), image.pixels.data(), static_cast<size_t>(image.height) * image.width * 3);
-  return to_capsule(out);
+  const auto h = static_cast<size_t>(image.height), w = static_cast<size_t>(image.width);
+  auto pixels = std::make_unique<std::vector<uint8_t>>(h * w * 3);
+  std::memcpy(pixels->data(), image.pixels.data(), h * w * 3);
+  uint8_t* data = pixels->data();
+  return tensor(data, {h, w, 3}, {}, nb::dtype<uint8_t>(), owner_of(std::move(pixels)));
 }
 
 /// `gpufeed inspect --json`'s document for `paths` (loader/inspect.h), as a JSON string.
@@ -511,7 +551,7 @@ NB_MODULE(_C, m) {
            "sampler_drop_last"_a, "sample_only"_a, "extensions"_a)
       .def("close", &PyLoader::close)
       .def("start_epoch", &PyLoader::start_epoch, "epoch"_a, "start_batch"_a)
-      .def("next", &PyLoader::next, "slice_s"_a)
+      .def("next", &PyLoader::next, "slice_s"_a, "stream"_a = 0)
       .def("num_batches", &PyLoader::num_batches)
       .def("set_image_size", &PyLoader::set_image_size, "size"_a)
       .def("image_size", &PyLoader::image_size)
@@ -527,7 +567,13 @@ NB_MODULE(_C, m) {
       .def("epoch_summary", &PyLoader::epoch_summary)
       .def("load_sample", &PyLoader::load_sample, "index"_a, "epoch"_a, "size"_a);
   m.def("decode_image", &decode_image, "source"_a, "apply_exif_orientation"_a = false);
-  m.def("cuda_available", &gpufeed::prefetch::cuda_available);
+  m.def("cuda_available", &gpufeed::device::cuda_available);
+  m.def("built_with_cuda", &gpufeed::device::built_with_cuda);
+  m.def("normalize_constants", [](const std::array<float, 3>& mean, const std::array<float, 3>& std) {
+    const gpufeed::device::NormalizeConstants c = gpufeed::device::normalize_constants({mean, std});
+    return std::make_pair(std::array<float, 3>{c.scale[0], c.scale[1], c.scale[2]},
+                          std::array<float, 3>{c.shift[0], c.shift[1], c.shift[2]});
+  }, "mean"_a, "std"_a);
   m.def("inspect_json", &inspect_json, "paths"_a, "all_files"_a, "apply_exif_orientation"_a, "strict"_a,
         "allow_truncated"_a, "max_pixels"_a, "write_png"_a);
   m.def("option_specs", &option_specs);

@@ -4,6 +4,8 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,7 +15,6 @@
 #include "gpufeed/option.h"
 #include "gpufeed/cpu_budget.h"
 #include "gpufeed/harness/profiler.h"
-#include "gpufeed/prefetch/prefetcher.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -46,7 +47,8 @@ class PyProfiler {
   PyProfiler(std::optional<std::string> metrics, int64_t metrics_every, std::optional<std::string> trace,
              int64_t trace_max_events, bool nvml, const std::string& device, const std::string& model,
              int64_t epochs, int64_t steps_per_epoch, int64_t batch_size, int num_workers, int prefetch_depth,
-             int image_size, bool allreduce, nb::handle py_loader) {
+             int image_size, bool allreduce, nb::handle py_loader, uintptr_t stream) {
+    stream_.store(stream);
     harness::ProfileOptions o;
     if (metrics) o.metrics_path = *metrics;
     o.metrics_every_steps = metrics_every;
@@ -66,16 +68,19 @@ class PyProfiler {
     run.image_size = image_size;
     run.allreduce = allreduce;
     if (!py_loader.is_none()) loader_ = loader_of(py_loader);
+    // CUDA marks go on the stream the Python loop runs on (set_stream at each step).
+    o.current_stream = [this] { return reinterpret_cast<device::StreamHandle>(stream_.load()); };
     profiler_ = std::make_unique<harness::Profiler>(o, run, loader_.get());
   }
 
   void begin_epoch(int64_t epoch) { profiler_->begin_epoch(epoch); }
   void step_begin() { profiler_->step_begin(); }
+  void set_stream(uintptr_t stream) { stream_.store(stream); }
   void batch_ready(double wait_ms, int64_t batch_index, int64_t skipped) {
-    prefetch::DeviceBatch b;
+    harness::ReadyBatch b;
     b.wait_ms = wait_ms;
     b.batch_index = batch_index;
-    b.skipped.resize(static_cast<size_t>(skipped));
+    b.skipped = skipped;
     profiler_->batch_ready(b);
   }
   void phase_done(const std::string& phase) {
@@ -132,6 +137,7 @@ class PyProfiler {
   }
 
  private:
+  std::atomic<uintptr_t> stream_{0};        // a cudaStream_t; 0: the legacy default stream
   std::shared_ptr<loader::Loader> loader_;  // outlives profiler_ (declared first)
   std::unique_ptr<harness::Profiler> profiler_;
 };
@@ -142,10 +148,11 @@ void bind_profiler(nb::module_& m) {
   nb::class_<PyProfiler>(m, "_Profiler")
       .def(nb::init<std::optional<std::string>, int64_t, std::optional<std::string>, int64_t, bool,
                     const std::string&, const std::string&, int64_t, int64_t, int64_t, int, int, int, bool,
-                    nb::handle>(),
+                    nb::handle, uintptr_t>(),
            "metrics"_a.none(), "metrics_every"_a, "trace"_a.none(), "trace_max_events"_a, "nvml"_a, "device"_a,
            "model"_a, "epochs"_a, "steps_per_epoch"_a, "batch_size"_a, "num_workers"_a, "prefetch_depth"_a,
-           "image_size"_a, "allreduce"_a, "loader"_a.none())
+           "image_size"_a, "allreduce"_a, "loader"_a.none(), "stream"_a = 0)
+      .def("set_stream", &PyProfiler::set_stream, "stream"_a)
       .def("begin_epoch", &PyProfiler::begin_epoch)
       .def("step_begin", &PyProfiler::step_begin)
       .def("batch_ready", &PyProfiler::batch_ready, "wait_ms"_a, "batch_index"_a, "skipped"_a)

@@ -33,6 +33,7 @@ PUBLIC_HEADERS = [
     "gpufeed/loader/loader.h", "gpufeed/loader/resize.h", "gpufeed/loader/shards.h", "gpufeed/loader/synthetic.h",
     "gpufeed/loader/thread_tuner.h",
     "gpufeed/loader/transform.h", "gpufeed/prefetch/prefetcher.h",
+    "gpufeed/device/cuda.h", "gpufeed/device/engine.h", "gpufeed/device/normalize.h", "gpufeed/harness/atomic_file.h",
     "gpufeed/harness/amp.h", "gpufeed/harness/checkpoint.h", "gpufeed/harness/data_parallel.h",
     "gpufeed/harness/distributed.h", "gpufeed/harness/lr_schedule.h", "gpufeed/harness/profiler.h",
     "gpufeed/harness/progress.h", "gpufeed/harness/recipe.h", "gpufeed/harness/resnet.h", "gpufeed/harness/torch_file.h",
@@ -44,7 +45,7 @@ PUBLIC_HEADERS = [
 # loader/pack.h (gpufeed_pack, `gpufeed pack`). loader/tbb_tsan.h is the loader rooms' oneTBB helper.
 INTERNAL_HEADERS = ["gpufeed/log.h", "gpufeed/log_text.h", "gpufeed/json_text.h", "gpufeed/unique_fd.h", "gpufeed/harness/nvml.h", "gpufeed/harness/trace.h",
                     "gpufeed/loader/inspect.h", "gpufeed/loader/pack.h", "gpufeed/loader/tbb_tsan.h"]
-ROOMS = ["common", "decode", "sampler", "datasets", "transforms", "loader", "prefetch", "profiler", "harness"]
+ROOMS = ["common", "decode", "sampler", "datasets", "transforms", "loader", "device", "prefetch", "profiler", "harness"]
 EPOCH = re.compile(r"^epoch (\d+) batches (\d+) samples (\d+) checksum ([0-9a-f]{16})", re.M)
 
 

@@ -15,12 +15,7 @@
 #include "gpufeed/harness/trace.h"
 #include "gpufeed/log_text.h"
 #include "gpufeed/json_text.h"
-#include "gpufeed/prefetch/prefetcher.h"
 
-#ifdef GPUFEED_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAFunctions.h>
-#endif
 
 namespace gpufeed::harness {
 namespace {
@@ -261,8 +256,8 @@ struct Profiler::Impl {
   loader::Loader* loader = nullptr;
   int64_t origin_ns = now_ns();
   bool gpu = false;
-  c10::Device device{c10::kCPU};
-  std::shared_ptr<prefetch::StreamMark> ref_mark;  // GPU clock origin
+  int device_index = -1;  // CUDA device; -1: the CPU
+  std::shared_ptr<device::StreamMark> ref_mark;  // GPU clock origin
   int64_t ref_host_ns = 0;
 
   // Shared with the loader's sample observer: a worker may still be inside the observer when the
@@ -278,8 +273,8 @@ struct Profiler::Impl {
     int64_t begin_ns = 0, ready_ns = 0, fb_ns = 0, ar_ns = 0, opt_ns = 0, end_ns = 0;
     double reported_wait_ms = 0;
     loader::SlotCounts slots;
-    std::shared_ptr<const prefetch::StreamMark> copy_begin, copy_end;
-    std::shared_ptr<prefetch::StreamMark> m_ready, m_fb, m_ar, m_opt, m_end;
+    std::shared_ptr<const device::StreamMark> copy_begin, copy_end;
+    std::shared_ptr<device::StreamMark> m_ready, m_fb, m_ar, m_opt, m_end;
   };
   std::optional<Step> open;
   std::deque<Step> pending;  // ended, GPU times not yet read
@@ -295,12 +290,13 @@ struct Profiler::Impl {
   std::optional<double> last_busy_fraction;
   bool finished = false;
 
-  int64_t mark_ns(const prefetch::StreamMark& m) const {
+  int64_t mark_ns(const device::StreamMark& m) const {
     return ref_host_ns + static_cast<int64_t>(std::llround(m.ms_since(*ref_mark) * 1e6));
   }
 
-  std::shared_ptr<prefetch::StreamMark> mark() const {
-    return gpu ? prefetch::record_stream_mark(device) : nullptr;
+  device::StreamHandle stream() const { return options.current_stream ? options.current_stream() : nullptr; }
+  std::shared_ptr<device::StreamMark> mark() const {
+    return gpu ? device::record_stream_mark(device_index, stream()) : nullptr;
   }
 
   void write_record(const nlohmann::json& j) {
@@ -569,26 +565,18 @@ Profiler::Profiler(ProfileOptions options, RunInfo run, loader::Loader* loader)
   m.run = std::move(run);
   m.loader = loader;
   m.options.metrics_every_steps = std::max<int64_t>(1, m.options.metrics_every_steps);
-  m.device = c10::Device(m.run.device);
-  m.gpu = m.device.is_cuda();
+  m.device_index = device::parse_device(m.run.device);
+  m.gpu = m.device_index >= 0;
   if (m.gpu) {
     const int64_t before = now_ns();
-    m.ref_mark = prefetch::record_stream_mark(m.device);
+    m.ref_mark = m.mark();
     m.ref_mark->ms_since(*m.ref_mark);  // waits for it: the stream is idle before training
     m.ref_host_ns = before;
     if (m.options.nvml) {
       NvmlOptions no;
       no.library = m.options.nvml_library;
       no.interval_ms = m.options.nvml_interval_ms;
-#ifdef GPUFEED_WITH_CUDA
-      const int index = m.device.has_index() ? m.device.index() : c10::cuda::current_device();
-      const cudaDeviceProp* prop = at::cuda::getDeviceProperties(index);
-      char bus[32];
-      std::snprintf(bus, sizeof bus, "%08x:%02x:%02x.0", static_cast<unsigned>(prop->pciDomainID),
-                    static_cast<unsigned>(prop->pciBusID),
-                    static_cast<unsigned>(prop->pciDeviceID));
-      no.pci_bus_id = bus;
-#endif
+      no.pci_bus_id = device::pci_bus_id(m.device_index);
       m.nvml = std::make_unique<NvmlSampler>(no);
       m.nvml_status =
           m.nvml->available()
@@ -674,14 +662,14 @@ void Profiler::step_begin() {
   }
 }
 
-void Profiler::batch_ready(const prefetch::DeviceBatch& batch) {
+void Profiler::batch_ready(const ReadyBatch& batch) {
   Impl& m = *impl_;
   if (!m.open) step_begin();
   Impl::Step& st = *m.open;
   st.ready_ns = now_ns();
   st.reported_wait_ms = batch.wait_ms;
   st.batch_index = batch.batch_index;
-  st.skipped = static_cast<int64_t>(batch.skipped.size());
+  st.skipped = batch.skipped;
   st.copy_begin = batch.copy_begin;
   st.copy_end = batch.copy_end;
   st.m_ready = m.mark();

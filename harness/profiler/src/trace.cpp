@@ -1,6 +1,6 @@
 #include "gpufeed/harness/trace.h"
 
-#include "gpufeed/harness/torch_file.h"
+#include "gpufeed/harness/atomic_file.h"
 #include "gpufeed/json_text.h"
 
 #include <algorithm>

@@ -1,9 +1,10 @@
 #pragma once
 // Host batch -> tensors on the training device. Torch enters the house here: the loader's slots
 // are wrapped as tensors without copying, converted uint8 NHWC -> float NCHW (or channels_last),
-// and normalised with mean/std. The CUDA implementation copies on its own stream from pinned
-// slots and makes the consumer's stream wait on an event; the CPU implementation runs the same
-// API synchronously, so the harness has one code path.
+// and normalised with mean/std. The CUDA implementation is the device room's torch-free engine
+// (gpufeed/device/engine.h: its copy stream, events and fused kernel) with device memory from
+// torch's caching allocator; the CPU implementation runs the same API synchronously, so the
+// harness has one code path.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -15,16 +16,15 @@
 #include <optional>
 #include <vector>
 
+#include "gpufeed/device/cuda.h"
+#include "gpufeed/device/normalize.h"
 #include "gpufeed/loader/loader.h"
 
 namespace gpufeed::prefetch {
 
-/// Normalisation applied to x / 255: (x / 255 - mean) / std, per RGB channel. Defaults are the
-/// ImageNet statistics torchvision's models were trained with.
-struct NormalizeOptions {
-  std::array<float, 3> mean = loader::kImageNetMean;  ///< gpufeed/loader/transform.h
-  std::array<float, 3> std = loader::kImageNetStd;
-};
+/// Normalisation applied to x / 255: (x / 255 - mean) / std, per RGB channel (the device room's:
+/// ImageNet's statistics by default).
+using NormalizeOptions = device::NormalizeOptions;
 
 /// Prefetcher options.
 struct PrefetchOptions {
@@ -38,22 +38,16 @@ struct PrefetchOptions {
   int device_prefetch_depth = 2;
 };
 
-/// A point on a CUDA stream's timeline (a timing-enabled CUDA event), for profilers: the GPU
-/// clock between two marks measures the work the stream did between them.
-class StreamMark {
- public:
-  virtual ~StreamMark() = default;
-  /// True once the stream has passed the mark. Never blocks.
-  virtual bool reached() const = 0;
-  /// Milliseconds on the GPU clock from `earlier` to this mark (negative when this one came
-  /// first). Blocks until both are reached. Both marks must be on the same device; throws
-  /// std::invalid_argument for a mark from another implementation.
-  virtual double ms_since(const StreamMark& earlier) const = 0;
-};
+/// A point on a CUDA stream's timeline (gpufeed/device/cuda.h).
+using StreamMark = device::StreamMark;
 
 /// Records a mark on `device`'s current CUDA stream. Throws std::runtime_error for a non-CUDA
 /// device or a build without the CUDA path.
 std::shared_ptr<StreamMark> record_stream_mark(const c10::Device& device);
+
+/// `device`'s current CUDA stream (c10::cuda::getCurrentCUDAStream) as a device::StreamHandle;
+/// nullptr (the legacy default stream) for the CPU or a build without the CUDA path.
+device::StreamHandle current_stream(const c10::Device& device);
 
 /// One batch on the device, ready for the model.
 struct DeviceBatch {

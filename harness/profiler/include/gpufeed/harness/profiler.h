@@ -22,12 +22,9 @@
 #include <optional>
 #include <string>
 
+#include "gpufeed/device/cuda.h"
 #include "gpufeed/harness/progress.h"
 #include "gpufeed/loader/loader.h"
-
-namespace gpufeed::prefetch {
-struct DeviceBatch;
-}
 
 namespace gpufeed::harness {
 
@@ -52,6 +49,18 @@ struct ProfileOptions {
   int64_t warmup_steps = 10;
   /// Called on the training thread after every step (see progress.h for a printer).
   std::function<void(const ProgressSnapshot&)> on_progress;
+  /// CUDA runs: the stream the steps run on, asked at each mark (the trainer gives c10's current
+  /// stream; Python gives torch.cuda.current_stream()'s). Empty: the legacy default stream.
+  std::function<device::StreamHandle()> current_stream;
+};
+
+/// What the profiler needs of a batch that arrived (prefetch::DeviceBatch, the Python iterator's
+/// batch): its data wait, position, skips and, on CUDA, the copy stream's marks around its copy.
+struct ReadyBatch {
+  double wait_ms = 0;       ///< wall time the step waited for it (data wait)
+  int64_t batch_index = 0;  ///< position within the epoch
+  int64_t skipped = 0;      ///< samples the skip policy replaced in it
+  std::shared_ptr<const device::StreamMark> copy_begin, copy_end;  ///< null on the CPU path
 };
 
 /// The run being profiled, as the trainer knows it.
@@ -177,7 +186,7 @@ class Profiler {
   /// A step starts: the host is about to ask the prefetcher for the next batch.
   void step_begin();
   /// The batch arrived: data wait ends (its copy marks, if any, give the H2D span).
-  void batch_ready(const prefetch::DeviceBatch& batch);
+  void batch_ready(const ReadyBatch& batch);
   /// `phase` has just been issued (CPU: has run).
   void phase_done(Phase phase);
   /// The step ends with `images` samples trained.

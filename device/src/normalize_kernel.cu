@@ -1,4 +1,4 @@
-// uint8 NHWC -> normalised float/bf16/fp16 NCHW or channels_last, in one pass over device memory:
+// uint8 NHWC -> normalised float/bf16/fp16 (or uint8, laid out only) NCHW or channels_last, in one pass over device memory:
 // each thread reads one pixel's 3 bytes once and writes its 3 outputs, so the conversion costs one
 // read of the uint8 batch and one write of the result (torch ops would make 2-3 passes).
 #include <cuda_bf16.h>
@@ -6,14 +6,17 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
-#include "normalize_kernel.h"
+#include "kernel_launch.h"
 
-namespace gpufeed::prefetch::detail {
+namespace gpufeed::device::detail {
 namespace {
 
 template <typename T>
 __device__ inline T from_float(float v);
+template <>
+__device__ inline uint8_t from_float<uint8_t>(float v) { return static_cast<uint8_t>(v); }
 template <>
 __device__ inline float from_float<float>(float v) { return v; }
 template <>
@@ -28,6 +31,14 @@ __global__ void normalize_nhwc(const uint8_t* __restrict__ src, T* __restrict__ 
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pixels;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint8_t* px = src + p * 3;
+    if constexpr (std::is_same_v<T, uint8_t>) {  // layout only: the values pass through
+      const int64_t n = p / plane, q = p - n * plane;
+      T* out = dst + n * 3 * plane + q;
+      out[0] = px[0];
+      out[plane] = px[1];
+      out[2 * plane] = px[2];
+      continue;
+    }
     // Explicit round-to-nearest multiply then subtract (no FMA contraction), the same two
     // roundings as the CPU path's mul_ then sub_: float32 results are bit-identical.
     const float r = __fsub_rn(__fmul_rn(px[0], scale.x), shift.x);
@@ -73,6 +84,11 @@ cudaError_t launch_normalize(const uint8_t* src, void* dst, OutputType type, int
                              int64_t w, bool channels_last, const float scale[3],
                              const float shift[3], cudaStream_t stream) {
   switch (type) {
+    case OutputType::kUInt8:
+      if (channels_last) {  // the slot's own layout: a plain copy
+        return cudaMemcpyAsync(dst, src, static_cast<size_t>(n * h * w * 3), cudaMemcpyDeviceToDevice, stream);
+      }
+      return launch_typed<uint8_t>(src, dst, n, h, w, /*channels_last=*/false, scale, shift, stream);
     case OutputType::kFloat32:
       return launch_typed<float>(src, dst, n, h, w, channels_last, scale, shift, stream);
     case OutputType::kBFloat16:
@@ -83,4 +99,4 @@ cudaError_t launch_normalize(const uint8_t* src, void* dst, OutputType type, int
   return cudaErrorInvalidValue;
 }
 
-}  // namespace gpufeed::prefetch::detail
+}  // namespace gpufeed::device::detail

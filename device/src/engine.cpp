@@ -1,0 +1,271 @@
+// The CUDA engine (gpufeed/device/engine.h): a copy stream, an event per batch, buffers from an
+// injected allocator, the fused conversion kernel.
+#include "gpufeed/device/engine.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "cuda_check.h"
+
+namespace gpufeed::device {
+namespace {
+
+using detail::check;
+
+// A CUDA memory pool of one device that keeps freed memory for reuse (release threshold: never).
+class Pool {
+ public:
+  explicit Pool(int device) {
+    detail::DeviceGuard guard(device);
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    check(cudaMemPoolCreate(&pool_, &props), "cudaMemPoolCreate");
+    uint64_t keep = std::numeric_limits<uint64_t>::max();
+    check(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+  }
+  // Returns at once; the driver frees the pool after its last outstanding allocation.
+  ~Pool() { cudaMemPoolDestroy(pool_); }
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+  cudaMemPool_t get() const { return pool_; }
+
+ private:
+  cudaMemPool_t pool_ = nullptr;
+};
+
+class PoolBuffer final : public DeviceBuffer {
+ public:
+  PoolBuffer(std::shared_ptr<Pool> pool, size_t bytes, cudaStream_t stream)
+      : pool_(std::move(pool)), bytes_(bytes), release_(stream) {
+    check(cudaMallocFromPoolAsync(&data_, bytes == 0 ? 1 : bytes, pool_->get(), stream), "cudaMallocFromPoolAsync");
+  }
+  // Freed in the order of the stream the batch was handed to (or the copy stream, if never handed
+  // out): after the work enqueued there so far. A failure (the context torn down at exit) is moot.
+  ~PoolBuffer() override {
+    if (cudaFreeAsync(data_, release_) != cudaSuccess) cudaGetLastError();
+  }
+  PoolBuffer(const PoolBuffer&) = delete;
+  PoolBuffer& operator=(const PoolBuffer&) = delete;
+  void* data() const override { return data_; }
+  size_t bytes() const override { return bytes_; }
+  void used_on(StreamHandle stream) override { release_ = static_cast<cudaStream_t>(stream); }
+
+ private:
+  std::shared_ptr<Pool> pool_;  // outlives the allocation
+  void* data_ = nullptr;
+  size_t bytes_;
+  cudaStream_t release_;
+};
+
+class PoolAllocator final : public DeviceAllocator {
+ public:
+  explicit PoolAllocator(int device) : device_(device), pool_(std::make_shared<Pool>(device)) {}
+  std::shared_ptr<DeviceBuffer> allocate(size_t bytes, int device, StreamHandle stream) override {
+    if (device != device_)
+      throw std::invalid_argument("stream_ordered_allocator: made for cuda:" + std::to_string(device_) +
+                                  ", asked for cuda:" + std::to_string(device));
+    return std::make_shared<PoolBuffer>(pool_, bytes, static_cast<cudaStream_t>(stream));
+  }
+
+ private:
+  int device_;
+  std::shared_ptr<Pool> pool_;
+};
+
+// An event without timing (cheaper), for completion only.
+class Event {
+ public:
+  Event() { check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags"); }
+  ~Event() { cudaEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+  bool query() const {
+    const cudaError_t e = cudaEventQuery(event_);
+    if (e == cudaSuccess) return true;
+    if (e == cudaErrorNotReady) return false;
+    check(e, "cudaEventQuery");
+    return false;
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+}  // namespace
+
+std::shared_ptr<DeviceAllocator> stream_ordered_allocator(int device) {
+  return std::make_shared<PoolAllocator>(device);
+}
+
+struct CudaEngine::Impl {
+  struct Pending {
+    EngineBatch batch;
+    std::shared_ptr<Event> done;
+  };
+  struct Copying {
+    loader::Batch host;  // holds the pinned slot until the copy has read it
+    std::shared_ptr<Event> done;
+  };
+
+  std::shared_ptr<loader::Loader> loader;
+  EngineOptions options;
+  NormalizeConstants constants{};
+  cudaStream_t stream = nullptr;
+  std::deque<Pending> ready;
+  std::deque<Copying> copying;
+  bool exhausted = true;
+
+  void release_finished(bool wait_for_one) {
+    while (!copying.empty()) {
+      if (!copying.front().done->query()) {
+        if (!wait_for_one) break;
+        check(cudaEventSynchronize(copying.front().done->get()), "cudaEventSynchronize");
+      }
+      copying.pop_front();
+      wait_for_one = false;
+    }
+  }
+
+  // Enqueues copies of decoded batches until device_prefetch_depth are ready or copying. Waits
+  // for the loader only when `block` and nothing is ready yet: a batch still being decoded cannot
+  // be copied any sooner by waiting for it here, and not waiting hands the caller its batch sooner
+  // (and lets the Python binding wait in interruptible slices before calling next()).
+  void fill(bool block) {
+    release_finished(false);
+    while (!exhausted && static_cast<int>(ready.size()) < options.device_prefetch_depth) {
+      if (!(block && ready.empty()) && !loader->wait_ready(std::chrono::nanoseconds(0))) break;
+      // Never hold every loader slot: the loader needs one to work ahead.
+      if (static_cast<int>(copying.size()) >= loader->prefetch_depth() - 1 && !copying.empty()) {
+        release_finished(true);
+      }
+      std::optional<loader::Batch> host = loader->next();
+      if (!host) {
+        exhausted = true;
+        break;
+      }
+      enqueue(std::move(*host));
+    }
+  }
+
+  void enqueue(loader::Batch host) {
+    const int dev = options.device;
+    Pending p;
+    EngineBatch& b = p.batch;
+    b.dtype = options.dtype;
+    b.channels_last = options.channels_last;
+    b.size = host.size;
+    b.height = host.height;
+    b.width = host.width;
+    b.epoch = host.epoch;
+    b.batch_index = host.batch_index;
+    b.indices = host.indices;
+    b.skipped = host.skipped;
+    b.copy_begin = record_stream_mark(dev, stream);
+    const auto bytes = static_cast<size_t>(host.image_bytes());
+    // uint8 in the slot's own layout needs no conversion: the copy is the result.
+    const bool as_copied = options.dtype == OutputType::kUInt8 && options.channels_last;
+    std::shared_ptr<DeviceBuffer> raw = options.allocator->allocate(bytes, dev, stream);
+    check(cudaMemcpyAsync(raw->data(), host.images, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (images)");
+    const size_t label_bytes = static_cast<size_t>(host.size) * sizeof(int64_t);
+    b.labels = options.allocator->allocate(label_bytes, dev, stream);
+    check(cudaMemcpyAsync(b.labels->data(), host.labels, label_bytes, cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync (labels)");
+    if (as_copied) {
+      b.images = std::move(raw);
+    } else {
+      b.images = options.allocator->allocate(bytes * static_cast<size_t>(element_size(options.dtype)), dev, stream);
+      launch_normalize(static_cast<const uint8_t*>(raw->data()), b.images->data(), options.dtype, host.size,
+                       host.height, host.width, options.channels_last, constants, stream);
+      raw.reset();  // freed in the copy stream's order, after the kernel read it
+    }
+    p.done = std::make_shared<Event>();
+    check(cudaEventRecord(p.done->get(), stream), "cudaEventRecord");
+    b.copy_end = record_stream_mark(dev, stream);
+    copying.push_back({std::move(host), p.done});
+    ready.push_back(std::move(p));
+  }
+
+  // Drops staged batches after their copies finished (their slots go back to the loader).
+  void drain() {
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    ready.clear();
+    copying.clear();
+  }
+};
+
+CudaEngine::CudaEngine(std::shared_ptr<loader::Loader> loader, EngineOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  if (!loader) throw std::invalid_argument("CudaEngine: loader is null");
+  if (options.device_prefetch_depth < 1) throw std::invalid_argument("CudaEngine: device_prefetch_depth must be >= 1");
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    throw std::runtime_error("no CUDA device is visible; cannot use cuda:" + std::to_string(options.device) +
+                             " (check CUDA_VISIBLE_DEVICES and the driver)");
+  }
+  if (options.device < 0 || options.device >= count)
+    throw std::runtime_error("cuda:" + std::to_string(options.device) + " does not exist: " + std::to_string(count) +
+                             " CUDA device(s) visible");
+  Impl& m = *impl_;
+  m.loader = std::move(loader);
+  if (!options.allocator) options.allocator = stream_ordered_allocator(options.device);
+  m.options = std::move(options);
+  m.constants = normalize_constants(m.options.normalize);
+  detail::DeviceGuard guard(m.options.device);
+  check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+}
+
+CudaEngine::~CudaEngine() {
+  Impl& m = *impl_;
+  try {
+    detail::DeviceGuard guard(m.options.device);
+    m.drain();
+    cudaStreamSynchronize(m.stream);  // the frees of the staged buffers, enqueued by drain()
+  } catch (...) {
+  }
+  cudaStreamDestroy(m.stream);
+}
+
+void CudaEngine::start_epoch(int64_t epoch, int64_t start_batch) {
+  Impl& m = *impl_;
+  detail::DeviceGuard guard(m.options.device);
+  m.drain();
+  m.loader->start_epoch(epoch, start_batch);
+  m.exhausted = false;
+}
+
+std::optional<EngineBatch> CudaEngine::next(StreamHandle consumer) {
+  Impl& m = *impl_;
+  const auto t0 = std::chrono::steady_clock::now();
+  detail::DeviceGuard guard(m.options.device);
+  m.fill(/*block=*/true);
+  if (m.ready.empty()) return std::nullopt;
+  Impl::Pending p = std::move(m.ready.front());
+  m.ready.pop_front();
+  // The consumer's stream waits for the copy and conversion; the buffers learn where they are used,
+  // so their memory is not reused while the consumer's work still reads it.
+  check(cudaStreamWaitEvent(static_cast<cudaStream_t>(consumer), p.done->get(), 0), "cudaStreamWaitEvent");
+  p.batch.images->used_on(consumer);
+  p.batch.labels->used_on(consumer);
+  p.batch.wait_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  m.fill(/*block=*/false);  // copies in flight behind this step for batches already decoded
+  return std::move(p.batch);
+}
+
+bool CudaEngine::wait_ready(std::chrono::nanoseconds timeout) {
+  Impl& m = *impl_;
+  return !m.ready.empty() || m.exhausted || m.loader->wait_ready(timeout);
+}
+
+loader::Loader& CudaEngine::loader() { return *impl_->loader; }
+const EngineOptions& CudaEngine::options() const { return impl_->options; }
+
+}  // namespace gpufeed::device
