@@ -19,6 +19,7 @@ MODE=${1:-matrix}
 CASES=${GPUFEED_WHEEL_CASES:-"2.11.0@3.11 2.13.0@3.13 2.15.0@3.12"}
 VENVS=${GPUFEED_WHEEL_VENVS:-build/wheel/venvs}
 DIST=build/wheel/dist
+mkdir -p build/wheel
 TEST_DEPS=(pillow numpy matplotlib pytest "webdataset==1.0.2" "torchdata==0.11.0")
 
 find_python() {  # a CPython X.Y that runs: the .venv's, python3.Y on PATH, or pyenv's
