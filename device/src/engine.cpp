@@ -42,14 +42,19 @@ class Pool {
 
 class PoolBuffer final : public DeviceBuffer {
  public:
-  PoolBuffer(std::shared_ptr<Pool> pool, size_t bytes, cudaStream_t stream)
-      : pool_(std::move(pool)), bytes_(bytes), release_(stream) {
+  PoolBuffer(std::shared_ptr<Pool> pool, int device, size_t bytes, cudaStream_t stream)
+      : pool_(std::move(pool)), device_(device), bytes_(bytes), release_(stream) {
     check(cudaMallocFromPoolAsync(&data_, bytes == 0 ? 1 : bytes, pool_->get(), stream), "cudaMallocFromPoolAsync");
   }
   // Freed in the order of the stream the batch was handed to (or the copy stream, if never handed
   // out): after the work enqueued there so far. A failure (the context torn down at exit) is moot.
+  // On the buffer's device: the null stream (torch's default stream) is the current device's.
   ~PoolBuffer() override {
+    int current = -1;
+    const bool switch_device = cudaGetDevice(&current) == cudaSuccess && current != device_;
+    if (switch_device) cudaSetDevice(device_);
     if (cudaFreeAsync(data_, release_) != cudaSuccess) cudaGetLastError();
+    if (switch_device) cudaSetDevice(current);
   }
   PoolBuffer(const PoolBuffer&) = delete;
   PoolBuffer& operator=(const PoolBuffer&) = delete;
@@ -59,6 +64,7 @@ class PoolBuffer final : public DeviceBuffer {
 
  private:
   std::shared_ptr<Pool> pool_;  // outlives the allocation
+  int device_;
   void* data_ = nullptr;
   size_t bytes_;
   cudaStream_t release_;
@@ -71,7 +77,7 @@ class PoolAllocator final : public DeviceAllocator {
     if (device != device_)
       throw std::invalid_argument("stream_ordered_allocator: made for cuda:" + std::to_string(device_) +
                                   ", asked for cuda:" + std::to_string(device));
-    return std::make_shared<PoolBuffer>(pool_, bytes, static_cast<cudaStream_t>(stream));
+    return std::make_shared<PoolBuffer>(pool_, device_, bytes, static_cast<cudaStream_t>(stream));
   }
 
  private:
@@ -155,7 +161,18 @@ struct CudaEngine::Impl {
     }
   }
 
+  // A failure after a copy was queued (an allocation, a launch) waits for the stream before `host`
+  // goes: its pinned slot must not return to the loader while a copy may still read it.
   void enqueue(loader::Batch host) {
+    try {
+      enqueue_copies(host);
+    } catch (...) {
+      cudaStreamSynchronize(stream);
+      throw;
+    }
+  }
+
+  void enqueue_copies(loader::Batch& host) {
     const int dev = options.device;
     Pending p;
     EngineBatch& b = p.batch;
@@ -228,9 +245,11 @@ CudaEngine::~CudaEngine() {
   try {
     detail::DeviceGuard guard(m.options.device);
     m.drain();
-    cudaStreamSynchronize(m.stream);  // the frees of the staged buffers, enqueued by drain()
   } catch (...) {
+    m.ready.clear();  // their buffers' frees are queued on the stream before it goes
+    m.copying.clear();
   }
+  cudaStreamSynchronize(m.stream);  // the frees of the staged buffers, enqueued above
   cudaStreamDestroy(m.stream);
 }
 

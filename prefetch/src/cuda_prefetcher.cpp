@@ -66,8 +66,9 @@ const at::Tensor& tensor_of(const std::shared_ptr<device::DeviceBuffer>& b) {
 
 class CudaPrefetcher final : public Prefetcher {
  public:
+  // "cuda" without an index is resolved once, here: the engine and the consumer's stream agree.
   CudaPrefetcher(std::shared_ptr<loader::Loader> loader, const PrefetchOptions& options)
-      : options_(options), engine_(std::move(loader), engine_options(options)) {}
+      : options_(resolved(options)), engine_(std::move(loader), engine_options(options_)) {}
 
   void start_epoch(int64_t epoch, int64_t start_batch) override { engine_.start_epoch(epoch, start_batch); }
 
@@ -96,9 +97,14 @@ class CudaPrefetcher final : public Prefetcher {
   loader::Loader& loader() override { return engine_.loader(); }
 
  private:
+  static PrefetchOptions resolved(PrefetchOptions o) {
+    if (!o.device.has_index()) o.device = c10::Device(c10::kCUDA, c10::cuda::current_device());
+    return o;
+  }
+
   static device::EngineOptions engine_options(const PrefetchOptions& o) {
     device::EngineOptions e;
-    e.device = o.device.has_index() ? o.device.index() : c10::cuda::current_device();
+    e.device = o.device.index();
     e.dtype = output_type(o.dtype);
     e.channels_last = o.channels_last;
     e.normalize = o.normalize;
