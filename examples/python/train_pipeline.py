@@ -117,11 +117,13 @@ def stage_shapes(arch: str, num_classes: int, num_stages: int, micro_batch: int,
         parts = split_stages(torchvision.models.__dict__[arch](num_classes=num_classes), num_stages)
     x = torch.empty(micro_batch, 3, image_size, image_size, device="meta")
     shapes = []
-    with torch.no_grad():
-        for part in parts:
-            y = part(x)
-            shapes.append((x, y))
-            x = y
+    # With autograd on (meta tensors: no memory, no compute), so that a later stage's input and every
+    # stage's output say they carry gradients: torch >= 2.12 reads requires_grad from these to
+    # decide which received activations get a gradient.
+    for i, part in enumerate(parts):
+        y = part(x)
+        shapes.append((x.detach().requires_grad_(i > 0), y.detach().requires_grad_(True)))
+        x = y
     return shapes
 
 
