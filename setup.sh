@@ -9,9 +9,10 @@ cd "$(dirname "$0")"
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libturbojpeg0-dev libjpeg62-turbo-dev libgif-dev libpng-dev libwebp-dev libtiff-dev libopencv-dev libtbb-dev
-  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
+  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libcurl4-openssl-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3-venv
+  nginx-light
 )
 TORCH_SPEC="torch==2.11.0 torchvision==0.26.0"
 
@@ -50,6 +51,13 @@ TORCHDATA_SPEC="torchdata==0.11.0"
 if ! .venv/bin/python -c "import torchdata.stateful_dataloader" 2>/dev/null; then
   echo "setup: installing $TORCHDATA_SPEC into .venv"
   .venv/bin/pip install -q $TORCHDATA_SPEC
+fi
+# moto's S3 server (ThreadedMotoServer on 127.0.0.1) and boto3: the remote-shard tests fill a
+# bucket with `gpufeed pack` output and read it back over S3 (python/tests/test_remote.py).
+MOTO_SPEC="moto[server]==5.2.5"
+if ! .venv/bin/python -c "import moto.server, boto3" 2>/dev/null; then
+  echo "setup: installing $MOTO_SPEC into .venv"
+  .venv/bin/pip install -q "$MOTO_SPEC"
 fi
 # NVIDIA DALI's CPU pipeline (device_id=None runs without a GPU): a baseline of
 # tools/bench_compare.py. Best effort: without it the comparison leaves DALI out and says why.

@@ -347,7 +347,7 @@ std::vector<std::pair<std::string, int64_t>> samples_of(const Dataset& ds) {
 }
 
 // Folders and files created by a test are stamped "now": the cache is written only for those
-// changed over a second before the listing (IndexCacheOptions), so the tests wait that second.
+// changed over a second before the listing (DataOptions), so the tests wait that second.
 void wait_out_the_racy_window() { std::this_thread::sleep_for(std::chrono::milliseconds(1100)); }
 
 TEST(SampleTable, HoldsPathsInOneArenaAt13BytesPerSampleBeyondThem) {
@@ -634,7 +634,7 @@ TEST(IndexCache, RelativeAbsoluteAndLinkedSpellingsShareOneEntry) {
   }
   EXPECT_EQ(std::string(ImageFolder(abs, o).at(0).path).rfind(abs.string() + "/class_000/", 0), 0u);
   // A file list: relative lines are joined to its folder's spelling ("" for "list.txt").
-  const IndexCacheOptions lc{.index_cache = (tmp.path / "cache").string()};
+  const DataOptions lc{.index_cache = (tmp.path / "cache").string()};
   const FileListOptions unchecked{.check_files = false};
   EXPECT_FALSE(FileList("list.txt", "", lc, unchecked).from_cache());
   const FileList rel("list.txt", "", lc, unchecked), full(tmp.path / "list.txt", tmp.path, lc, unchecked);

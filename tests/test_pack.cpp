@@ -218,6 +218,49 @@ TEST(Pack, ImageFolderRoundTripThroughTarShards) {
 }
 
 // Test 2: the bytes do not depend on the worker count (nor on the chunking).
+TEST(Pack, TheIndexBesideEachShardIsItsTarHeaders) {
+  TempDir dir("pack_index");
+  const fs::path src = make_folder(dir.path / "src");
+  const ImageFolder folder(src, {.index_cache = "off"});
+  PackOptions o = small_shards();
+  o.raw_budget_fraction = 0.25;  // some KEY.ppm members too
+  const PackResult r = pack_dataset(folder, src, dir.path / "out", o);
+  ASSERT_GE(r.shards.size(), 3u);
+  int64_t samples = 0;
+  for (const std::string& shard : shard_files(dir.path / "out", r)) {
+    const Bytes b = file_bytes(shard);
+    const Bytes text = file_bytes(shard + kShardIndexSuffix);
+    const ShardIndex index = parse_shard_index(std::string(text.begin(), text.end()), shard);
+    EXPECT_EQ(index.shard_size, static_cast<int64_t>(b.size()));
+    EXPECT_EQ(index.etag, "");
+    const ReadAt read = [&b](int64_t offset, void* buf, size_t n) -> size_t {
+      if (offset < 0 || static_cast<size_t>(offset) >= b.size()) return 0;
+      const size_t k = std::min(n, b.size() - static_cast<size_t>(offset));
+      std::memcpy(buf, b.data() + offset, k);
+      return k;
+    };
+    const std::vector<ShardSample> headers = index_shard(read, static_cast<int64_t>(b.size()), shard);
+    ASSERT_EQ(index.samples.size(), headers.size());
+    for (size_t i = 0; i < headers.size(); ++i) {
+      EXPECT_EQ(index.samples[i].member, headers[i].member);
+      EXPECT_EQ(index.samples[i].offset, headers[i].offset);
+      EXPECT_EQ(index.samples[i].size, headers[i].size);
+      EXPECT_EQ(index.samples[i].label, headers[i].label);
+    }
+    samples += static_cast<int64_t>(headers.size());
+  }
+  EXPECT_EQ(samples, folder.size());
+  // Packing again over it (overwrite) into fewer shards leaves no index of a shard that is gone.
+  o.shard_size = int64_t{1} << 30;
+  o.overwrite = true;
+  const PackResult again = pack_dataset(folder, src, dir.path / "out", o);
+  ASSERT_EQ(again.shards.size(), 1u);
+  std::set<std::string> indexes;
+  for (const auto& e : fs::directory_iterator(dir.path / "out"))
+    if (e.path().string().ends_with(kShardIndexSuffix)) indexes.insert(e.path().filename().string());
+  EXPECT_EQ(indexes, (std::set<std::string>{"train-000000.tar.gpufeed-idx"}));
+}
+
 TEST(Pack, SameBytesForAnyWorkerCount) {
   TempDir dir("pack_workers");
   const fs::path src = make_folder(dir.path / "src");
@@ -485,17 +528,19 @@ TEST(Pack, ExistingShardsRefusedUnlessOverwrite) {
     FAIL() << "no error";
   } catch (const std::runtime_error& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("already holds manifest.json (and " + std::to_string(r.shards.size()) + " more)"),
+    // The shards, their indexes and the manifest.
+    EXPECT_NE(what.find("already holds manifest.json (and " + std::to_string(2 * r.shards.size()) + " more)"),
               std::string::npos) << what;
     EXPECT_NE(what.find("pass `overwrite` to replace them"), std::string::npos) << what;
   }
   EXPECT_EQ(file_bytes(dir.path / "out" / r.shards[0].file), before);
-  EXPECT_EQ(gpufeed::test::list_files_of(dir.path / "out").size(), r.shards.size() + 1);
+  EXPECT_EQ(gpufeed::test::list_files_of(dir.path / "out").size(), 2 * r.shards.size() + 1);
   o.overwrite = true;
   const PackResult again = pack_dataset(folder, src, dir.path / "out", o);
   ASSERT_EQ(again.shards.size(), 1u);
   EXPECT_EQ(gpufeed::test::list_files_of(dir.path / "out"),
-            (std::vector<fs::path>{dir.path / "out" / "manifest.json", dir.path / "out" / "train-000000.tar"}));
+            (std::vector<fs::path>{dir.path / "out" / "manifest.json", dir.path / "out" / "train-000000.tar",
+                                   dir.path / "out" / "train-000000.tar.gpufeed-idx"}));
   EXPECT_EQ(TarShards({(dir.path / "out" / "train-000000.tar").string()}, dir.path / "out", {.index_cache = "off"}).size(),
             folder.size());
 }

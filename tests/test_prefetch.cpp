@@ -157,7 +157,7 @@ TEST(CudaPrefetcher, FailsClearlyOrMatchesCpuPath) {
     o.device = c10::Device("cuda:0");
     const fs::path list = fs::temp_directory_path() / ("gpufeed_one_" + std::to_string(::getpid()) + ".txt");
     std::ofstream(list) << "never_read.jpg 0\n";  // the prefetcher must fail before reading it
-    auto ds = std::make_shared<loader::FileList>(list, "/", loader::IndexCacheOptions{.index_cache = "off"}, loader::FileListOptions{.check_files = false});
+    auto ds = std::make_shared<loader::FileList>(list, "/", loader::DataOptions{.index_cache = "off"}, loader::FileListOptions{.check_files = false});
     fs::remove(list);
     auto l = std::make_shared<loader::Loader>(ds, std::make_shared<sampler::SequentialSampler>(1),
                                               loader::LoaderOptions{});

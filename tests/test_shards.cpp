@@ -381,7 +381,7 @@ TEST(TarShards, MemberIndexIsCachedUntilAShardChanges) {
   for (const char* s : {"train-000000.tar", "train-000001.tar"}) fs::copy_file(dir / s, tmp.path / s);
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // past the racy window (dataset.h)
   const std::string pattern = (tmp.path / "train-{000000..000001}.tar").string();
-  const IndexCacheOptions cache{.index_cache = (tmp.path / "cache").string()};
+  const DataOptions cache{.index_cache = (tmp.path / "cache").string()};
   const TarShards first(*shard_paths(pattern), pattern, cache);
   EXPECT_FALSE(first.from_cache());
   const TarShards second(*shard_paths(pattern), pattern, cache);
@@ -432,7 +432,7 @@ TEST(TarShards, AKeyWithoutAnImageIsAnErrorNamingTheShardTheMemberAndWhy) {
   EXPECT_EQ(extensions_of("jsononly", "c"), std::vector<std::string>{"json"});
 
   gpufeed::test::TempDir tmp("keyless");
-  const IndexCacheOptions cache{.index_cache = (tmp.path / "cache").string()};
+  const DataOptions cache{.index_cache = (tmp.path / "cache").string()};
   const auto error_opening = [&](const char* shard) {
     try {
       open_dataset(g[shard]["path"].get<std::string>(), cache);
@@ -484,7 +484,7 @@ TEST(TarShards, ACacheOfAnotherFormatVersionIsListedAgain) {
   std::ofstream(tmp.path / "one.tar", std::ios::binary) << t.bytes;
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // past the racy window (dataset.h)
   const std::string shard = (tmp.path / "one.tar").string();
-  const IndexCacheOptions cache{.index_cache = (tmp.path / "cache").string()};
+  const DataOptions cache{.index_cache = (tmp.path / "cache").string()};
   EXPECT_FALSE(TarShards({shard}, shard, cache).from_cache());
   EXPECT_TRUE(TarShards({shard}, shard, cache).from_cache());
   std::vector<fs::path> files = gpufeed::test::list_files_of(tmp.path / "cache");

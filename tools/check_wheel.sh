@@ -20,7 +20,7 @@ CASES=${GPUFEED_WHEEL_CASES:-"2.11.0@3.11 2.13.0@3.13 2.15.0@3.12"}
 VENVS=${GPUFEED_WHEEL_VENVS:-build/wheel/venvs}
 DIST=build/wheel/dist
 mkdir -p build/wheel
-TEST_DEPS=(pillow numpy matplotlib pytest "webdataset==1.0.2" "torchdata==0.11.0")
+TEST_DEPS=(pillow numpy matplotlib pytest "webdataset==1.0.2" "torchdata==0.11.0" "moto[server]==5.2.5")
 
 find_python() {  # a CPython X.Y that runs: the .venv's, python3.Y on PATH, or pyenv's
   local v=$1 c
@@ -41,7 +41,8 @@ check_needed() {  # every NEEDED of _C and of the bundled libraries: glibc, the 
   .venv/bin/python - "$1" <<'PY'
 import pathlib, re, subprocess, sys, tempfile, zipfile
 SYSTEM = {"libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libpthread.so.0", "libdl.so.2",
-          "librt.so.1", "ld-linux-x86-64.so.2", "libz.so.1"}  # the manylinux policy's own list has zlib
+          "librt.so.1", "ld-linux-x86-64.so.2", "libz.so.1", "libresolv.so.2", "libnsl.so.1",
+          "libutil.so.1"}  # glibc and the rest of the manylinux policy's own list (zlib; libresolv for libcurl's Kerberos)
 wheel = sys.argv[1]
 with tempfile.TemporaryDirectory() as d:
     zipfile.ZipFile(wheel).extractall(d)
@@ -91,7 +92,7 @@ if [ "$MODE" = "--pinned" ]; then
   .venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))' > "$site/zz_gpufeed_venv.pth"
   "$venv"/bin/python -m pip install -q --no-index --no-deps --ignore-installed "$whl"  # beside, not over, .venv's
   "$venv"/bin/python -c 'import gpufeed, sys; p = gpufeed.__file__; assert "/venv-pinned/" in p, p; print("check_wheel: gpufeed from", p)'
-  hidden=$(ls /usr/lib/x86_64-linux-gnu/{libjpeg,libturbojpeg,libpng16,libwebp,libsharpyuv,libgif,libtiff,libtbb,libspdlog,libfmt}.so* 2>/dev/null || true)
+  hidden=$(ls /usr/lib/x86_64-linux-gnu/{libjpeg,libturbojpeg,libpng16,libwebp,libsharpyuv,libgif,libtiff,libtbb,libspdlog,libfmt,libcurl}.so* 2>/dev/null || true)
   if unshare -rm true 2>/dev/null; then
     echo "check_wheel: hiding $(echo "$hidden" | wc -w) Debian library files for the suite"
     export -f run_suite

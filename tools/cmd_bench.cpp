@@ -66,7 +66,7 @@ int resolve_threads(int workers) {
 
 struct Args {
   std::string data;
-  loader::IndexCacheOptions cache;  // --index-cache (the schema's)
+  loader::DataOptions cache;  // --index-cache (the schema's)
   loader::LoaderOptions loader;     // the loader's schema flags (--batch-size, --image-size, ...)
   std::vector<int> workers{0};      // --num-workers as a list: one run per count (kAutoNumWorkers: auto)
   std::vector<std::string> worker_texts;  // as given
@@ -454,7 +454,7 @@ Run add_bench(CLI::App& app) {
                  "ImageFolder root, flat image folder, file list, or WebDataset tar shards "
                  "('dir/train-{000000..000146}.tar', a folder of .tar files, a list of .tar paths)")
       ->required();
-  const SchemaFlags cache = add_schema_options(app, loader::index_cache_options_schema(), a->cache);
+  const SchemaFlags cache = add_schema_options(app, loader::data_options_schema(), a->cache);
   const options::Spec& workers = loader::loader_options_schema().find("num_workers")->spec;
   app.add_option("--num-workers", a->worker_texts,
                  schema_help(workers, "0") + "; a list such as 1,2,4,auto runs once per count: a thread-scaling "

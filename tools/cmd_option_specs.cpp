@@ -56,7 +56,7 @@ Run add_option_specs(CLI::App& app) {
   app.group("");  // tooling, not a user's command: hidden from `gpufeed --help`
   return [] {
     const nlohmann::json all = {{"loader", rows(loader::loader_options_schema())},
-                                {"index_cache", rows(loader::index_cache_options_schema())},
+                                {"data", rows(loader::data_options_schema())},
                                 {"schedule", rows(harness::schedule_options_schema())},
                                 {"pack", rows(loader::pack_options_schema())}};
     std::cout << json_text(all, 1) << "\n";

@@ -47,7 +47,7 @@ Run add_pack(CLI::App& app) {
   struct Args {
     std::string src, out, progress = "lines";
     loader::PackOptions o;
-    loader::IndexCacheOptions cache;
+    loader::DataOptions cache;
   };
   auto a = std::make_shared<Args>();
   app.add_option("src", a->src, "ImageFolder root, flat image folder or file list (what --data takes; shards too)")
@@ -55,7 +55,7 @@ Run add_pack(CLI::App& app) {
   app.add_option("out_dir", a->out, "folder for <prefix>-000000.tar, ... and manifest.json (created)")->required();
   // PackOptions' flags (--shard-size, --max-side, --num-workers, ...) from its schema (gpufeed/loader/pack.h).
   const SchemaFlags flags = add_schema_options(app, loader::pack_options_schema(), a->o);
-  const SchemaFlags cache = add_schema_options(app, loader::index_cache_options_schema(), a->cache);
+  const SchemaFlags cache = add_schema_options(app, loader::data_options_schema(), a->cache);
   app.add_option("--progress", a->progress, "lines: a progress line on stderr every 2 s; off")
       ->capture_default_str()->check(CLI::IsMember({"lines", "off"}));
   return [a, flags, cache] {

@@ -232,7 +232,7 @@ void add_data_flags(CLI::App& app, TrainFlags& f) {
   // --val-crop-size, the train crop's schedule --min-res/--max-res.
   f.loader_flags = add_schema_options(app, loader::loader_options_schema(), f.o.loader,
                                       {"train", "scale", "ratio", "resize_size", "max_image_size", "mean", "std"});
-  f.cache_flags = add_schema_options(app, loader::index_cache_options_schema(), f.o.index_cache);
+  f.cache_flags = add_schema_options(app, loader::data_options_schema(), f.o.index_cache);
 }
 
 void add_optimizer_flags(CLI::App& app, TrainFlags& f) {

@@ -70,7 +70,7 @@ def render(schemas) -> str:
         "(`gpufeed train`'s is 64). `gpufeed train` takes the training transform's rows; its validation",
         "transform has `--val-resize-size` and `--val-crop-size`.",
         "",
-        *table(schemas["loader"] + schemas["index_cache"], keyword=True),
+        *table(schemas["loader"] + schemas["data"], keyword=True),
         "",
         "## The schedule: `gpufeed train`",
         "",

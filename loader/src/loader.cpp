@@ -75,15 +75,20 @@ int64_t lap_ns(Clock::time_point& t) {
 
 // The one place a sample becomes pixels: read, probe, plan (plan_for), decode only the crop at
 // the cheapest DCT scale that still covers the output, resize straight into `out`.
-SampleCost transform_into(const SampleRef& ref, int64_t index, int64_t epoch,
-                          const LoaderOptions& o, uint8_t* out) {
+// `reader`: the loader's SampleReader (plan `tag`), or null for dataset.read.
+SampleCost transform_into(const Dataset& dataset, SampleReader* reader, uint64_t tag, const SampleRef& ref,
+                          int64_t index, int64_t epoch, const LoaderOptions& o, uint8_t* out) {
   Worker& w = thread_worker();
   SampleCost cost;
   auto t0 = Clock::now();
   cost.index = index;
   cost.epoch = epoch;
   cost.start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count();
-  read_sample(ref, w.bytes);
+  if (reader != nullptr) {
+    reader->read(tag, index, w.bytes);
+  } else {
+    dataset.read(index, w.bytes);
+  }
   cost.read_ns = lap_ns(t0);  // stages back to back, so a trace's spans nest exactly
   cost.bytes = static_cast<int64_t>(w.bytes.size());
 
@@ -226,6 +231,7 @@ struct EpochPlan {
   int64_t sample_bytes = 0;                   // S * S * 3
   std::vector<std::vector<int64_t>> batches;  // this rank's, sampler order
   std::vector<int64_t> order;                 // the batches, flattened
+  uint64_t tag = 0;                           // the plan's name for the dataset's SampleReader
   mutable std::atomic<bool> cancelled{false};
 
   int64_t total() const { return static_cast<int64_t>(batches.size()); }
@@ -382,7 +388,7 @@ PlannedSample plan_for(const decode::ImageInfo& info, const LoaderOptions& optio
 
 void load_sample(const Dataset& dataset, int64_t index, int64_t epoch, const LoaderOptions& options,
                  uint8_t* out) {
-  transform_into(dataset.at(index), index, epoch, options, out);
+  transform_into(dataset, nullptr, 0, dataset.at(index), index, epoch, options, out);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -391,6 +397,10 @@ void load_sample(const Dataset& dataset, int64_t index, int64_t epoch, const Loa
 
 struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   std::shared_ptr<const Dataset> dataset;
+  // The dataset's reader (remote data: fetches ahead in the announced order), or null. Destroyed
+  // before the dataset (declared after it).
+  std::unique_ptr<SampleReader> reader;
+  uint64_t plan_tags = 0;  // the last EpochPlan::tag given
   std::shared_ptr<sampler::Sampler> sampler;
   LoaderOptions options;
   std::shared_ptr<HostAllocator> allocator;
@@ -447,6 +457,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   Impl(std::shared_ptr<const Dataset> d, std::shared_ptr<sampler::Sampler> s, LoaderOptions o,
        std::shared_ptr<HostAllocator> a)
       : dataset(std::move(d)),
+        reader(dataset->reader()),
         sampler(std::move(s)),
         options(std::move(o)),
         allocator(a ? std::move(a) : default_host_allocator()),
@@ -584,9 +595,10 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
 
   // Epoch `epoch`'s plan at the current image size (next_size): its batches in sampler order.
   // `indices` is the sampler's order of that epoch.
-  std::shared_ptr<const EpochPlan> make_plan(int64_t epoch, const std::vector<int64_t>& indices) const {
+  std::shared_ptr<const EpochPlan> make_plan(int64_t epoch, const std::vector<int64_t>& indices) {
     auto p = std::make_shared<EpochPlan>();
     p->epoch = epoch;
+    p->tag = ++plan_tags;
     p->options = options;
     if (p->options.transform.kind == TransformOptions::Kind::kTrain) p->options.transform.rrc.size = next_size;
     p->sample_bytes = int64_t{p->side()} * p->side() * 3;
@@ -605,6 +617,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   // batches go back to the ring; slots held by the consumer stay with their Batch.
   void drain(std::unique_lock<std::mutex>& lk, EpochSchedule& s) {
     if (s.plan) s.plan->cancelled.store(true, std::memory_order_relaxed);
+    if (s.plan && reader) reader->forget(s.plan->tag);  // wakes the tasks waiting for its reads
     if (tuner) wake_lanes();
     cv.wait(lk, [&] { return std::all_of(s.pending.begin(), s.pending.end(), [](const auto& f) { return f->done; }); });
     for (auto& f : s.pending) ring.release(f->slot);
@@ -633,6 +646,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     std::vector<int64_t> indices = sampler->indices();
     sampler->set_epoch(current);
     ahead.plan = make_plan(upcoming, indices);
+    announce(*ahead.plan, 0);
   }
 
   // Schedules batches while slots are free: the current epoch's, then the planned next one's.
@@ -683,6 +697,14 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
 
   static bool cancelled(const EpochPlan& p) { return p.cancelled.load(std::memory_order_relaxed); }
 
+  // Tells the reader the samples plan `p` reads from batch `first_batch` on.
+  void announce(const EpochPlan& p, int64_t first_batch) {
+    if (!reader) return;
+    const auto from = static_cast<size_t>(std::min<int64_t>(first_batch * p.options.batch_size,
+                                                            static_cast<int64_t>(p.order.size())));
+    reader->announce(p.tag, from == 0 ? p.order : std::vector<int64_t>(p.order.begin() + static_cast<std::ptrdiff_t>(from), p.order.end()));
+  }
+
   void run_batch(InFlight& f, const EpochPlan& p) {
     const auto n = f.indices.size();
     const int64_t base_pos = f.batch_index * p.options.batch_size;
@@ -705,7 +727,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   // Loads dataset sample `index` into position k of the batch's slot; throws what loading throws.
   void load_into(InFlight& f, size_t k, int64_t index, const EpochPlan& p) {
     const SampleRef ref = dataset->at(index);
-    counters.account(transform_into(ref, index, p.epoch, p.options,
+    counters.account(transform_into(*dataset, reader.get(), p.tag, ref, index, p.epoch, p.options,
                                     f.slot->images + static_cast<size_t>(p.sample_bytes) * k));
     f.slot->labels[k] = ref.label;
   }
@@ -715,6 +737,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     try {
       load_into(f, k, index, p);
     } catch (...) {
+      if (cancelled(p)) return;  // the epoch stopped (a read cancelled with it is no failure)
       if (options.error_policy == ErrorPolicy::kRaise) {
         f.fail(k, std::current_exception());
       } else {
@@ -874,6 +897,7 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
     m.schedule.plan = m.make_plan(epoch, m.sampler->indices());
     m.schedule.next_submit = std::clamp<int64_t>(start_batch, 0, m.schedule.total());
     m.schedule.consumed = m.schedule.next_submit;
+    m.announce(*m.schedule.plan, m.schedule.next_submit);
   }
   m.ahead = EpochSchedule{};
   m.skips.reset(epoch);

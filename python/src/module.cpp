@@ -221,7 +221,7 @@ void append_specs(nb::list& out, const options::Schema<T>& schema) {
 nb::list option_specs() {
   nb::list out;
   append_specs(out, loader::loader_options_schema());
-  append_specs(out, loader::index_cache_options_schema());
+  append_specs(out, loader::data_options_schema());
   return out;
 }
 
@@ -229,12 +229,12 @@ nb::list option_specs() {
 /// naming the keyword.
 struct KeywordOptions {
   loader::LoaderOptions loader;
-  loader::IndexCacheOptions cache;
+  loader::DataOptions cache;
 };
 
 KeywordOptions apply_keywords(const std::map<std::string, options::Value>& given) {
   std::map<std::string, options::Value> for_loader, for_cache;
-  const auto& cache_schema = loader::index_cache_options_schema();
+  const auto& cache_schema = loader::data_options_schema();
   for (const auto& [name, value] : given) (cache_schema.find(name) ? for_cache : for_loader)[name] = value;
   KeywordOptions k;
   loader::loader_options_schema().apply(k.loader, for_loader);

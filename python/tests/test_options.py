@@ -157,7 +157,7 @@ def test_the_cli_and_python_read_the_same_rows(cli_specs):
             d["default"] = list(d["default"])
         d["words"], d["sizes"] = list(d["words"]), list(d["sizes"])
         return d
-    assert [plain(s) for s in SPECS] == [plain(s) for s in cli_specs["loader"] + cli_specs["index_cache"]]
+    assert [plain(s) for s in SPECS] == [plain(s) for s in cli_specs["loader"] + cli_specs["data"]]
     assert {"lr_schedule", "warmup_epochs", "min_res", "end_ramp"} <= {s["name"] for s in cli_specs["schedule"]}
     assert {"shard_size", "max_side", "num_workers", "on_error"} <= {s["name"] for s in cli_specs["pack"]}
 

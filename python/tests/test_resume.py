@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 import gpufeed
+from remote_servers import RangeHTTPServer
 
 N = 27  # the `folder` fixture's samples
 EPOCH = 1
@@ -80,10 +81,20 @@ def shards_of(folder, tmp_path):
 
 @pytest.mark.parametrize("world,new_world,shuffle,sampler_drop_last,kind",
                          [(4, 3, True, False, "folder"), (4, 3, False, True, "folder"), (2, 3, True, True, "folder"),
-                          (2, 3, False, False, "folder"), (4, 1, True, False, "folder"), (4, 3, True, False, "shards")])
+                          (2, 3, False, False, "folder"), (4, 1, True, False, "folder"), (4, 3, True, False, "shards"),
+                          (4, 3, True, False, "http"), (2, 3, False, True, "http")])
 def test_new_ranks_deliver_what_the_old_ranks_left_exactly_once(folder, tmp_path, world, new_world, shuffle,
                                                                 sampler_drop_last, kind):
-    root = folder if kind == "folder" else shards_of(folder, tmp_path)
+    if kind == "http":  # the shard over HTTP (remote data: its index read from the tar headers)
+        shards_of(folder, tmp_path)
+        with RangeHTTPServer(tmp_path) as http:
+            resume_on_another_world_size(http.url + "/train-000000.tar", world, new_world, shuffle, sampler_drop_last)
+    else:
+        resume_on_another_world_size(folder if kind == "folder" else shards_of(folder, tmp_path), world, new_world,
+                                     shuffle, sampler_drop_last)
+
+
+def resume_on_another_world_size(root, world, new_world, shuffle, sampler_drop_last):
     k = 2
     consumed, state, reference_images = old_run(root, world, shuffle, sampler_drop_last, k)
     expected = global_list(N, world, shuffle, 5, sampler_drop_last, EPOCH)

@@ -29,6 +29,7 @@
 #include "gpufeed/cpu_budget.h"
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/decode/error.h"
+#include "gpufeed/loader/remote.h"
 #include "gpufeed/loader/shards.h"
 #include "gpufeed/log.h"
 #include "gpufeed/unique_fd.h"
@@ -623,7 +624,7 @@ void check_listed_files(const SampleTable& table, const std::vector<int64_t>& li
 
 }  // namespace
 
-FileList::FileList(const fs::path& list_file, const fs::path& root, const IndexCacheOptions& cache_options,
+FileList::FileList(const fs::path& list_file, const fs::path& root, const DataOptions& cache_options,
                    FileListOptions options) {
   const UniqueFd fd(::open(list_file.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) throw std::runtime_error("FileList: cannot open " + list_file.string());
@@ -696,12 +697,16 @@ FlatFolder::FlatFolder(const fs::path& root, ImageFolderOptions options) {
   table_.shrink_to_fit();
 }
 
-std::shared_ptr<Dataset> open_dataset(const fs::path& path, const IndexCacheOptions& cache) {
+std::shared_ptr<Dataset> open_dataset(const fs::path& path, const DataOptions& cache) {
   return open_dataset(path, cache, default_image_extensions());
 }
 
-std::shared_ptr<Dataset> open_dataset(const fs::path& path, const IndexCacheOptions& cache,
+std::shared_ptr<Dataset> open_dataset(const fs::path& path, const DataOptions& cache,
                                       const std::vector<std::string>& extensions) {
+  if (is_url(path.native())) check_url(path.native());
+  if (std::vector<std::string> urls = remote_shard_urls(path.native()); !urls.empty()) {
+    return std::make_shared<RemoteShards>(std::move(urls), path.native(), cache);
+  }
   if (auto shards = shard_paths(path)) return std::make_shared<TarShards>(std::move(*shards), path, cache);
   std::error_code ec;
   if (fs::is_regular_file(path, ec)) {

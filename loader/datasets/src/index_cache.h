@@ -1,6 +1,6 @@
 #pragma once
 // The index cache (internal): a dataset's listing written once and read back on the next start
-// instead of walking the tree (IndexCacheOptions in gpufeed/loader/dataset.h says where it lives
+// instead of walking the tree (DataOptions in gpufeed/loader/dataset.h says where it lives
 // and when it is used).
 //
 // File layout (native byte order; a cache is a local artefact, rebuilt on any mismatch):
@@ -117,7 +117,7 @@ std::string canonical_source(const std::filesystem::path& path);
 /// path, else $HOME/.cache/gpufeed; nullopt when neither is set.
 std::optional<std::filesystem::path> default_cache_dir();
 
-/// The cache file of the dataset `kind` at `source` under `setting` (IndexCacheOptions: "" the
+/// The cache file of the dataset `kind` at `source` under `setting` (DataOptions: "" the
 /// user's cache folder, "beside", "off", else a folder), or nullopt when off (or when "" finds
 /// no cache folder). Outside "beside" the name is `<name>-<16 hex digits>.gpufeed-index`, the
 /// digits a hash of the kind and canonical_source(source).

@@ -453,7 +453,7 @@ std::vector<ShardSample> index_shard_file(const std::string& path) {
 
 }  // namespace
 
-TarShards::TarShards(std::vector<std::string> shards, const fs::path& source, const IndexCacheOptions& cache_options)
+TarShards::TarShards(std::vector<std::string> shards, const fs::path& source, const DataOptions& cache_options)
     : shards_(std::move(shards)) {
   if (shards_.empty()) throw std::runtime_error("shards: " + source.string() + " names no shard");
   const int64_t started = detail::wall_clock_ns();
@@ -523,6 +523,84 @@ SampleRef TarShards::at(int64_t i) const {
   r.size = sizes_[k];
   r.member = members_.path(i);
   return r;
+}
+
+// ---- the shard index beside a shard (format_shard_index)
+
+std::string format_shard_index(const ShardIndex& index) {
+  std::string out = fmt::format("gpufeed-shard-index 1\nshard_size {}\n", index.shard_size);
+  if (!index.etag.empty()) out += "etag " + index.etag + "\n";
+  out += fmt::format("samples {}\n", index.samples.size());
+  for (const ShardSample& x : index.samples) {
+    if (x.member.find_first_of("\r\n") != std::string::npos)
+      throw std::invalid_argument("shard index: member name '" + x.member + "' holds a line break");
+    out += fmt::format("{} {} {} {}\n", x.offset, x.size, x.label, x.member);
+  }
+  return out;
+}
+
+ShardIndex parse_shard_index(std::string_view text, const std::string& source) {
+  ShardIndex index;
+  size_t at = 0;
+  int64_t line_no = 0;
+  const auto fail = [&](const std::string& why) -> ShardError {
+    return ShardError(fmt::format("shard index {}: line {}: {}", source, line_no, why));
+  };
+  const auto next_line = [&](std::string_view& line) {
+    if (at >= text.size()) return false;
+    const size_t end = std::min(text.find('\n', at), text.size());
+    line = text.substr(at, end - at);
+    at = end + 1;
+    ++line_no;
+    return true;
+  };
+  const auto number = [&](std::string_view field, const char* what) {
+    int64_t v = 0;
+    const auto [p, ec] = std::from_chars(field.data(), field.data() + field.size(), v);
+    if (ec != std::errc() || p != field.data() + field.size() || v < 0)
+      throw fail(fmt::format("{} '{}' is not a number >= 0", what, field));
+    return v;
+  };
+  std::string_view line;
+  if (!next_line(line) || line != "gpufeed-shard-index 1")
+    throw fail("not a gpufeed shard index of version 1 (the first line should read 'gpufeed-shard-index 1')");
+  const auto keyed = [&](std::string_view key) {
+    if (!next_line(line) || !line.starts_with(key) || line.size() <= key.size() || line[key.size()] != ' ')
+      throw fail(fmt::format("expected '{} <value>'", key));
+    return line.substr(key.size() + 1);
+  };
+  index.shard_size = number(keyed("shard_size"), "shard_size");
+  std::string_view count_text;
+  if (text.substr(at).starts_with("etag ")) index.etag = std::string(keyed("etag"));
+  count_text = keyed("samples");
+  const int64_t count = number(count_text, "samples");
+  if (count > static_cast<int64_t>(text.size())) throw fail("the sample count exceeds the file");
+  index.samples.reserve(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    if (!next_line(line)) throw fail(fmt::format("the index ends after {} of its {} samples", i, count));
+    ShardSample x;
+    std::string_view rest = line;
+    const auto field = [&](const char* what) {
+      const size_t sp = rest.find(' ');
+      if (sp == std::string_view::npos) throw fail(fmt::format("expected '<offset> <size> <label> <member>' ({})", what));
+      const std::string_view f = rest.substr(0, sp);
+      rest = rest.substr(sp + 1);
+      return f;
+    };
+    x.offset = number(field("offset"), "offset");
+    x.size = number(field("size"), "size");
+    const int64_t label = number(field("label"), "label");
+    if (label > kMaxLabel) throw fail(fmt::format("label {} is above {}", label, kMaxLabel));
+    x.label = static_cast<int32_t>(label);
+    if (rest.empty()) throw fail("a sample without a member name");
+    x.member = std::string(rest);
+    if (x.offset > index.shard_size || x.size > index.shard_size - x.offset)
+      throw fail(fmt::format("member {} [{}, +{}) runs past the shard's {} bytes", x.member, x.offset, x.size,
+                             index.shard_size));
+    index.samples.push_back(std::move(x));
+  }
+  if (next_line(line) && !line.empty()) throw fail("more lines than its sample count");
+  return index;
 }
 
 }  // namespace gpufeed::loader

@@ -29,6 +29,7 @@
 #include "gpufeed/cpu_budget.h"
 #include "gpufeed/json_text.h"
 #include "gpufeed/loader/resize.h"
+#include "gpufeed/loader/shards.h"
 #include "gpufeed/version.h"
 #include "gpufeed/loader/tbb_tsan.h"
 
@@ -446,6 +447,13 @@ bool is_shard_name(const std::string& name, const std::string& prefix) {
   return digits.size() >= 6 && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// "<prefix>-NNNNNN.tar.gpufeed-idx": a shard's index (format_shard_index).
+bool is_shard_index_name(const std::string& name, const std::string& prefix) {
+  const std::string_view suffix = kShardIndexSuffix;
+  return name.size() > suffix.size() && name.ends_with(suffix) &&
+         is_shard_name(name.substr(0, name.size() - suffix.size()), prefix);
+}
+
 std::string shard_name(const std::string& prefix, size_t n) { return fmt::format("{}-{:06d}.tar", prefix, n); }
 
 void write_text_atomically(const fs::path& path, const std::string& text) {
@@ -532,7 +540,8 @@ OutputFolder prepare_output(const fs::path& out_dir, const PackOptions& o) {
   OutputFolder folder;
   for (const auto& e : fs::directory_iterator(out_dir)) {
     const std::string name = e.path().filename().string();
-    if (is_shard_name(name, o.prefix) || name == "manifest.json") folder.existing.push_back(name);
+    if (is_shard_name(name, o.prefix) || name == "manifest.json" || is_shard_index_name(name, o.prefix))
+      folder.existing.push_back(name);
     if (name.size() > 4 && name.ends_with(".tmp") && is_shard_name(name.substr(0, name.size() - 4), o.prefix))
       folder.stale.push_back(name);
   }
@@ -553,7 +562,8 @@ void remove_leftovers(const fs::path& out_dir, const OutputFolder& folder, const
   std::error_code ec;
   for (const std::string& name : folder.existing) {
     if (name == "manifest.json") continue;
-    if (std::none_of(r.shards.begin(), r.shards.end(), [&](const PackedShard& s) { return s.file == name; }))
+    if (std::none_of(r.shards.begin(), r.shards.end(),
+                     [&](const PackedShard& s) { return s.file == name || s.file + kShardIndexSuffix == name; }))
       fs::remove(out_dir / name, ec);
   }
   for (const std::string& name : folder.stale) fs::remove(out_dir / name, ec);
@@ -590,6 +600,9 @@ class ShardSet {
       shard_.emplace(tmp_);
       shard_samples_ = 0;
     }
+    // The image's data follows its 512-byte ustar header (TarWriter writes no pax records).
+    index_.samples.push_back({.member = key + "." + it.ext, .offset = shard_->bytes() + 512,
+                              .size = static_cast<int64_t>(it.bytes.size()), .label = static_cast<int32_t>(label)});
     shard_->add(key + "." + it.ext, it.bytes);
     shard_->add(key + ".cls", cls_);
     ++shard_samples_;
@@ -620,6 +633,12 @@ class ShardSet {
     if (e) throw std::runtime_error("pack: cannot rename " + tmp_.string() + " to " + final_path.string() + ": " + e.message());
     tmp_.clear();
     written_.push_back(final_path);
+    // Its index beside it (shard_index.h's format), for opening it remotely without its headers.
+    index_.shard_size = r_.shards.back().bytes;
+    const fs::path index_path = final_path.string() + kShardIndexSuffix;
+    write_text_atomically(index_path, format_shard_index(index_));
+    written_.push_back(index_path);
+    index_ = ShardIndex{};
   }
 
   const fs::path& out_dir_;
@@ -630,6 +649,7 @@ class ShardSet {
   fs::path tmp_;
   std::vector<fs::path> written_;  // renamed into place by this pack
   std::vector<uint8_t> cls_;       // the label member's bytes
+  ShardIndex index_;               // the open shard's samples
   bool armed_ = true;
 };
 

@@ -93,7 +93,7 @@ struct TrainOptions {
   /// validation crop) and per-sample augmentations transform.augment (augment.h). The trainer
   /// sets the transform's kind and max_image_size, and builds the validation transform itself.
   loader::LoaderOptions loader = default_train_loader_options();
-  loader::IndexCacheOptions index_cache;  ///< the datasets' index cache ("" the user's cache folder)
+  loader::DataOptions index_cache;  ///< the datasets' index cache ("" the user's cache folder)
   /// Validation Resize (shorter side) and CenterCrop, pixels (the references' --val-resize-size,
   /// --val-crop-size). 0: val_crop_size = loader.transform.rrc.size, val_resize_size = round(crop x
   /// 256 / 224).

@@ -48,6 +48,25 @@ void read_sample(const SampleRef& s, std::vector<uint8_t>& out);
 /// The same into a decode::ByteBuffer, grown without zero-filling (the loader's workers use it).
 void read_sample(const SampleRef& s, decode::ByteBuffer& out);
 
+/// How a loader reads its dataset's samples when the dataset has a reader of its own
+/// (Dataset::reader(): remote shards, which fetch ahead in the loader's order). The loader
+/// announces each epoch's order as it plans it, reads each sample from its workers (any number
+/// at once) and forgets an epoch it cancels. A read that was not announced, or comes in another
+/// order, is still served (fetched on demand).
+class SampleReader {
+ public:
+  virtual ~SampleReader() = default;
+  /// The samples (dataset indices) epoch plan `tag` will read, in its order; queued after those
+  /// announced before.
+  virtual void announce(uint64_t tag, const std::vector<int64_t>& indices) = 0;
+  /// Drops plan `tag`'s announced reads; its reads waiting now, and later, throw
+  /// decode::DecodeError kIo ("cancelled").
+  virtual void forget(uint64_t tag) = 0;
+  /// Sample `index`'s bytes into `out`: what read_sample(dataset.at(index), out) would read.
+  /// Throws decode::DecodeError kIo naming the sample's source when they cannot be read.
+  virtual void read(uint64_t tag, int64_t index, decode::ByteBuffer& out) = 0;
+};
+
 /// A fixed, ordered list of samples. Implementations are immutable after construction, so any
 /// thread may read them.
 class Dataset {
@@ -59,6 +78,11 @@ class Dataset {
   virtual SampleRef at(int64_t i) const = 0;
   /// Class names, index = label.
   virtual const std::vector<std::string>& classes() const = 0;
+  /// Sample i's bytes into `out`: read_sample(at(i), out) (the default), or, for remote data,
+  /// one ranged GET. Throws decode::DecodeError kIo naming at(i).source(), as read_sample does.
+  virtual void read(int64_t i, decode::ByteBuffer& out) const { read_sample(at(i), out); }
+  /// A reader for one loader, or null (the default): the loader then calls read(i).
+  virtual std::unique_ptr<SampleReader> reader() const { return nullptr; }
 };
 
 /// The compact sample table behind the in-memory datasets: every path in one arena of bytes
@@ -139,12 +163,34 @@ class SampleList : public Dataset {
 /// temporary file, then rename), and not written when something it depends on changed less than
 /// a second before the listing (file times are stamped in ticks: a change in the same tick would
 /// go unseen; such a dataset is cached on a later start).
-struct IndexCacheOptions {
+///
+/// The other fields are those of remote data (s3://, http(s):// URLs: remote.h, docs/SCALING.md,
+/// "Remote data"); local datasets ignore them.
+struct DataOptions {
   std::string index_cache;
+  /// The S3 endpoint of s3:// URLs, for S3-compatible stores (MinIO, Ceph, R2, ...): "" takes
+  /// AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile's endpoint_url, else AWS's.
+  std::string endpoint_url{};
+  /// Ranged GETs in flight at once, per loader (per rank).
+  int max_requests = 64;
+  /// Sample bytes requested ahead of the loader, per loader, in MiB (requested and not yet
+  /// decoded; the memory remote reading holds beyond the slots).
+  int64_t read_ahead = 256;
+  /// Seconds a request may go without receiving a byte (or without connecting) before it is
+  /// retried.
+  double request_timeout = 30;
+  /// Retries of a request that timed out, was reset, cut short, throttled (503 SlowDown, 429) or
+  /// got a 5xx, with exponential backoff, before its error is raised.
+  int max_retries = 5;
+  /// A local folder keeping the remote bytes fetched, shared by the processes of a node and kept
+  /// across runs ("" = none): docs/SCALING.md, "Remote data" (src/remote_cache.h).
+  std::string cache_dir{};
+  /// The cache's size on disk at most, in GiB: the shards used least recently go first.
+  double cache_limit = 100;
 };
 
-/// IndexCacheOptions' user-facing field, index_cache (gpufeed/option.h).
-const options::Schema<IndexCacheOptions>& index_cache_options_schema();
+/// DataOptions' user-facing fields (gpufeed/option.h).
+const options::Schema<DataOptions>& data_options_schema();
 
 /// torchvision.datasets.folder.IMG_EXTENSIONS, in its order: the files torchvision's ImageFolder
 /// lists (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp). Lower case, with the dot. The one
@@ -174,7 +220,7 @@ struct ImageFolderOptions {
   std::vector<std::string> extensions = default_image_extensions();
   /// Follow symlinked folders, as torchvision's os.walk(followlinks=True) does.
   bool follow_symlinks = true;
-  /// The index cache (see IndexCacheOptions).
+  /// The index cache (see DataOptions).
   std::string index_cache;
 };
 
@@ -218,7 +264,7 @@ struct FileListOptions {
 class FileList : public SampleList {
  public:
   FileList(const std::filesystem::path& list_file, const std::filesystem::path& root,
-           const IndexCacheOptions& cache = {}, FileListOptions options = {});
+           const DataOptions& cache = {}, FileListOptions options = {});
   bool from_cache() const { return from_cache_; }
 
  private:
@@ -234,19 +280,22 @@ class FlatFolder : public SampleList {
   explicit FlatFolder(const std::filesystem::path& root, ImageFolderOptions options = {});
 };
 
-/// Opens `path` as the dataset it looks like: WebDataset tar shards (a brace pattern such as
+/// Opens `path` as the dataset it looks like: remote shards (an http://, https:// or s3:// URL or
+/// brace pattern of URLs, or a list file of URLs: RemoteShards in remote.h, read as `cache`'s
+/// remote fields say; any other scheme is refused with std::invalid_argument); WebDataset tar
+/// shards (a brace pattern such as
 /// "shards/train-{000000..000146}.tar", a .tar file, a folder of .tar files only, or a list of
 /// .tar paths: TarShards in shards.h); otherwise a regular file is a FileList (paths relative to
 /// the file's folder); a folder with class subfolders is an ImageFolder; a folder of images
 /// only is a FlatFolder. ImageFolders and file lists use the index cache as `cache` says
-/// (default: the user's cache folder, IndexCacheOptions). Throws std::runtime_error naming the path when
+/// (default: the user's cache folder, DataOptions). Throws std::runtime_error naming the path when
 /// it is none of these.
-std::shared_ptr<Dataset> open_dataset(const std::filesystem::path& path, const IndexCacheOptions& cache = {});
+std::shared_ptr<Dataset> open_dataset(const std::filesystem::path& path, const DataOptions& cache = {});
 
 /// open_dataset listing folders (ImageFolder, FlatFolder) with these `extensions` (with the dot,
 /// compared case-insensitively) instead of default_image_extensions(); file lists and shards are
 /// unaffected. gpufeed.DataLoader passes torchvision's IMG_EXTENSIONS this way.
-std::shared_ptr<Dataset> open_dataset(const std::filesystem::path& path, const IndexCacheOptions& cache,
+std::shared_ptr<Dataset> open_dataset(const std::filesystem::path& path, const DataOptions& cache,
                                       const std::vector<std::string>& extensions);
 
 }  // namespace gpufeed::loader

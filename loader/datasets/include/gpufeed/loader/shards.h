@@ -73,6 +73,32 @@ struct ShardSample {
 /// 0..kMaxLabel (2^24-1, dataset.h).
 std::vector<ShardSample> index_shard(const ReadAt& read, int64_t file_size, const std::string& shard);
 
+/// The name of a shard's index beside it: "train-000000.tar" -> "train-000000.tar.gpufeed-idx".
+inline constexpr const char* kShardIndexSuffix = ".gpufeed-idx";
+
+/// A shard's samples as its index file holds them, with the shard's size (and, in the index
+/// cache of remote shards, the ETag it was made against) to tell a stale index.
+struct ShardIndex {
+  int64_t shard_size = 0;
+  std::string etag;
+  std::vector<ShardSample> samples;
+};
+
+/// The index file's text (version 1, UTF-8, one sample per line; a few bytes per sample beyond
+/// its name):
+///   gpufeed-shard-index 1
+///   shard_size <bytes>
+///   etag <ETag>                      (only when non-empty)
+///   samples <count>
+///   <offset> <size> <label> <member name>      (count lines, archive order)
+/// Throws std::invalid_argument for a member name holding a line break.
+std::string format_shard_index(const ShardIndex& index);
+
+/// Reads format_shard_index's text. Throws ShardError naming `source` and the line for another
+/// format or version, a malformed or missing line, a sample past shard_size, or a label outside
+/// 0..kMaxLabel.
+ShardIndex parse_shard_index(std::string_view text, const std::string& source);
+
 /// Expands WebDataset's (braceexpand's) notation: "train-{000..002}.tar" -> train-000.tar,
 /// train-001.tar, train-002.tar (numbers keep the first bound's width when it is zero-padded),
 /// "{a,b}" lists; several braces multiply, left to right. Throws std::invalid_argument for an
@@ -88,14 +114,14 @@ std::optional<std::vector<std::string>> shard_paths(const std::filesystem::path&
 
 /// A dataset over WebDataset tar shards: samples in shard order, then archive order (the order
 /// webdataset.WebDataset(urls, shardshuffle=False) yields them). The member index is read once
-/// from the headers and cached as IndexCacheOptions says (keyed by each shard's identity);
+/// from the headers and cached as DataOptions says (keyed by each shard's identity);
 /// every sample is then one pread of its image member (read_sample).
 class TarShards : public Dataset {
  public:
   /// `source`: what the user gave (pattern, folder, list file), for the cache's name and key.
   /// Throws ShardError (see index_shard) or std::runtime_error when a shard cannot be opened or
   /// the set holds no sample.
-  TarShards(std::vector<std::string> shards, const std::filesystem::path& source, const IndexCacheOptions& cache = {});
+  TarShards(std::vector<std::string> shards, const std::filesystem::path& source, const DataOptions& cache = {});
   int64_t size() const override { return members_.size(); }
   /// Throws std::out_of_range naming the index and the size.
   SampleRef at(int64_t i) const override;

@@ -1,0 +1,133 @@
+#pragma once
+// Remote data: WebDataset tar shards in S3-compatible object storage (s3://bucket/key) or behind
+// HTTP(S), read without downloading them (docs/SCALING.md, "Remote data").
+//
+// Opening reads each shard's index (`<shard>.gpufeed-idx`, written beside it by `gpufeed pack`:
+// shard_index.h) and a HEAD of the shard (its size and ETag); a shard without an index is indexed
+// from its tar headers with ranged reads, and that index kept in the index cache. Every sample is
+// then a ranged GET of its image member's bytes, with If-Match on the ETag the index was made
+// against, so an object that changed since is an error, never decoded. A loader reads through a
+// SampleReader that requests ahead in the loader's order (the DistributedSampler's, exactly):
+// at most DataOptions::max_requests requests and read_ahead MiB in flight or buffered per loader,
+// adjacent samples of one shard in one request. With DataOptions::cache_dir the bytes fetched are
+// kept on local disk within cache_limit (least recently used shards out first), shared by the
+// processes of a node, never served once the object's ETag changed.
+//
+// Faults: timeouts (no byte for request_timeout seconds), resets, bodies shorter than their
+// range, 429, 503 (SlowDown) and other 5xx are retried max_retries times with exponential
+// backoff and jitter, then fail with the URL, the status and what was tried; 403 and 404 fail at
+// once (at open, naming the object); a redirect is not followed (its target is named). Only
+// http, https and s3 URLs are accepted. Secrets stay out of every message: a URL is printed
+// without its query string (a signed URL's signature) or user info, and credentials are never
+// printed.
+//
+// Credentials and endpoint of s3:// URLs come from where boto3 finds them: AWS_ACCESS_KEY_ID,
+// AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, else the profile (AWS_PROFILE, else "default") of
+// ~/.aws/credentials or ~/.aws/config (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE); region
+// from AWS_REGION / AWS_DEFAULT_REGION / the profile (else us-east-1); endpoint from
+// DataOptions::endpoint_url, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or the profile's endpoint_url
+// (path-style requests), else AWS (virtual-hosted). Without credentials requests go unsigned.
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpufeed/loader/dataset.h"
+
+namespace gpufeed::loader {
+
+namespace remote {
+class Cache;
+class Client;
+}
+
+/// A remote object that cannot be read: what() names the URL (redacted), the HTTP status or
+/// transport error, and the attempts made.
+class RemoteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Whether `s` is a URL ("scheme://..." with a scheme of letters, digits, '+', '-', '.'), which
+/// the datasets read as remote data rather than a local path.
+bool is_url(std::string_view s);
+
+/// Throws std::invalid_argument when `url`'s scheme is not http, https or s3, naming the scheme.
+void check_url(std::string_view url);
+
+/// `url` as messages print it: the query string (a presigned URL's signature) replaced by
+/// "?<redacted>", user info ("user:password@") by "<redacted>@".
+std::string redact_url(std::string_view url);
+
+/// Where and how an s3:// URL is requested: the HTTP(S) URL (path-style on a custom endpoint,
+/// virtual-hosted on AWS), the signing region, and credentials (empty: unsigned requests).
+struct S3Config {
+  std::string endpoint_url;  ///< "" for AWS
+  std::string region = "us-east-1";
+  std::string access_key, secret_key, session_token;
+};
+
+/// The S3 configuration boto3 would use: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+/// AWS_SESSION_TOKEN, else the profile (AWS_PROFILE, else "default") of the shared credentials
+/// file (AWS_SHARED_CREDENTIALS_FILE, else ~/.aws/credentials), else of the config file
+/// (AWS_CONFIG_FILE, else ~/.aws/config); the region from AWS_REGION, AWS_DEFAULT_REGION, else the
+/// profile's; the endpoint from `endpoint_url`, else AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else
+/// the profile's endpoint_url.
+S3Config s3_config(const std::string& endpoint_url);
+
+/// The HTTP(S) URL an s3:// URL is requested at under `config`. Throws std::invalid_argument for
+/// an s3:// URL without a bucket or key.
+std::string s3_http_url(const std::string& s3_url, const S3Config& config);
+
+/// The shard URLs `data` names: a URL, a brace pattern of URLs (expand_braces), or a local list
+/// file whose first entry is a URL (one per line; blank lines and '#' comments skipped). Throws
+/// std::invalid_argument for a scheme check_url refuses; returns an empty list when `data` names
+/// no URL.
+std::vector<std::string> remote_shard_urls(const std::string& data);
+
+/// WebDataset tar shards read over HTTP(S) or S3: the samples, order and labels of TarShards over
+/// the same shards on a local disk (shard order, then archive order).
+class RemoteShards : public Dataset {
+ public:
+  /// Opens `urls` (their indexes and HEADs, all requests in flight at once). `source`: what the
+  /// user gave, for messages. Throws RemoteError naming the object (403, 404, retries exhausted,
+  /// a redirect), ShardError for an index or tar that cannot be used, std::invalid_argument for
+  /// a refused scheme.
+  RemoteShards(std::vector<std::string> urls, const std::string& source, const DataOptions& options = {});
+  ~RemoteShards() override;
+  int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
+  SampleRef at(int64_t i) const override;
+  const std::vector<std::string>& classes() const override { return classes_; }
+  /// One ranged GET of sample i's image member (retried as the header says).
+  void read(int64_t i, decode::ByteBuffer& out) const override;
+  std::unique_ptr<SampleReader> reader() const override;
+  const std::vector<std::string>& shards() const { return urls_; }
+  /// How many shards' indexes came from `<shard>.gpufeed-idx`, from the index cache, and from
+  /// reading their tar headers.
+  int64_t indexes_beside() const { return beside_; }
+  int64_t indexes_cached() const { return cached_; }
+  int64_t indexes_built() const { return built_; }
+
+  // For the reader: shard s's URL (as given), ETag, and sample i's shard.
+  const std::string& etag(uint32_t shard) const { return etags_[shard]; }
+  uint32_t shard_of(int64_t i) const { return shard_[static_cast<size_t>(i)]; }
+  const std::shared_ptr<remote::Client>& client() const { return client_; }
+  remote::Cache* cache() const { return cache_.get(); }  ///< null without cache_dir
+  const DataOptions& options() const { return options_; }
+
+ private:
+  DataOptions options_;
+  std::shared_ptr<remote::Client> client_;
+  std::shared_ptr<remote::Cache> cache_;
+  std::vector<std::string> urls_, redacted_, etags_, classes_;
+  std::vector<uint32_t> shard_;
+  std::vector<int64_t> offsets_, sizes_;
+  std::vector<int32_t> labels_;
+  SampleTable members_;  // the image members' names (labels unused)
+  int64_t beside_ = 0, cached_ = 0, built_ = 0;
+};
+
+}  // namespace gpufeed::loader

@@ -1,0 +1,291 @@
+// RemoteShards: WebDataset tar shards over HTTP(S) and S3, opened from their indexes, read with
+// ranged GETs ahead of the loader in its order (RemoteReader).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "gpufeed/log.h"
+#include "gpufeed/loader/remote.h"
+#include "gpufeed/loader/shards.h"
+#include "index_cache.h"
+#include "remote_cache.h"
+#include "remote_client.h"
+
+namespace gpufeed::loader {
+namespace fs = std::filesystem;
+namespace {
+
+bool ends_with_tar(std::string_view s) { return s.size() > 4 && s.substr(s.size() - 4) == ".tar"; }
+
+// The shard's index beside it: the suffix goes on the path, before a query string.
+std::string index_url(const std::string& shard) {
+  const auto q = shard.find('?');
+  if (q == std::string::npos) return shard + kShardIndexSuffix;
+  return shard.substr(0, q) + kShardIndexSuffix + shard.substr(q);
+}
+
+// The index cache's file for a remote shard: the user's cache folder (or the folder the setting
+// names) / remote / <hash of the URL without its query>.gpufeed-idx; nullopt when "off".
+std::optional<fs::path> remote_index_file(const std::string& setting, const std::string& url) {
+  if (setting == "off") return std::nullopt;
+  std::optional<fs::path> dir;
+  if (setting.empty() || setting == "beside") dir = detail::default_cache_dir();
+  else dir = fs::path(setting);
+  if (!dir) return std::nullopt;
+  const std::string key = redact_url(url);
+  return *dir / "remote" / fmt::format("{:016x}{}", detail::hash_bytes(key.data(), key.size(), 0x5eed), kShardIndexSuffix);
+}
+
+std::optional<ShardIndex> read_cached_index(const fs::path& file, const std::string& url, int64_t size,
+                                            const std::string& etag) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    ShardIndex index = parse_shard_index(text.str(), file.string());
+    if (index.shard_size == size && index.etag == etag && !etag.empty()) return index;
+  } catch (const ShardError& e) {
+    gpufeed::log()->info("remote shards: ignoring the cached index of {}: {}", redact_url(url), e.what());
+  }
+  return std::nullopt;
+}
+
+void write_cached_index(const fs::path& file, const ShardIndex& index) {
+  std::error_code ec;
+  fs::create_directories(file.parent_path(), ec);
+  const fs::path tmp = file.string() + fmt::format(".tmp{}", ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << format_shard_index(index);
+    if (!out) {
+      fs::remove(tmp, ec);
+      return;  // the cache is an optimisation: a full disk only costs a rebuild next time
+    }
+  }
+  fs::rename(tmp, file, ec);
+  if (ec) fs::remove(tmp, ec);
+}
+
+// A tar's headers read through ranged GETs of 1 MiB blocks (one block kept): index_shard's reads
+// of 512-byte headers and small .cls members then cost a request per block, not per member.
+class BlockReader {
+ public:
+  BlockReader(remote::Client& client, std::string url, std::string etag, int64_t size)
+      : client_(client), url_(std::move(url)), etag_(std::move(etag)), size_(size) {}
+  size_t operator()(int64_t offset, void* buf, size_t n) {
+    size_t done = 0;
+    while (done < n && offset + static_cast<int64_t>(done) < size_) {
+      const int64_t at = offset + static_cast<int64_t>(done);
+      const int64_t block = at / kBlock * kBlock;
+      if (block != block_at_ || bytes_.empty()) load(block);
+      const auto from = static_cast<size_t>(at - block);
+      if (from >= bytes_.size()) break;
+      const size_t take = std::min(n - done, bytes_.size() - from);
+      std::memcpy(static_cast<char*>(buf) + done, bytes_.data() + from, take);
+      done += take;
+    }
+    return done;
+  }
+
+ private:
+  static constexpr int64_t kBlock = int64_t{1} << 20;
+  void load(int64_t block) {
+    remote::Request r{.url = url_, .offset = block, .size = std::min(kBlock, size_ - block), .if_match = etag_};
+    bytes_ = client_.fetch(std::move(r)).body;
+    block_at_ = block;
+  }
+  remote::Client& client_;
+  std::string url_, etag_;
+  int64_t size_;
+  int64_t block_at_ = -1;
+  decode::ByteBuffer bytes_;
+};
+
+}  // namespace
+
+std::vector<std::string> remote_shard_urls(const std::string& data) {
+  if (is_url(data)) {
+    check_url(data);
+    return expand_braces(data);
+  }
+  std::error_code ec;
+  if (!fs::is_regular_file(data, ec) || ends_with_tar(data)) return {};
+  std::ifstream in(data);
+  std::vector<std::string> urls;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    const auto b = line.find_first_not_of(" \t");
+    if (b == std::string::npos || line[b] == '#') continue;
+    line = line.substr(b, line.find_last_not_of(" \t") - b + 1);
+    if (urls.empty() && !is_url(line)) return {};  // a local list: not remote data
+    if (!is_url(line)) throw std::invalid_argument("list " + data + ": '" + line + "' is not a URL, as its first entry is");
+    check_url(line);
+    urls.push_back(line);
+  }
+  return urls;
+}
+
+namespace {
+
+// Every shard's HEAD and index GET, all in flight at once: (HEAD, index) per shard.
+std::vector<std::pair<remote::Response, remote::Response>> heads_and_indexes(remote::Client& client,
+                                                                              const std::vector<std::string>& urls) {
+  std::vector<std::future<remote::Response>> pending;
+  for (const std::string& u : urls) {
+    for (const bool head : {true, false}) {
+      auto promise = std::make_shared<std::promise<remote::Response>>();
+      pending.push_back(promise->get_future());
+      remote::Request r = head ? remote::Request{.url = u, .head = true}
+                               : remote::Request{.url = index_url(u), .missing_ok = true};
+      client.submit(std::move(r), [promise](remote::Response&& got) { promise->set_value(std::move(got)); });
+    }
+  }
+  std::vector<std::pair<remote::Response, remote::Response>> out;
+  for (size_t s = 0; s < urls.size(); ++s) {
+    remote::Response head = pending[2 * s].get();
+    out.emplace_back(std::move(head), pending[2 * s + 1].get());
+  }
+  return out;
+}
+
+// The shards `found` lacks an index of: from the index cache, else from their tar headers (eight
+// shards at a time), each then written to the cache. Returns (from the cache, from headers).
+std::pair<int64_t, int64_t> index_the_rest(remote::Client& client, const std::vector<std::string>& urls,
+                                           const std::vector<int64_t>& sizes, const std::vector<std::string>& etags,
+                                           const std::string& index_cache, std::vector<std::optional<ShardIndex>>& found) {
+  const size_t n = urls.size();
+  std::atomic<size_t> next{0};
+  std::mutex failure_mu;
+  std::exception_ptr failure;
+  std::atomic<int64_t> cached{0}, built{0};
+  const auto work = [&] {
+    for (size_t s = next++; s < n; s = next++) {
+      if (found[s]) continue;
+      try {
+        const auto file = remote_index_file(index_cache, urls[s]);
+        if (file) found[s] = read_cached_index(*file, urls[s], sizes[s], etags[s]);
+        if (found[s]) {
+          ++cached;
+          continue;
+        }
+        BlockReader read(client, urls[s], etags[s], sizes[s]);
+        ShardIndex index{.shard_size = sizes[s], .etag = etags[s],
+                         .samples = index_shard(std::ref(read), sizes[s], redact_url(urls[s]))};
+        if (file && !etags[s].empty()) write_cached_index(*file, index);
+        found[s] = std::move(index);
+        ++built;
+      } catch (...) {
+        std::lock_guard<std::mutex> g(failure_mu);
+        if (!failure) failure = std::current_exception();
+        next = n;
+      }
+    }
+  };
+  {
+    std::vector<std::jthread> pool;
+    const auto missing = static_cast<size_t>(std::count_if(found.begin(), found.end(), [](const auto& f) { return !f; }));
+    for (size_t t = 0; t < std::min<size_t>(missing, 8); ++t) pool.emplace_back(work);
+  }
+  if (failure) std::rethrow_exception(failure);
+  return {cached.load(), built.load()};
+}
+
+}  // namespace
+
+RemoteShards::RemoteShards(std::vector<std::string> urls, const std::string& source, const DataOptions& options)
+    : options_(options), urls_(std::move(urls)) {
+  if (urls_.empty()) throw std::runtime_error("remote shards: " + redact_url(source) + " names no shard");
+  if (urls_.size() > UINT32_MAX) throw std::runtime_error("remote shards: more than 2^32 shards");
+  for (const std::string& u : urls_) check_url(u);
+  client_ = std::make_shared<remote::Client>(options_);
+  const size_t n = urls_.size();
+  std::vector<int64_t> shard_sizes(n);
+  std::vector<std::optional<ShardIndex>> found(n);
+  etags_.resize(n);
+  std::vector<std::pair<remote::Response, remote::Response>> opened = heads_and_indexes(*client_, urls_);
+  for (size_t s = 0; s < n; ++s) {
+    auto& [head, index] = opened[s];
+    if (!head.error.empty()) throw RemoteError("remote shards: cannot open " + head.error);
+    if (head.object_size < 0) throw RemoteError("remote shards: HEAD " + redact_url(urls_[s]) + " gave no Content-Length");
+    shard_sizes[s] = head.object_size;
+    etags_[s] = head.etag;
+    if (!index.error.empty()) throw RemoteError("remote shards: cannot read the index: " + index.error);
+    if (index.status != 200) continue;
+    const std::string text(reinterpret_cast<const char*>(index.body.data()), index.body.size());
+    ShardIndex parsed = parse_shard_index(text, redact_url(index_url(urls_[s])));
+    if (parsed.shard_size == head.object_size) {
+      found[s] = std::move(parsed);
+      ++beside_;
+    } else {
+      gpufeed::log()->warn("remote shards: the index of {} is for a {}-byte shard, the shard has {}: reading its "
+                           "headers instead",
+                           redact_url(urls_[s]), parsed.shard_size, head.object_size);
+    }
+  }
+  if (!options_.cache_dir.empty()) {
+    cache_ = std::make_shared<remote::Cache>(options_.cache_dir,
+                                             static_cast<int64_t>(options_.cache_limit * 1073741824.0));
+    for (size_t s = 0; s < n; ++s) cache_->open_shard(s, urls_[s], shard_sizes[s], etags_[s]);
+  }
+  std::tie(cached_, built_) = index_the_rest(*client_, urls_, shard_sizes, etags_, options_.index_cache, found);
+  int64_t max_label = -1;
+  for (size_t s = 0; s < n; ++s) {
+    redacted_.push_back(redact_url(urls_[s]));
+    for (const ShardSample& x : found[s]->samples) {
+      shard_.push_back(static_cast<uint32_t>(s));
+      offsets_.push_back(x.offset);
+      sizes_.push_back(x.size);
+      labels_.push_back(x.label);
+      members_.add(x.member, x.label);
+      max_label = std::max<int64_t>(max_label, x.label);
+    }
+  }
+  if (labels_.empty()) throw std::runtime_error("remote shards: " + redact_url(source) + " holds no sample");
+  for (int64_t c = 0; c <= max_label; ++c) classes_.push_back(std::to_string(c));
+  gpufeed::log()->info("remote shards: {} samples in {} shards ({} indexes beside the shards, {} from the index "
+                       "cache, {} read from tar headers)",
+                       labels_.size(), n, beside_, cached_, built_);
+}
+
+RemoteShards::~RemoteShards() = default;
+
+SampleRef RemoteShards::at(int64_t i) const {
+  if (i < 0 || i >= size()) {
+    throw std::out_of_range("dataset index " + std::to_string(i) + " out of range [0, " + std::to_string(size()) + ")");
+  }
+  const auto k = static_cast<size_t>(i);
+  const std::string& shard = redacted_[shard_[k]];
+  return SampleRef{.path = shard, .label = labels_[k], .offset = offsets_[k], .size = sizes_[k],
+                   .member = members_.path(i)};
+}
+
+void RemoteShards::read(int64_t i, decode::ByteBuffer& out) const {
+  const SampleRef ref = at(i);
+  const auto k = static_cast<size_t>(i);
+  if (cache_ && cache_->read(shard_[k], offsets_[k], sizes_[k], out)) return;
+  try {
+    remote::Response r = client_->fetch(
+        {.url = urls_[shard_[k]], .offset = offsets_[k], .size = sizes_[k], .if_match = etags_[shard_[k]]});
+    out.swap(r.body);
+    if (cache_) cache_->write(shard_[k], offsets_[k], out.data(), sizes_[k]);
+  } catch (const RemoteError& e) {
+    throw decode::DecodeError(decode::ErrorKind::kIo, ref.source(), e.what());
+  }
+}
+
+}  // namespace gpufeed::loader
