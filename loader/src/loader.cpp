@@ -87,7 +87,7 @@ SampleCost transform_into(const Dataset& dataset, SampleReader* reader, uint64_t
   if (reader != nullptr) {
     reader->read(tag, index, w.bytes);
   } else {
-    dataset.read(index, w.bytes);
+    dataset.read(index, ref, w.bytes);
   }
   cost.read_ns = lap_ns(t0);  // stages back to back, so a trace's spans nest exactly
   cost.bytes = static_cast<int64_t>(w.bytes.size());

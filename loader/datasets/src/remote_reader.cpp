@@ -244,7 +244,7 @@ class RemoteReader final : public SampleReader {
     s.pump(state_);
     if (e->cached && !e->cancelled) {  // from the local disk, outside the lock (or fetched, if evicted)
       lk.unlock();
-      s.dataset->read(index, out);
+      s.dataset->read(index, ref, out);
       return;
     }
     if (e->cancelled) throw cancelled();

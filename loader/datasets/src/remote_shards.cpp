@@ -274,8 +274,7 @@ SampleRef RemoteShards::at(int64_t i) const {
                    .member = members_.path(i)};
 }
 
-void RemoteShards::read(int64_t i, decode::ByteBuffer& out) const {
-  const SampleRef ref = at(i);
+void RemoteShards::read(int64_t i, const SampleRef& ref, decode::ByteBuffer& out) const {
   const auto k = static_cast<size_t>(i);
   if (cache_ && cache_->read(shard_[k], offsets_[k], sizes_[k], out)) return;
   try {

@@ -78,9 +78,10 @@ class Dataset {
   virtual SampleRef at(int64_t i) const = 0;
   /// Class names, index = label.
   virtual const std::vector<std::string>& classes() const = 0;
-  /// Sample i's bytes into `out`: read_sample(at(i), out) (the default), or, for remote data,
-  /// one ranged GET. Throws decode::DecodeError kIo naming at(i).source(), as read_sample does.
-  virtual void read(int64_t i, decode::ByteBuffer& out) const { read_sample(at(i), out); }
+  /// Sample i's bytes into `out`, `ref` being at(i): read_sample(ref, out) (the default), or, for
+  /// remote data, one ranged GET. Throws decode::DecodeError kIo naming ref.source(), as
+  /// read_sample does.
+  virtual void read(int64_t i, const SampleRef& ref, decode::ByteBuffer& out) const { read_sample(ref, out); }
   /// A reader for one loader, or null (the default): the loader then calls read(i).
   virtual std::unique_ptr<SampleReader> reader() const { return nullptr; }
 };

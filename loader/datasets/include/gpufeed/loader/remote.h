@@ -102,7 +102,7 @@ class RemoteShards : public Dataset {
   SampleRef at(int64_t i) const override;
   const std::vector<std::string>& classes() const override { return classes_; }
   /// One ranged GET of sample i's image member (retried as the header says).
-  void read(int64_t i, decode::ByteBuffer& out) const override;
+  void read(int64_t i, const SampleRef& ref, decode::ByteBuffer& out) const override;
   std::unique_ptr<SampleReader> reader() const override;
   const std::vector<std::string>& shards() const { return urls_; }
   /// How many shards' indexes came from `<shard>.gpufeed-idx`, from the index cache, and from
