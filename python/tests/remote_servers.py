@@ -538,6 +538,14 @@ class _ProxyHandler(_QuietHandler):
         self.end_headers()
 
 
+def _upstream(url: str):
+    """(host, port) of an http://host:port upstream; ValueError otherwise."""
+    u = urllib.parse.urlsplit(url)
+    if u.scheme != "http" or not u.hostname:
+        raise ValueError(f"upstream must be http://host:port, got {url!r}")
+    return u.hostname, u.port or 80
+
+
 class FaultProxy:
     """HTTP/1.1 reverse proxy on 127.0.0.1 in front of ``upstream_url`` that forwards method,
     path+query and all request headers unchanged (Host included) and injects faults.
@@ -551,11 +559,8 @@ class FaultProxy:
 
     def __init__(self, upstream_url: str, latency_s: float = 0.0, stall_s: float = 30.0,
                  upstream_timeout_s: float = 60.0):
-        u = urllib.parse.urlsplit(upstream_url)
-        if u.scheme != "http" or not u.hostname:
-            raise ValueError(f"upstream must be http://host:port, got {upstream_url!r}")
         self.upstream_url = upstream_url
-        self.upstream_host, self.upstream_port = u.hostname, u.port or 80
+        self.upstream_host, self.upstream_port = _upstream(upstream_url)
         self.upstream_timeout_s = upstream_timeout_s
         self.latency_s = latency_s
         self.stall_s = stall_s
@@ -1088,11 +1093,8 @@ class LatencyProxy:
 
     def __init__(self, upstream_url: str, latency_s: float = 0.0, upstream_timeout_s: float = 60.0,
                  idle_timeout_s: float = 60.0):
-        u = urllib.parse.urlsplit(upstream_url)
-        if u.scheme != "http" or not u.hostname:
-            raise ValueError(f"upstream must be http://host:port, got {upstream_url!r}")
         self.upstream_url = upstream_url
-        self.upstream_host, self.upstream_port = u.hostname, u.port or 80
+        self.upstream_host, self.upstream_port = _upstream(upstream_url)
         self.upstream_timeout_s = upstream_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self.latency_s = float(latency_s)

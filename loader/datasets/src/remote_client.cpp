@@ -269,6 +269,8 @@ struct Client::Impl {
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, std::max(1L, static_cast<long>(std::ceil(options.request_timeout))));
     if (r.head) curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 256L * 1024);  // fewer reads and callbacks per body
+    if (!r.head && r.size > 0) t->response.body.reserve(static_cast<size_t>(r.size));
     std::string range;
     if (!r.head && r.size >= 0) {
       range = fmt::format("{}-{}", r.offset, r.offset + std::max<int64_t>(r.size, 1) - 1);

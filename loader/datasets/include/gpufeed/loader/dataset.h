@@ -173,7 +173,7 @@ struct DataOptions {
   /// AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile's endpoint_url, else AWS's.
   std::string endpoint_url{};
   /// Ranged GETs in flight at once, per loader (per rank).
-  int max_requests = 64;
+  int max_requests = 128;
   /// Sample bytes requested ahead of the loader, per loader, in MiB (requested and not yet
   /// decoded; the memory remote reading holds beyond the slots).
   int64_t read_ahead = 256;
