@@ -58,6 +58,16 @@ def _wait_port(port: int, timeout_s: float, alive=lambda: True) -> bool:
     return False
 
 
+class _Closing:
+    """A context manager whose exit is close()."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 class _LockedList(list):
     """A list whose mutations hold a lock; ``snapshot()`` returns a consistent copy."""
 
@@ -281,7 +291,7 @@ class _RangeHandler(_QuietHandler):
             self.close_connection = True
 
 
-class RangeHTTPServer:
+class RangeHTTPServer(_Closing):
     """Threaded static file server over ``root`` with single byte ranges, ETag and If-Match.
 
     ``requests`` lists (method, path, range_header_or_None, status) per request; paths in
@@ -308,12 +318,6 @@ class RangeHTTPServer:
             self._server.stop()
             self._server = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
 
 # --------------------------------------------------------------------------------------------
 # NginxServer
@@ -321,7 +325,7 @@ class RangeHTTPServer:
 NGINX = "/usr/sbin/nginx"
 
 
-class NginxServer:
+class NginxServer(_Closing):
     """Debian's nginx-light serving ``root`` as static files on 127.0.0.1 (ranges, ETag and
     If-Match are nginx's own), with config, pid, logs and temp dirs in a private prefix.
 
@@ -400,12 +404,6 @@ class NginxServer:
         if self.prefix:
             shutil.rmtree(self.prefix, ignore_errors=True)
             self.prefix = ""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -546,7 +544,7 @@ def _upstream(url: str):
     return u.hostname, u.port or 80
 
 
-class FaultProxy:
+class FaultProxy(_Closing):
     """HTTP/1.1 reverse proxy on 127.0.0.1 in front of ``upstream_url`` that forwards method,
     path+query and all request headers unchanged (Host included) and injects faults.
 
@@ -640,12 +638,6 @@ class FaultProxy:
                 pass
         self._server.stop()
         self._server = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -1069,7 +1061,7 @@ class _LPUpstream(asyncio.Protocol):
             client.fail(b"")  # cut short: the client sees the connection end mid-response
 
 
-class LatencyProxy:
+class LatencyProxy(_Closing):
     """A fast HTTP/1.1 reverse proxy on 127.0.0.1 in front of ``upstream_url`` that delays every
     request by ``latency_s`` (settable at any time): a loopback stand-in for a distant server in
     benchmarks, where ``FaultProxy``'s thread per connection and http.client relay cost more
@@ -1202,17 +1194,11 @@ class LatencyProxy:
                 pass
         self._thread.join(5)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
 
 # --------------------------------------------------------------------------------------------
 # MotoS3
 
-class MotoS3:
+class MotoS3(_Closing):
     """moto's S3 server (``ThreadedMotoServer``) on 127.0.0.1 with fixed fake credentials.
 
     moto keeps its state per process: servers started in one process share buckets; ``reset()``
@@ -1296,12 +1282,6 @@ class MotoS3:
                 server.stop()
             except Exception:
                 pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 # --------------------------------------------------------------------------------------------

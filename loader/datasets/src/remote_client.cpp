@@ -226,7 +226,7 @@ struct Client::Impl {
       return bytes;
     }
     decode::ByteBuffer& body = t.response.body;
-    if (t.request.size >= 0 && body.size() + bytes > static_cast<size_t>(t.request.size) && status == 206) {
+    if (t.request.size >= 0 && body.size() + bytes > static_cast<size_t>(t.request.size) && (status == 206 || status == 200)) {
       t.too_long = true;
       return 0;  // more than the range asked for: abort
     }
@@ -321,6 +321,9 @@ struct Client::Impl {
     curl_easy_getinfo(t.easy, CURLINFO_RESPONSE_CODE, &status);
     t.response.status = static_cast<int>(status);
     const Request& r = t.request;
+    if (t.too_long && status == 200) {
+      return "HTTP 200: the server ignored the Range request (it sent the whole object); range requests are needed";
+    }
     if (t.too_long) return fmt::format("HTTP {}: the body is longer than the {} bytes asked for", status, r.size);
     if (rc != CURLE_OK) {
       retry = retryable_curl(rc);

@@ -262,7 +262,9 @@ RemoteShards::RemoteShards(std::vector<std::string> urls, const std::string& sou
                        labels_.size(), n, beside_, cached_, built_);
 }
 
-RemoteShards::~RemoteShards() = default;
+// The client first: its thread may still be completing a loader's read-ahead, whose callback
+// writes to the cache, so it must be joined before the cache (a later member) is destroyed.
+RemoteShards::~RemoteShards() { client_.reset(); }
 
 SampleRef RemoteShards::at(int64_t i) const {
   if (i < 0 || i >= size()) {
