@@ -1014,3 +1014,68 @@ TEST(ActivationCheckpointing, UnderDdpWithSyncBnEveryGradientArrivesOnceAndEqual
     }
   }
 }
+
+// Each rank's --log-samples file: the indices of epoch `epoch`, in step order.
+std::vector<int64_t> logged_samples(const fs::path& file, int64_t epoch) {
+  std::istringstream in(read_text(file));
+  std::vector<int64_t> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    int64_t e = -1, step = -1, index = -1;
+    std::istringstream(line) >> e >> step >> index;
+    if (e == epoch) out.push_back(index);
+  }
+  return out;
+}
+
+TEST(Launch, TwoRanksStoppedMidEpochResumeOnThreeEachRemainingSampleOnceThenDistributedSamplerOrder) {
+  // 2 Gloo ranks, batch 2, 32 images (16 per rank, 8 batches): SIGTERM during step 2, the ranks
+  // agree after step 3, so rank 0's checkpoint says 3 batches: positions 0..11 of epoch 0's list
+  // consumed. Resumed on 3 ranks (docs/SCALING.md, "Resuming on another number of ranks"), the 20
+  // remaining positions are dealt 7, 7, 6: rank 2 runs out a batch early and joins rank 0's last
+  // step without data, and the three replicas end equal. The same options plan the same schedule
+  // at world size 2, so no re-plan is asked for. Epoch 1 is DistributedSampler(3)'s order.
+  REQUIRE_FAULT_INJECTION();
+  TempDir dir("reworld3");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  const fs::path ckpt = dir.path / "train.pt";
+  const std::string args = train_args(data) + " --batch-size 2 --epochs 2 --save-checkpoint " + ckpt.string();
+  const int code = run("GPUFEED_TEST_FAULT=signal=TERM:step=2:rank=0 " + kEnv + kGpufeed +
+                           " launch --nproc-per-node 2 --master-port 0 -- gpufeed" + args,
+                       dir.path / "a.log");
+  ASSERT_EQ(code, 143) << read_text(dir.path / "a.log");
+  ASSERT_EQ(harness::load_torch_file(ckpt).toGenericDict().at("sampler").toGenericDict().at("batches_consumed").toInt(), 3);
+  ASSERT_EQ(run(kEnv + kGpufeed + " launch --nproc-per-node 3 --master-port 0 -- gpufeed" + args + " --resume " +
+                    ckpt.string() + " --log-samples " + (dir.path / "samples{rank}.tsv").string() + " --checkpoint " +
+                    (dir.path / "rank{rank}.pt").string(),
+                dir.path / "b.log"),
+            0)
+      << read_text(dir.path / "b.log");
+  const std::string log = read_text(dir.path / "b.log");
+  EXPECT_NE(log.find("resuming on world size 3 a checkpoint of world size 2 (docs/SCALING.md): 20 of epoch 0's 32 "
+                     "positions remain, dealt to the 3 ranks without padding (this rank: 6 samples in 3 batches, rank 0: 4)"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("schedule differs"), std::string::npos) << log;
+  std::vector<std::vector<int64_t>> old_lists;
+  for (int64_t r = 0; r < 2; ++r) {
+    sampler::DistributedSampler s(32, {.num_replicas = 2, .rank = r, .shuffle = true, .seed = 0});
+    s.set_epoch(0);
+    old_lists.push_back(s.indices());
+  }
+  for (int64_t r = 0; r < 3; ++r) {
+    const fs::path file = dir.path / ("samples" + std::to_string(r) + ".tsv");
+    std::vector<int64_t> expected;  // positions 12 + r, 15 + r, ... of the 2-rank list
+    for (int64_t p = 12 + r; p < 32; p += 3) expected.push_back(old_lists[static_cast<size_t>(p % 2)][static_cast<size_t>(p / 2)]);
+    EXPECT_EQ(logged_samples(file, 0), expected) << "rank " << r << ", the resumed epoch";
+    sampler::DistributedSampler next(32, {.num_replicas = 3, .rank = r, .shuffle = true, .seed = 0});
+    next.set_epoch(1);
+    EXPECT_EQ(logged_samples(file, 1), next.indices()) << "rank " << r << ", the next epoch";
+  }
+  const auto r0 = load(dir.path / "rank0.pt");
+  for (const char* other : {"rank1.pt", "rank2.pt"}) {
+    const auto o = load(dir.path / other);
+    for (const auto& kv : r0) EXPECT_TRUE(at::equal(kv.value(), o.at(kv.key()))) << kv.key() << " differs in " << other;
+  }
+}

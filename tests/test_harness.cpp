@@ -33,6 +33,7 @@
 #include "gpufeed/harness/torch_file.h"
 #include "gpufeed/harness/trainer.h"
 #include "gpufeed/loader/synthetic.h"
+#include "gpufeed/sampler/sampler.h"
 #include "test_util.h"
 
 using namespace gpufeed;
@@ -1371,4 +1372,118 @@ TEST(Trainer, ActivationCheckpointingTrainsTheSameWeightsAndIsRefusedWithDataPar
               std::string::npos)
         << e.what();
   }
+}
+
+// A checkpoint of rank 0 of a 2-rank run, stopped after 2 of its 6 batches of epoch 0 (batch 3,
+// 32 images: 16 per rank), resumed on 1 rank (docs/SCALING.md, "Resuming on another number of
+// ranks"): the resumed epoch trains, in their order, the DistributedSampler list positions the two
+// ranks had not consumed (the union of both ranks' lists from batch 2 on, each once), and the next
+// epoch is DistributedSampler(num_replicas=1)'s. Its own checkpoint mid-epoch records that epoch's
+// list (epoch_world_size 2) and start, and resumes again on 1 rank where it stopped.
+TEST(Trainer, ACheckpointOfTwoRanksResumesOnOneTrainingEachRemainingSampleOnce) {
+  TempDir dir("reworld");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  harness::TrainOptions o = tiny_run(data);
+  o.epochs = 2;
+  o.loader.batch_size = 3;
+  o.save_checkpoint = dir.path / "one.pt";
+  {
+    harness::Trainer a(o);
+    a.set_step_callback([&](const harness::StepStats& s) {
+      if (s.step == 1) a.request_stop(15);
+    });
+    a.fit();
+  }
+  // As rank 0 of 2 ranks would have written it after its 2nd batch.
+  auto ck = harness::load_torch_file(*o.save_checkpoint).toGenericDict();
+  auto sa = ck.at("sampler").toGenericDict();
+  EXPECT_EQ(sa.at("batches_consumed").toInt(), 2);
+  EXPECT_EQ(sa.at("dataset_size").toInt(), 32);
+  EXPECT_FALSE(sa.at("drop_last").toBool());
+  sa.insert_or_assign("num_replicas", int64_t{2});
+  sa.insert_or_assign("epoch_world_size", int64_t{2});
+  harness::save_torch_file(ck, dir.path / "two.pt");
+
+  // The oracle: the two ranks' DistributedSampler lists (checked against torch's elsewhere).
+  std::vector<std::vector<int64_t>> rank_lists;
+  for (int64_t r = 0; r < 2; ++r) {
+    sampler::DistributedSampler s(32, {.num_replicas = 2, .rank = r, .seed = 0});
+    s.set_epoch(0);
+    rank_lists.push_back(s.indices());
+  }
+  std::vector<int64_t> remaining;  // positions 12.. of the global list: rank p % 2's (p / 2)-th
+  for (int64_t p = 2 * 3 * 2; p < 32; ++p) remaining.push_back(rank_lists[p % 2][p / 2]);
+  sampler::DistributedSampler one(32, {.num_replicas = 1, .rank = 0, .seed = 0});
+  one.set_epoch(1);
+
+  harness::TrainOptions r = o;
+  r.resume = dir.path / "two.pt";
+  r.save_checkpoint = dir.path / "resumed.pt";
+  r.resume_replan_schedule = true;  // the saved plan is the 1-rank run's, not a 2-rank one's
+  std::vector<int64_t> epoch0, epoch1;
+  {
+    harness::Trainer t(r);
+    for (const auto& s : fit_collecting_steps(t)) {
+      auto& into = s.epoch == 0 ? epoch0 : epoch1;
+      into.insert(into.end(), s.indices.begin(), s.indices.end());
+    }
+  }
+  EXPECT_EQ(epoch0, remaining);
+  EXPECT_EQ(epoch1, one.indices());
+
+  // Stopped after 1 batch of the resumed epoch: its checkpoint says where that epoch's list stands.
+  harness::TrainOptions s = r;
+  s.save_checkpoint = dir.path / "again.pt";
+  {
+    harness::Trainer t(s);
+    bool first = true;
+    t.set_step_callback([&](const harness::StepStats&) {
+      if (first) t.request_stop(15);
+      first = false;
+    });
+    t.fit();
+  }
+  const auto again = harness::load_torch_file(dir.path / "again.pt").toGenericDict().at("sampler").toGenericDict();
+  EXPECT_EQ(again.at("num_replicas").toInt(), 1);
+  EXPECT_EQ(again.at("epoch_world_size").toInt(), 2);
+  EXPECT_EQ(again.at("epoch_start").toInt(), 12);
+  EXPECT_EQ(again.at("batches_consumed").toInt(), 1);
+  harness::TrainOptions u = o;
+  u.resume = dir.path / "again.pt";
+  u.save_checkpoint.reset();
+  u.epochs = 1;
+  u.resume_replan_schedule = true;  // 1 epoch instead of 2
+  harness::Trainer t(u);
+  std::vector<int64_t> rest;
+  for (const auto& st : fit_collecting_steps(t)) rest.insert(rest.end(), st.indices.begin(), st.indices.end());
+  EXPECT_EQ(rest, std::vector<int64_t>(remaining.begin() + 3, remaining.end()));
+}
+
+// Checkpoints that cannot tell where another world size resumes are refused, naming what they
+// lack: one without the dataset size and drop_last (written before they were recorded).
+TEST(Trainer, AnOlderCheckpointResumesOnlyOnItsOwnWorldSize) {
+  TempDir dir("oldworld");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  harness::TrainOptions o = tiny_run(data);
+  o.max_steps_per_epoch = 1;
+  o.save_checkpoint = dir.path / "a.pt";
+  {
+    harness::Trainer a(o);
+    a.fit();
+  }
+  auto ck = harness::load_torch_file(*o.save_checkpoint).toGenericDict();
+  auto sa = ck.at("sampler").toGenericDict();
+  for (const char* key : {"dataset_size", "drop_last", "sampler_drop_last", "epoch_world_size", "epoch_start"}) EXPECT_EQ(sa.erase(key), 1u) << key;
+  harness::save_torch_file(ck, dir.path / "old.pt");
+  harness::TrainOptions r = o;
+  r.resume = dir.path / "old.pt";
+  EXPECT_EQ(construction_error(r), "") << "its own world size";
+  sa.insert_or_assign("num_replicas", int64_t{2});
+  harness::save_torch_file(ck, dir.path / "old2.pt");
+  r.resume = dir.path / "old2.pt";
+  const std::string m = construction_error(r);
+  EXPECT_NE(m.find("old2.pt: cannot resume on world size 1: the checkpoint does not record the dataset size and "
+                   "drop_last, which resuming on another world size needs; resume it on world size 2"),
+            std::string::npos)
+      << m;
 }

@@ -488,6 +488,20 @@ void DistributedDataParallel::finish_gradient_sync() {
   }
 }
 
+void DistributedDataParallel::sync_without_backward() {
+  if (!sync_) return;
+  pre_forward();
+  State& s = *state_;
+  {
+    at::NoGradGuard no_grad;
+    for (at::Tensor& p : s.params) {
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    }
+  }
+  for (size_t k = s.params.size(); k-- > 0;) s.grad_ready(k);  // launched in bucket order
+  finish_gradient_sync();
+}
+
 std::vector<int64_t> DistributedDataParallel::bucket_bytes() const {
   std::vector<int64_t> out;
   for (const auto& b : state_->buckets)

@@ -86,6 +86,11 @@ void save_train_checkpoint(const TrainCheckpoint& ckpt, const fs::path& path) {
   sa.insert("batch_size", ckpt.run.batch_size);
   sa.insert("accum_steps", ckpt.run.accum_steps);
   sa.insert("ra_reps", ckpt.run.ra_reps);
+  if (ckpt.run.dataset_size) sa.insert("dataset_size", *ckpt.run.dataset_size);
+  if (ckpt.run.drop_last) sa.insert("drop_last", *ckpt.run.drop_last);
+  sa.insert("sampler_drop_last", false);  // the Trainer's DistributedSampler pads
+  sa.insert("epoch_world_size", ckpt.progress.epoch_world_size > 0 ? ckpt.progress.epoch_world_size : ckpt.run.world_size);
+  sa.insert("epoch_start", ckpt.progress.epoch_start);
   d.insert("sampler", sa);
   d.insert("rng", ckpt.rng);
   if (!ckpt.model_ema.isNone()) d.insert("model_ema", ckpt.model_ema);
@@ -115,6 +120,20 @@ TrainCheckpoint load_train_checkpoint(const fs::path& path) {
   c.run.accum_steps = at_key(sa, "accum_steps", file).toInt();
   c.run.seed = at_key(sa, "seed", file).toInt();
   if (auto it = sa.find("ra_reps"); it != sa.end()) c.run.ra_reps = it->value().toInt();
+  if (auto it = sa.find("dataset_size"); it != sa.end()) c.run.dataset_size = it->value().toInt();
+  if (auto it = sa.find("drop_last"); it != sa.end()) c.run.drop_last = it->value().toBool();
+  if (auto it = sa.find("epoch_world_size"); it != sa.end()) c.progress.epoch_world_size = it->value().toInt();
+  if (auto it = sa.find("epoch_start"); it != sa.end()) c.progress.epoch_start = it->value().toInt();
+  if (auto it = sa.find("sampler_drop_last"); it != sa.end() && it->value().toBool()) {
+    throw std::runtime_error(file + ": the checkpoint's sampler dropped its tail (sampler_drop_last): the "
+                             "trainer's DistributedSampler pads");
+  }
+  if (c.progress.epoch_world_size < 0 || c.progress.epoch_start < 0 ||
+      (c.progress.epoch_start == 0 && c.progress.epoch_world_size > 0 && c.progress.epoch_world_size != c.run.world_size)) {
+    throw std::runtime_error(file + ": the checkpoint's epoch_world_size " + std::to_string(c.progress.epoch_world_size) +
+                             " with epoch_start " + std::to_string(c.progress.epoch_start) +
+                             " contradicts its num_replicas " + std::to_string(c.run.world_size));
+  }
   c.progress.epoch = at_key(sa, "epoch", file).toInt();
   c.progress.batches_consumed = at_key(sa, "batches_consumed", file).toInt();
   c.progress.step = at_key(d, "step", file).toInt();
@@ -139,12 +158,8 @@ void check_same_run(const TrainRunIdentity& saved, const TrainRunIdentity& now, 
       {"seed", {saved.seed, now.seed}},
       {"ra_reps (0: no `ra_sampler`)", {saved.ra_reps, now.ra_reps}},
   };
-  if (saved.world_size != now.world_size) {
-    throw std::runtime_error(file + ": cannot resume: world size was " + std::to_string(saved.world_size) +
-                             ", this run has " + std::to_string(now.world_size) +
-                             ": the trainer resumes a checkpoint only on the world size that saved it "
-                             "(gpufeed.DataLoader.load_state_dict resumes a loader on another one, "
-                             "docs/SCALING.md)");
+  if (saved.dataset_size && now.dataset_size && *saved.dataset_size != *now.dataset_size) {
+    differs("the dataset's size", std::to_string(*saved.dataset_size), std::to_string(*now.dataset_size));
   }
   for (const auto& [what, v] : numbers) {
     if (v.first != v.second) differs(what, std::to_string(v.first), std::to_string(v.second));

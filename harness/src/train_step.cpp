@@ -117,9 +117,11 @@ EpochStats Trainer::Impl::train_epoch(int64_t epoch_index, Profiler& profiler, S
   EpochState ep;
   ep.epoch = epoch_index;
   ep.batch_index = epoch_index == epoch ? batches_done : 0;  // micro-batches done in this epoch
-  ep.step_in_epoch = (ep.batch_index + o.accum_steps - 1) / o.accum_steps;
   set_train_mode();
   train_sampler->set_epoch(epoch_index);  // DistributedSampler/RASampler.set_epoch, every epoch
+  ep.lockstep_batches = lockstep_micro_batches();
+  // A share of an epoch resumed on another world size ends the epoch at its step count.
+  ep.step_in_epoch = resumed_step_offset(ep.lockstep_batches) + (ep.batch_index + o.accum_steps - 1) / o.accum_steps;
   // The epoch's crop side (progressive resizing), a resumed epoch's included, before its first batch.
   ep.stats.image_size = train_image_size(epoch_index);
   train_loader->set_image_size(ep.stats.image_size);
@@ -133,7 +135,7 @@ EpochStats Trainer::Impl::train_epoch(int64_t epoch_index, Profiler& profiler, S
   ep.stats.epoch = epoch_index;
   ep.loss_sum = at::zeros({1}, stat_options.dtype(at::kDouble));
   ep.correct = at::zeros({1}, stat_options.dtype(at::kLong));
-  const int64_t steps = steps_per_epoch(), micro_per_epoch = micro_batches();
+  const int64_t steps = steps_per_epoch(), micro_per_epoch = ep.lockstep_batches;
   const auto t0 = Clock::now();
   while (ep.step_in_epoch < steps && ep.batch_index < micro_per_epoch) {
     train_step(ep, profiler);
@@ -205,8 +207,9 @@ void Trainer::Impl::update_ema(int64_t epoch_index, int64_t step_in_epoch) {
 // weighted by its share of the step's samples, so the gradient is the whole step's mean.
 void Trainer::Impl::train_step(EpochState& ep, Profiler& profiler) {
   StepState step;
-  step.micro = std::min(options.accum_steps, micro_batches() - ep.batch_index);
-  for (int64_t j = 0; j < step.micro; ++j) step.samples += micro_batch_size(ep.batch_index + j);
+  step.micro = std::min(options.accum_steps, ep.lockstep_batches - ep.batch_index);
+  const int64_t mine = micro_batches();  // fewer than lockstep_batches: a resumed share ran out
+  for (int64_t j = 0; j < step.micro && ep.batch_index + j < mine; ++j) step.samples += micro_batch_size(ep.batch_index + j);
   ep.stats.lr = schedule->lr(global_step);
   const std::optional<double> momentum = schedule->momentum(global_step);
   for (auto& g : optimizer->param_groups()) {
@@ -217,7 +220,13 @@ void Trainer::Impl::train_step(EpochState& ep, Profiler& profiler) {
   // The scale is read for on_step only: reading it is a host sync on CUDA.
   step.loss_scale = scaler && on_step ? scaler->get_scale() : 1.0;
   step.loss = at::zeros({1}, at::TensorOptions().device(device).dtype(at::kDouble));
-  for (int64_t j = 0; j < step.micro; ++j) train_micro_batch(ep, step, /*last=*/j + 1 == step.micro, profiler);
+  for (int64_t j = 0; j < step.micro; ++j) {
+    if (ep.batch_index < mine) {
+      train_micro_batch(ep, step, /*last=*/j + 1 == step.micro, profiler);
+    } else {
+      shadow_micro_batch(ep, step, /*last=*/j + 1 == step.micro);
+    }
+  }
   if (ema) update_ema(ep.epoch, ep.step_in_epoch);
   ++ep.stats.steps;
   ++ep.step_in_epoch;
@@ -226,7 +235,7 @@ void Trainer::Impl::train_step(EpochState& ep, Profiler& profiler) {
     ss.epoch = ep.epoch;
     ss.step = global_step;
     ss.samples = step.samples;
-    ss.loss = step.loss.item<double>() / static_cast<double>(step.samples);
+    ss.loss = step.samples > 0 ? step.loss.item<double>() / static_cast<double>(step.samples) : 0;
     ss.lr = ep.stats.lr;
     ss.skipped = step.skipped;
     ss.loss_scale = step.loss_scale;
@@ -269,6 +278,19 @@ void Trainer::Impl::train_micro_batch(EpochState& ep, StepState& step, bool last
   profiler.step_end(n);
 }
 
+// An epoch resumed on another world size gives the ranks shares that may differ by a sample, so
+// a rank may run out a micro-batch before rank 0. It joins rank 0's remaining steps without data,
+// as torch.distributed.algorithms.Join's shadow all-reduce does: its gradient (zeros, or what its
+// earlier micro-batches of the step accumulated) goes into DDP's average over the world size (so
+// the step's gradient is the sum over the ranks' samples divided by the world size, torch's
+// divide_by_initial_world_size), and it takes the same update, so the replicas stay equal.
+void Trainer::Impl::shadow_micro_batch(EpochState& ep, StepState& step, bool last) {
+  ++ep.batch_index;
+  if (!last) return;
+  if (ddp) ddp->sync_without_backward();
+  optimizer_step(ep, step, at::Tensor());
+}
+
 // Forward, loss and backward of one micro-batch. Gradient all-reduces start inside backward as
 // DDP's buckets fill (not for the micro-batches before the last: no_sync). Returns the logits
 // and the (unweighted, unscaled) loss.
@@ -306,7 +328,7 @@ void Trainer::Impl::optimizer_step(EpochState& ep, StepState& step, const at::Te
       step.skipped = true;
       ++ep.stats.skipped_steps;
     }
-  } else {
+  } else if (step.nonfinite.defined()) {  // undefined: no micro-batch of this rank (shadow_micro_batch)
     nonfinite_check.record(step.nonfinite, last_loss,
                            {ep.epoch, options.epochs, ep.step_in_epoch, global_step, ep.stats.lr}, last_checkpoint);
   }

@@ -138,7 +138,7 @@ int Trainer::Impl::train_image_size(int64_t e) const {
 }
 
 int64_t Trainer::Impl::steps_per_epoch() const {
-  int64_t s = (micro_batches() + options.accum_steps - 1) / options.accum_steps;
+  int64_t s = (full_micro_batches + options.accum_steps - 1) / options.accum_steps;
   if (options.max_steps_per_epoch > 0) s = std::min(s, options.max_steps_per_epoch);
   return s;
 }
@@ -287,7 +287,8 @@ void Trainer::Impl::build_data() {
     so.num_replicas = world;
     so.rank = rank;
     so.seed = o.loader.seed;
-    train_sampler = std::make_shared<sampler::DistributedSampler>(train_set->size(), so);
+    resumable = std::make_shared<sampler::ResumedDistributedSampler>(train_set->size(), so);
+    train_sampler = resumable;
   }
   if (o.val_data) {  // before any training, not after the first epoch
     val_set = loader::open_dataset(*o.val_data, o.index_cache);
@@ -304,6 +305,7 @@ void Trainer::Impl::build_data() {
   }
   train_loader = std::make_shared<loader::Loader>(train_set, train_sampler, loader_options(true),
                                                   prefetch::host_allocator_for(device));
+  full_micro_batches = train_loader->num_batches();
   if (steps_per_epoch() == 0) {
     TrainOptions asked = o;
     asked.loader.drop_last = o.loader.drop_last && !forced_drop;
@@ -374,10 +376,10 @@ void Trainer::Impl::build_optimizer() {
   if (o.precision == Precision::kFloat16) scaler = std::make_unique<GradScaler>(device, o.grad_scaler);
 }
 
-// The schedule's plan for this run: per optimizer step, over epochs x steps_per_epoch().
-LrScheduleOptions Trainer::Impl::schedule_options(double base_lr) const {
+// The schedule's plan for this run's options: per optimizer step, over epochs x `spe` steps
+// (steps_per_epoch(); another world size's when checking a checkpoint's plan).
+LrScheduleOptions Trainer::Impl::schedule_options(double base_lr, int64_t spe) const {
   const TrainOptions& o = options;
-  const int64_t spe = steps_per_epoch();
   LrScheduleOptions so;
   so.kind = o.schedule.lr_schedule;
   so.base_lr = base_lr;
@@ -399,7 +401,7 @@ LrScheduleOptions Trainer::Impl::schedule_options(double base_lr) const {
 
 // Validates the plan at start-up (LrSchedule's checks), naming the run's size in steps.
 void Trainer::Impl::plan_schedule(double base_lr) {
-  const LrScheduleOptions so = schedule_options(base_lr);
+  const LrScheduleOptions so = schedule_options(base_lr, steps_per_epoch());
   try {
     schedule.emplace(so);
   } catch (const std::invalid_argument& e) {
@@ -477,68 +479,6 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
   if (m.options.resume) m.resume_from(*m.options.resume);
   m.wrap_parallel();
   m.log_setup(m.scaled_lr());
-}
-
-// ---- the training checkpoint (layout and entries: train_checkpoint.h) ---------------------------
-
-TrainRunIdentity Trainer::Impl::run_identity() const {
-  return {options.arch,        resnet_options.num_classes, world, options.loader.batch_size, options.accum_steps,
-          static_cast<int64_t>(options.loader.seed), options.ra_sampler ? options.ra_reps : 0};
-}
-
-// Rank 0 writes the training checkpoint; `at_epoch`/`batches` is where a resumed run continues.
-void Trainer::Impl::write_checkpoint(int64_t at_epoch, int64_t batches, bool on_stop) {
-  nonfinite_check.check(last_checkpoint);  // never save a non-finite update
-  if (!options.save_checkpoint || !main_rank()) return;
-  if (options.save_checkpoint_only_on_stop && !on_stop) return;
-  TrainCheckpoint c;
-  c.run = run_identity();
-  c.progress = {at_epoch, batches, global_step};
-  c.model = state_dict_to_ivalue(module_state_dict(*model));
-  c.optimizer = sgd_state_dict(*optimizer);
-  c.scheduler = schedule_state_dict(*schedule, global_step, options.epochs, steps_per_epoch());
-  c.scaler = grad_scaler_state_dict(scaler.get());
-  c.rng = rng_state_dict(device);
-  if (ema) c.model_ema = state_dict_to_ivalue(ema->state_dict());
-  save_train_checkpoint(c, *options.save_checkpoint);
-  last_checkpoint = *options.save_checkpoint;
-  gpufeed::log_text(LogLevel::kInfo, "train: wrote training checkpoint " + last_checkpoint.string() +
-                                         " (epoch " + std::to_string(at_epoch) + ", batch " +
-                                         std::to_string(batches) + ", step " + std::to_string(global_step) + ")");
-}
-
-void Trainer::Impl::resume_from(const fs::path& path) {
-  const std::string file = path.string();
-  const TrainCheckpoint c = load_train_checkpoint(path);
-  check_same_run(c.run, run_identity(), file);
-  load_state_dict(*model, find_state_dict(c.model, file), file);
-  load_sgd_state_dict(*optimizer, c.optimizer, file);
-  load_grad_scaler_state_dict(scaler.get(), c.scaler, file);
-  load_rng_state_dict(c.rng, device);
-  if (ema && !c.model_ema.isNone()) {
-    ema->load_state_dict(find_state_dict(c.model_ema, file + " (model_ema)"), file + " (model_ema)");
-  } else if (ema) {
-    ema->update(*model);
-    ema->reset();
-    gpufeed::log_text(LogLevel::kWarn, "train: " + file + " has no model_ema: the moving average restarts from the resumed model");
-  }
-  epoch = c.progress.epoch;
-  batches_done = c.progress.batches_consumed;
-  global_step = c.progress.step;
-  // Resuming onto another schedule plan (e.g. more --epochs) would move the learning rate from
-  // where the saved run had it: refused unless resume_replan_schedule, else logged.
-  const std::string change = schedule_change(
-      c.scheduler, schedule_state_dict(*schedule, global_step, options.epochs, steps_per_epoch()), *schedule,
-      global_step);
-  if (!change.empty() && !options.resume_replan_schedule) {
-    throw std::invalid_argument(file + ": cannot resume: " + change +
-                                ". Pass `resume_replan_schedule` (TrainOptions::resume_replan_schedule) "
-                                "to continue on the new plan, or resume with the saved run's options");
-  }
-  if (!change.empty()) gpufeed::log_text(LogLevel::kWarn, "train: " + file + ": " + change + " (--resume-replan-schedule)");
-  gpufeed::log_text(LogLevel::kInfo, "train: resumed from " + file + " at epoch " + std::to_string(epoch) +
-                                         ", batch " + std::to_string(batches_done) + ", step " +
-                                         std::to_string(global_step));
 }
 
 // ---- the public interface ------------------------------------------------------------------------

@@ -32,6 +32,7 @@
 #include "gpufeed/harness/train_checkpoint.h"
 #include "gpufeed/harness/trainer.h"
 #include "gpufeed/prefetch/prefetcher.h"
+#include "gpufeed/sampler/resume.h"
 
 namespace gpufeed::harness {
 
@@ -87,7 +88,12 @@ class NonFiniteCheck {
 // One epoch in progress on this rank.
 struct EpochState {
   int64_t epoch = 0;
-  int64_t batch_index = 0;    // micro-batches of the epoch consumed
+  int64_t batch_index = 0;    // micro-batches of the epoch consumed (with shadow ones, below)
+  // Micro-batches of the epoch on its longest rank, which every rank steps through in lockstep:
+  // this rank's own count, except in an epoch resumed on another world size, where the ranks'
+  // shares may differ by one sample; a rank whose share ran out joins the remaining steps
+  // without data (shadow_micro_batch).
+  int64_t lockstep_batches = 0;
   int64_t step_in_epoch = 0;  // optimizer steps of the epoch taken
   double wait_s = 0;          // time blocked on the prefetcher
   at::Tensor loss_sum;        // sum of per-sample losses (double, on the device)
@@ -118,7 +124,11 @@ struct Trainer::Impl {
   int rank = 0, world = 1;
   std::shared_ptr<loader::Dataset> train_set;
   std::shared_ptr<loader::Dataset> val_set;  // options.val_data, listed and checked once at start
-  std::shared_ptr<sampler::Sampler> train_sampler;  // DistributedSampler or RASampler
+  std::shared_ptr<sampler::Sampler> train_sampler;  // DistributedSampler (resumable, below) or RASampler
+  // The DistributedSampler as a ResumedDistributedSampler (null with RASampler): an epoch
+  // resumed on another world size deals the saved run's remaining positions (resume_position).
+  std::shared_ptr<sampler::ResumedDistributedSampler> resumable;
+  int64_t full_micro_batches = 0;  // micro-batches of a whole (not resumed) epoch on this rank
   std::shared_ptr<loader::Loader> train_loader;
   std::unique_ptr<prefetch::Prefetcher> prefetcher;
   prefetch::PrefetchOptions prefetch_options;
@@ -154,9 +164,16 @@ struct Trainer::Impl {
   // The train crop side of epoch `e` (0-based): get_resolution(options.resolution, e), or
   // options.loader.transform.rrc.size without a schedule.
   int train_image_size(int64_t e) const;
-  // Micro-batches per epoch on this rank, optimizer steps per epoch, samples in micro-batch b.
+  // Micro-batches of the current epoch on this rank (a resumed one's share included), optimizer
+  // steps of a whole epoch, samples in micro-batch b.
   int64_t micro_batches() const { return train_loader->num_batches(); }
   int64_t steps_per_epoch() const;
+  // The loader's batches for `samples` samples (BatchSampler with the run's drop_last).
+  int64_t batches_of(int64_t samples) const;
+  // Micro-batches of the current epoch on the longest rank (EpochState::lockstep_batches).
+  int64_t lockstep_micro_batches() const;
+  // The steps of a whole epoch before a resumed share's first: steps minus the share's steps.
+  int64_t resumed_step_offset(int64_t lockstep) const;
   int64_t micro_batch_size(int64_t b) const;
   void set_train_mode();
   at::Tensor forward(const at::Tensor& x) { return dp ? dp->forward(x) : model->forward(x); }
@@ -168,7 +185,7 @@ struct Trainer::Impl {
   void build_model();    // ResNet, init_weights, device, layout; its EMA; the batch mixer
   void build_optimizer();
   void plan_schedule(double base_lr);
-  LrScheduleOptions schedule_options(double base_lr) const;
+  LrScheduleOptions schedule_options(double base_lr, int64_t steps_per_epoch) const;
   void wrap_parallel();  // DDP or DataParallel around the model
   void log_setup(double lr) const;
   RunInfo run_info() const;  // for the profiler
@@ -177,6 +194,12 @@ struct Trainer::Impl {
   TrainRunIdentity run_identity() const;
   void write_checkpoint(int64_t at_epoch, int64_t batches, bool on_stop = false);
   void resume_from(const std::filesystem::path& path);
+  // Where the saved run stood, on this world size: epoch, batches_done, global_step, and the
+  // sampler's resume (another world size: docs/SCALING.md, "Resuming on another number of ranks").
+  void resume_position(const TrainCheckpoint& c, const std::string& file);
+  // Whether the saved plan is the one this run's options give at the saved world size; throws
+  // unless resume_replan_schedule when it is not.
+  void check_schedule_on_other_world(const TrainCheckpoint& c, const std::string& file) const;
 
   // --- one step and one epoch (train_step.cpp) ---
   // The epoch `epoch_index` from where it stands (batches_done when resuming), with the stop
@@ -184,6 +207,9 @@ struct Trainer::Impl {
   EpochStats train_epoch(int64_t epoch_index, Profiler& profiler, StopVote& vote);
   void train_step(EpochState& ep, Profiler& profiler);  // one optimizer step
   void train_micro_batch(EpochState& ep, StepState& step, bool last, Profiler& profiler);
+  // A micro-batch this rank has no data for (its resumed share ran out): the last of the step
+  // joins DDP's all-reduce with the gradient it has (zeros without one) and takes the update.
+  void shadow_micro_batch(EpochState& ep, StepState& step, bool last);
   // Forward, loss and backward of one micro-batch (DDP's no_sync before the last): logits, loss.
   std::pair<at::Tensor, at::Tensor> forward_backward(prefetch::DeviceBatch& batch, StepState& step, bool last);
   // The update at the end of a step: loss check or GradScaler, [gradient transform],

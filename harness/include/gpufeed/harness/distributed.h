@@ -152,6 +152,13 @@ class DistributedDataParallel {
   /// no gradient.
   void finish_gradient_sync();
 
+  /// For a rank without data in this step (an epoch resumed on another world size, whose shares
+  /// differ by a sample): pre_forward(), then every parameter's current .grad (zeros where it has
+  /// none) into the buckets, all-reduced in order as a backward would, then finish_gradient_sync(),
+  /// so its collectives match the other ranks' step (torch.distributed.algorithms.Join's shadow
+  /// all-reduce; the average still divides by the world size). A no-op under no_sync().
+  void sync_without_backward();
+
   /// RAII scope in which backward passes only accumulate gradients locally.
   class NoSync {
    public:

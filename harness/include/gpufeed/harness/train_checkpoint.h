@@ -15,7 +15,13 @@
 //    "scaler": torch.amp.GradScaler.state_dict()'s keys ("scale", "growth_factor",
 //              "backoff_factor", "growth_interval", "_growth_tracker"), or {} when not fp16,
 //    "sampler": {"epoch", "batches_consumed" (micro-batches of that epoch already trained on),
-//                "seed", "num_replicas", "batch_size", "accum_steps", "ra_reps" (0: no RASampler)},
+//                "seed", "num_replicas", "batch_size", "accum_steps", "ra_reps" (0: no RASampler),
+//                "dataset_size", "drop_last" (the loader's, as the run applied it),
+//                "sampler_drop_last" (DistributedSampler's: false), "epoch_world_size" and
+//                "epoch_start" (the epoch's list is DistributedSampler's for epoch_world_size
+//                ranks, of which epoch_start positions were consumed before this run's ranks were
+//                dealt the rest: num_replicas and 0 unless the epoch was resumed on another
+//                world size; the names and rule of gpufeed.DataLoader.state_dict)},
 //    "rng": {"cpu": uint8 tensor, "cuda": uint8 tensor (when training on CUDA)},
 //    "model_ema": with --model-ema only: AveragedModel.state_dict()'s layout, {"n_averaged":
 //                 int64, "module.<name>": tensor} (the references save model_ema.state_dict()),
@@ -25,6 +31,12 @@
 // uninterrupted run (bit for bit on the CPU). Checkpoints written before the schedule's plan was
 // saved (only "kind", "last_step", "total_steps") still load; their plan is compared on what they
 // have. The Trainer writes and reads it (TrainOptions::save_checkpoint, resume).
+//
+// On another world size (a job restarted on fewer or more ranks), the Trainer resumes the epoch
+// by docs/SCALING.md's rule, "Resuming on another number of ranks": the positions of the epoch's
+// DistributedSampler list the saved run had not consumed are dealt to the new ranks without
+// padding, each delivered once, and the next epoch is DistributedSampler's for the new world
+// size. Checkpoints without "dataset_size" and "drop_last" resume only on their own world size.
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
@@ -32,6 +44,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "gpufeed/harness/amp.h"
@@ -52,6 +65,8 @@ struct TrainRunIdentity {
   int64_t accum_steps = 1;
   int64_t seed = 0;
   int64_t ra_reps = 0;     ///< "ra_reps": RASampler's repetitions, 0 = DistributedSampler (absent: 0)
+  std::optional<int64_t> dataset_size;  ///< "dataset_size" (absent in older checkpoints)
+  std::optional<bool> drop_last;        ///< "drop_last": the loader's, as applied (absent in older ones)
 };
 
 /// Where a run stands.
@@ -59,6 +74,11 @@ struct TrainProgress {
   int64_t epoch = 0;             ///< the epoch in progress, 0-based
   int64_t batches_consumed = 0;  ///< micro-batches of that epoch already trained on
   int64_t step = 0;              ///< optimizer steps taken
+  /// "epoch_world_size", "epoch_start": the epoch's list is DistributedSampler's for
+  /// epoch_world_size ranks (0: the run's world size), and its first epoch_start positions were
+  /// consumed before this run's ranks were dealt the rest (0: a plain epoch).
+  int64_t epoch_world_size = 0;
+  int64_t epoch_start = 0;
 };
 
 /// The file's entries (layout above).
@@ -82,9 +102,10 @@ void save_train_checkpoint(const TrainCheckpoint& ckpt, const std::filesystem::p
 TrainCheckpoint load_train_checkpoint(const std::filesystem::path& path);
 
 /// Throws std::runtime_error "FILE: cannot resume: WHAT was X, this run has Y" for the first
-/// difference between the saved run and this one. A different world size is refused too (the
-/// trainer resumes only on the world size that saved the checkpoint; gpufeed.DataLoader's state
-/// resumes on another one, docs/SCALING.md "Resuming on another number of ranks").
+/// difference between the saved run and this one that would give other batches (arch,
+/// num_classes, dataset size when recorded, batch size, accum steps, seed, ra_reps). The world
+/// size may differ: the Trainer then resumes the epoch by the rule above (and refuses a
+/// checkpoint that cannot tell, naming what it lacks).
 void check_same_run(const TrainRunIdentity& saved, const TrainRunIdentity& now, const std::string& file);
 
 /// torch.optim.SGD.state_dict()'s layout for `optimizer` (parameters numbered in group order;

@@ -226,9 +226,16 @@ struct TrainOptions {
   /// Write save_checkpoint only when a stop is requested (not at epoch ends or every N steps).
   bool save_checkpoint_only_on_stop = false;
   /// Resume from this training checkpoint. Throws at construction when its run differs in
-  /// architecture, classes, world size, batch size, accumulation or seed, or in the
+  /// architecture, classes, dataset size, batch size, accumulation or seed, or in the
   /// learning-rate schedule's plan (epochs, steps per epoch, kind, lr, warmup, ... -- listing
   /// what changed and the learning rate the next step would get) unless resume_replan_schedule.
+  /// Another world size resumes the epoch by docs/SCALING.md's rule ("Resuming on another
+  /// number of ranks": the positions the saved run had not consumed are dealt to the new ranks
+  /// without padding, each trained once; a rank whose share runs out a batch early joins the
+  /// remaining steps without data; the next epoch is DistributedSampler's for the new world
+  /// size) on this world size's schedule, the plan compared with the one these options give at
+  /// the saved world size. Refused, naming why: with `ra_sampler`, with `sync_bn` when the
+  /// shares' batch counts differ, and for checkpoints without "dataset_size" and "drop_last".
   std::optional<std::filesystem::path> resume;
   /// resume: accept a different schedule plan (e.g. more --epochs): the schedule is re-planned
   /// over this run's options and continues at the saved step on the new plan (logged: what
