@@ -307,7 +307,8 @@ class DataLoader:
     Raises (from iteration): gpufeed.DecodeError, gpufeed.SkipLimitExceeded, KeyboardInterrupt
     (Ctrl-C while waiting; the pending batch is kept for the next ``next()``), RuntimeError.
     Construction raises RuntimeError naming the path when ``root`` is not a dataset, ValueError
-    for bad options.
+    for bad options, and KeyboardInterrupt on Ctrl-C while it lists a folder or opens remote
+    shards (their requests are cancelled).
     """
 
     def __init__(self, root: "str | os.PathLike[str]", *, device: "str | torch.device" = "cpu",

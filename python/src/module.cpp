@@ -27,8 +27,10 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -242,6 +244,41 @@ KeywordOptions apply_keywords(const std::map<std::string, options::Value>& given
   return k;
 }
 
+// open_dataset on a helper thread while this one, holding the GIL between waits, checks for
+// signals: Ctrl-C while a remote dataset opens (its HEADs and index GETs may stall for
+// request_timeout x max_retries) raises KeyboardInterrupt at once, its requests cancelled
+// (DataOptions::interrupt). Folder listings are waited for the same way.
+std::shared_ptr<loader::Dataset> open_interruptibly(const std::string& path, loader::DataOptions options,
+                                                    const std::vector<std::string>& extensions) {
+  auto interrupt = std::make_shared<std::atomic<bool>>(false);
+  options.interrupt = interrupt;
+  std::packaged_task<std::shared_ptr<loader::Dataset>()> open([&] { return loader::open_dataset(path, options, extensions); });
+  std::future<std::shared_ptr<loader::Dataset>> opened = open.get_future();
+  std::thread worker(std::move(open));
+  for (;;) {
+    bool ready;
+    {
+      nb::gil_scoped_release nogil;
+      ready = opened.wait_for(std::chrono::milliseconds(100)) == std::future_status::ready;
+    }
+    if (ready) break;
+    if (PyErr_CheckSignals() != 0) {
+      interrupt->store(true);
+      {
+        nb::gil_scoped_release nogil;
+        worker.join();  // prompt: the client fails what it has in flight
+      }
+      try {
+        opened.get();
+      } catch (...) {  // the open's own error ("cancelled (interrupted)"): the signal's is raised
+      }
+      throw nb::python_error();
+    }
+  }
+  worker.join();
+  return opened.get();
+}
+
 class PyLoader {
  public:
   /// `keywords`: gpufeed.DataLoader's schema keywords that were given (option_specs()); the rest
@@ -260,8 +297,8 @@ class PyLoader {
     const KeywordOptions k = apply_keywords(keywords);
     const loader::LoaderOptions& o = k.loader;
     options_ = o;
-    nb::gil_scoped_release nogil;  // listing a large tree and allocating slots take a while
-    dataset_ = loader::open_dataset(path, k.cache, extensions);
+    dataset_ = open_interruptibly(path, k.cache, extensions);
+    nb::gil_scoped_release nogil;  // allocating slots takes a while
     sampler::DistributedSamplerOptions so;
     so.num_replicas = world_size;
     so.rank = rank;

@@ -2,6 +2,7 @@
 server and from nginx, S3 from moto's server, all on 127.0.0.1 and started here; faults injected by
 remote_servers.FaultProxy. Remote batches equal the same shards' batches from the local disk, byte
 for byte; every fault kind is retried or fails naming the URL; secrets stay out of every output."""
+import contextlib
 import gc
 import io
 import os
@@ -260,30 +261,46 @@ def test_only_http_https_and_s3_are_accepted(url):
         gpufeed.DataLoader(url, **COMMON)
 
 
+@contextlib.contextmanager
+def ctrl_c_after(seconds: float):
+    """A KeyboardInterrupt raised in the main thread `seconds` from now (as Ctrl-C's SIGINT
+    handler raises it); yields the start time."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            yield time.monotonic()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def test_ctrl_c_and_destruction_return_promptly_while_requests_stall(packed):
     with RangeHTTPServer(packed.parent) as http, FaultProxy(http.url) as proxy:
         loader = gpufeed.DataLoader(proxy.url + "/shards/" + PATTERN, request_timeout=60, **COMMON)
         proxy.stall_s = 60
         proxy.inject("stall", count=10**6, match=shard_path(".tar"), methods=("GET",))
         it = iter(loader)
-
-        def interrupt(signum, frame):
-            raise KeyboardInterrupt
-
-        old = signal.signal(signal.SIGALRM, interrupt)
-        signal.setitimer(signal.ITIMER_REAL, 1.0)
-        started = time.monotonic()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                next(it)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
+        with ctrl_c_after(1.0) as started:
+            next(it)
         assert time.monotonic() - started < 3
         started = time.monotonic()
         del it, loader
         gc.collect()
         assert time.monotonic() - started < 3
+
+
+def test_ctrl_c_while_opening_returns_promptly_while_the_heads_stall(packed):
+    with RangeHTTPServer(packed.parent) as http, FaultProxy(http.url) as proxy:
+        proxy.stall_s = 60
+        proxy.inject("stall", count=10**6, match=shard_path(".tar"), methods=("HEAD",))
+        with ctrl_c_after(1.0) as started:
+            gpufeed.DataLoader(proxy.url + "/shards/" + PATTERN, request_timeout=60, **COMMON)
+        assert 0.9 < time.monotonic() - started < 3
+        assert proxy.stats().get("stall", 0) >= 1  # the opening did wait on a stalled HEAD
 
 
 def test_secrets_stay_out_of_every_output(packed, monkeypatch, capfd, tmp_path, gpufeed_cli):

@@ -181,7 +181,7 @@ struct Client::Impl {
       }
     }
     if (t) {
-      fail(*t, "cancelled (the client is shutting down)");
+      fail(*t, interrupted() ? "cancelled (interrupted)" : "cancelled (the client is shutting down)");
       return;
     }
     curl_multi_wakeup(multi);
@@ -412,11 +412,13 @@ struct Client::Impl {
     return next_ms;
   }
 
+  bool interrupted() const { return options.interrupt && options.interrupt->load(std::memory_order_relaxed); }
+
   void run() {
     for (;;) {
       {
         std::lock_guard<std::mutex> g(mu);
-        if (stop) break;
+        if (stop || interrupted()) break;
         while (!incoming.empty()) {
           waiting.push_back(std::move(incoming.front()));
           incoming.pop_front();
@@ -436,18 +438,20 @@ struct Client::Impl {
       }
       curl_multi_poll(multi, nullptr, 0, static_cast<int>(std::min(wait_ms, 200L)), nullptr);
     }
-    // Shutting down: everything pending fails, once.
+    // Shutting down (or interrupted: later submits fail too): everything pending fails, once.
     std::deque<std::unique_ptr<Transfer>> rest;
     {
       std::lock_guard<std::mutex> g(mu);
+      stop = true;
       rest.swap(incoming);
     }
+    const std::string why = interrupted() ? ": cancelled (interrupted)" : ": cancelled (the client is shutting down)";
     for (auto& t : active) {
       cleanup(*t);
-      fail(*t, describe(t->request) + ": cancelled (the client is shutting down)");
+      fail(*t, describe(t->request) + why);
     }
-    for (auto& t : waiting) fail(*t, describe(t->request) + ": cancelled (the client is shutting down)");
-    for (auto& t : rest) fail(*t, describe(t->request) + ": cancelled (the client is shutting down)");
+    for (auto& t : waiting) fail(*t, describe(t->request) + why);
+    for (auto& t : rest) fail(*t, describe(t->request) + why);
     active.clear();
     waiting.clear();
   }

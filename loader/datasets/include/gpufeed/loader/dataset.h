@@ -2,6 +2,7 @@
 // Datasets: an ordered list of (file, label) pairs. Pixels are never touched here; the loader
 // reads and decodes on its worker pool.
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -188,6 +189,10 @@ struct DataOptions {
   std::string cache_dir{};
   /// The cache's size on disk at most, in GiB: the shards used least recently go first.
   double cache_limit = 100;
+  /// Not an option (no flag or keyword): set by the caller to abandon an open in progress, e.g.
+  /// on Ctrl-C. A remote dataset's requests then fail at once ("cancelled (interrupted)") and
+  /// opening throws RemoteError; null: never.
+  std::shared_ptr<const std::atomic<bool>> interrupt{};
 };
 
 /// DataOptions' user-facing fields (gpufeed/option.h).
