@@ -906,6 +906,13 @@ TEST(Loader, AutoNumWorkersGivesOneThreadsBatchesWhateverItChooses) {
   Loader& tuned = *tuned_owner;
   const int budget = gpufeed::cpu_budget();
   EXPECT_EQ(tuned.num_threads(), budget) << "auto starts with the whole CPU budget";
+  // The decisions follow measured rates: under TSan's instrumentation (several times slower)
+  // epoch 0 ends before two windows agree, so only the batches are checked there.
+#if defined(__SANITIZE_THREAD__)
+  const bool timed = false;
+#else
+  const bool timed = budget >= 2;
+#endif
   for (const int64_t epoch : {0, 1, 2}) {
     SCOPED_TRACE("epoch " + std::to_string(epoch));
     Collected c;
@@ -920,12 +927,12 @@ TEST(Loader, AutoNumWorkersGivesOneThreadsBatchesWhateverItChooses) {
     EXPECT_EQ(c.indices, want.indices);
     EXPECT_EQ(c.labels, want.labels);
     EXPECT_EQ(c.images, want.images);
-    if (budget >= 2) {
+    if (timed) {
       EXPECT_EQ(tuned.num_threads(), epoch == 1 ? budget : 1);
     }
   }
   const std::vector<ThreadDecision> d = tuned.thread_decisions();
-  if (budget >= 2) {
+  if (timed) {
     ASSERT_EQ(d.size(), 3u) << "down in epoch 0, up in epoch 1, down in epoch 2";
     for (size_t k = 0; k < d.size(); ++k) {
       EXPECT_EQ(d[k].number, static_cast<int64_t>(k));
@@ -935,9 +942,11 @@ TEST(Loader, AutoNumWorkersGivesOneThreadsBatchesWhateverItChooses) {
     EXPECT_EQ(d[0].to, 1);
     EXPECT_EQ(d[1].to, budget);
     EXPECT_EQ(d[2].to, 1);
-  } else {
+  } else if (budget < 2) {
     std::printf("[ note ] CPU budget 1: auto has nothing to choose; only the batches are checked\n");
     EXPECT_TRUE(d.empty());
+  } else {
+    std::printf("[ note ] under TSan: the thread decisions depend on timing; only the batches are checked\n");
   }
   tuned_owner.reset();  // before its files go: it may be decoding the epoch after
   std::error_code ec;
