@@ -743,7 +743,11 @@ class DataLoader:
         prefetch_depth="auto": each change of the thread count or of the slots, a dict of epoch,
         batch, from, to, prefetch_depth_from, prefetch_depth_to, sample_cost_us, demand_per_s,
         needed, wait_fraction and why; the rules are gpufeed/loader/thread_tuner.h's and
-        gpufeed/loader/loader.h's), and slots {ready, in_flight, held, free} now."""
+        gpufeed/loader/loader.h's), slots {ready, in_flight, held, free} now, and for remote
+        shards remote: {requests, bytes_fetched (requests that succeeded, the open's included, and
+        their body bytes), cache_hits, cache_hit_bytes (samples read from cache_dir),
+        cache_checksum_failures, cache_read_errors (cached samples whose bytes failed their CRC-32C
+        or could not be read back: dropped and fetched again)}, summed over the dataset's life."""
         self._decoding("stats")
         return self._c.stats()
 

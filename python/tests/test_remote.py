@@ -5,10 +5,13 @@ for byte; every fault kind is retried or fails naming the URL; secrets stay out 
 import contextlib
 import gc
 import io
+import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
+import sys
 import tarfile
 import time
 
@@ -430,6 +433,154 @@ print(sum(int(y.sum()) for _, y in loader))
             assert subprocess.run([__import__("sys").executable, "-c", script, url, str(rank)], env=env,
                                   capture_output=True, text=True, timeout=120).stdout.strip() == expected[rank]
         assert shard_gets(http.requests.snapshot()[before:]) == []
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), bit by bit: the checksum the cache records per range."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def cache_records(cache):
+    """{.data file: [(offset, size, crc32c)]} as the cache's .ranges files (version 2) list them."""
+    out = {}
+    for ranges in sorted(cache.glob("*.ranges")):
+        lines = ranges.read_text().splitlines()
+        assert lines[0].startswith("gpufeed-cache 2 ")
+        out[ranges.with_suffix(".data")] = [(int(a), int(b), int(c, 16)) for a, b, c in (x.split() for x in lines[1:])]
+    return out
+
+
+def warm_cache(http, cache):
+    """The shards' URL pattern on `http` (serving the packed shards' parent), after one epoch read
+    through the local cache `cache`, which it fills."""
+    url = http.url + "/shards/" + PATTERN
+    _, loader = epoch(url, cache_dir=str(cache), prefetch_next_epoch=False)
+    del loader
+    return url
+
+
+def test_damaged_cached_bytes_are_dropped_fetched_again_and_counted(packed, tmp_path, capfd):
+    local, _ = epoch(str(packed / PATTERN))
+    cache = tmp_path / "cache"
+    kw = dict(cache_dir=str(cache), prefetch_next_epoch=False)
+    with RangeHTTPServer(packed.parent) as http:
+        url = warm_cache(http, cache)
+        records = cache_records(cache)
+        assert sum(len(r) for r in records.values()) == 27  # a range per sample, each with its checksum
+        for data, recs in records.items():
+            blob = data.read_bytes()
+            assert all(crc32c(blob[o:o + n]) == c for o, n, c in recs)
+        # What a power loss (zeroed blocks) and a bad disk (a flipped bit) leave behind while
+        # .ranges still lists the bytes: two samples of one shard.
+        data = next(d for d, r in records.items() if len(r) >= 2)
+        (zero_at, zero_n, _), (flip_at, flip_n, _) = sorted(records[data])[:2]
+        blob = bytearray(data.read_bytes())
+        blob[zero_at:zero_at + zero_n] = bytes(zero_n)
+        blob[flip_at + flip_n // 2] ^= 0x10
+        data.write_bytes(bytes(blob))
+        capfd.readouterr()
+        before = len(http.requests.snapshot())
+        second, loader = epoch(url, **kw)
+        assert_same(local, second)
+        gets = shard_gets(http.requests.snapshot()[before:])
+        assert len({path for _, path, _, _ in gets}) == 1
+        assert sorted(rng for _, _, rng, _ in gets) == sorted(
+            [f"bytes={zero_at}-{zero_at + zero_n - 1}", f"bytes={flip_at}-{flip_at + flip_n - 1}"])
+        stats = loader.stats()["remote"]
+        assert (stats["cache_checksum_failures"], stats["cache_read_errors"], stats["cache_hits"]) == (2, 0, 25)
+        del loader
+        err = capfd.readouterr().err
+        assert err.count(f"of {data} failed their checksum") == 2 and "fetching them again" in err
+        # Fetched again, and cached again: the third run reads everything from the cache.
+        before = len(http.requests.snapshot())
+        third, loader = epoch(url, **kw)
+        assert_same(local, third)
+        assert shard_gets(http.requests.snapshot()[before:]) == []
+        assert (loader.stats()["remote"]["cache_checksum_failures"], loader.stats()["remote"]["cache_hits"]) == (0, 27)
+
+
+def test_an_error_after_damaged_cached_bytes_names_the_cache_file(packed, tmp_path):
+    cache = tmp_path / "cache"
+    with RangeHTTPServer(packed.parent) as http, FaultProxy(http.url) as proxy:
+        url = proxy.url + "/shards/" + PATTERN
+        _, loader = epoch(url, cache_dir=str(cache), prefetch_next_epoch=False)
+        del loader
+        for data, recs in cache_records(cache).items():
+            blob = bytearray(data.read_bytes())
+            for offset, size, _ in recs:
+                blob[offset:offset + size] = bytes(size)
+            data.write_bytes(bytes(blob))
+        loader = gpufeed.DataLoader(url, cache_dir=str(cache), max_retries=0, **COMMON)
+        proxy.inject("503", count=10**6, match=shard_path(".tar"), methods=("GET",))
+        with pytest.raises(gpufeed.DecodeError) as e:
+            next(iter(loader))
+        message = str(e.value)
+        assert e.value.kind == "io"
+        assert "HTTP 503" in message and "the local cache's copy was unusable" in message
+        assert re.search(re.escape(str(cache)) + r"/[0-9a-f]{16}\.data failed their checksum", message), message
+
+
+def test_a_warm_cache_on_a_read_only_mount_is_read_not_fetched_again(packed, tmp_path):
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no user and mount namespace here (unshare -rm)")
+    cache = tmp_path / "cache"
+    script = f"""
+import json, os, sys, torch, gpufeed
+try:
+    open(os.path.join({str(cache)!r}, "probe"), "w")
+    print("writable")
+except OSError as e:
+    print("not writable:", e.strerror)
+loader = gpufeed.DataLoader(sys.argv[1], shuffle=True, seed=3, batch_size=5, image_size=32, dtype=torch.uint8,
+                            index_cache="off", num_workers=2, cache_dir={str(cache)!r}, prefetch_next_epoch=False)
+loader.set_epoch(1)
+print(sum(int(y.sum()) for _, y in loader))
+print(json.dumps(loader.stats()["remote"]))
+"""
+    local, _ = epoch(str(packed / PATTERN))
+    with RangeHTTPServer(packed.parent) as http:
+        url = warm_cache(http, cache)
+        files = {p.name: p.read_bytes() for p in cache.iterdir()}
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [os.path.dirname(gpufeed.__path__[0])] if p))
+        # The cache folder bind-mounted read-only over itself in a private mount namespace: not
+        # even root writes there (chmod alone would not stop root).
+        mount = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
+        before = len(http.requests.snapshot())
+        run = subprocess.run(["unshare", "-rm", "sh", "-c", mount, "sh", str(cache), sys.executable, "-c", script, url],
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        probe, labels, stats = run.stdout.strip().splitlines()
+        assert probe == "not writable: Read-only file system"
+        assert int(labels) == sum(int(y.sum()) for _, y, _ in local)
+        assert shard_gets(http.requests.snapshot()[before:]) == []  # every sample from the read-only cache
+        assert json.loads(stats)["cache_hits"] == 27
+        assert {p.name: p.read_bytes() for p in cache.iterdir()} == files
+
+
+def test_a_cache_without_checksums_is_not_trusted(packed, tmp_path):
+    """A cache written before ranges carried checksums (version 1) cannot be verified: its shards
+    are emptied when opened and fetched again."""
+    local, _ = epoch(str(packed / PATTERN))
+    cache = tmp_path / "cache"
+    kw = dict(cache_dir=str(cache), prefetch_next_epoch=False)
+    with RangeHTTPServer(packed.parent) as http:
+        url = warm_cache(http, cache)
+        for ranges in cache.glob("*.ranges"):
+            header, *lines = ranges.read_text().splitlines()
+            old = [header.replace("gpufeed-cache 2 ", "gpufeed-cache 1 ", 1)] + [" ".join(x.split()[:2]) for x in lines]
+            ranges.write_text("\n".join(old) + "\n")
+        before = len(http.requests.snapshot())
+        second, loader = epoch(url, **kw)
+        assert_same(local, second)
+        assert len(shard_gets(http.requests.snapshot()[before:])) == 27
+        assert loader.stats()["remote"]["cache_hits"] == 0
+        del loader
+        assert sum(len(r) for r in cache_records(cache).values()) == 27
 
 
 def test_a_server_that_ignores_ranges_is_an_error_saying_so(packed):

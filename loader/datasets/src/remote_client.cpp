@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -145,6 +146,7 @@ struct Client::Impl {
   std::list<std::unique_ptr<Transfer>> waiting;  // queued or backing off
   std::vector<std::unique_ptr<Transfer>> active;
   std::mt19937_64 rng{std::random_device{}()};
+  std::atomic<int64_t> requests{0}, bytes{0};  // succeeded, and their body bytes
 
   explicit Impl(const DataOptions& o) : options(o) {
     global_init();
@@ -370,6 +372,8 @@ struct Client::Impl {
     if (failure.empty()) {
       Response r = std::move(t->response);
       r.attempts = t->attempts;
+      ++requests;
+      bytes += static_cast<int64_t>(r.body.size());
       if (t->done) t->done(std::move(r));
       return;
     }
@@ -467,6 +471,8 @@ void Client::submit(Request r, Callback done) {
   t->done = std::move(done);
   impl_->submit(std::move(t));
 }
+
+ClientStats Client::stats() const { return {.requests = impl_->requests.load(), .bytes = impl_->bytes.load()}; }
 
 Response Client::fetch(Request r) {
   auto promise = std::make_shared<std::promise<Response>>();

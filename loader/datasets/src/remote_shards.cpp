@@ -278,15 +278,32 @@ SampleRef RemoteShards::at(int64_t i) const {
 
 void RemoteShards::read(int64_t i, const SampleRef& ref, decode::ByteBuffer& out) const {
   const auto k = static_cast<size_t>(i);
-  if (cache_ && cache_->read(shard_[k], offsets_[k], sizes_[k], out)) return;
+  std::string cache_failure;  // the cached copy's damage, named in an error if fetching fails too
+  if (cache_ && cache_->read(shard_[k], offsets_[k], sizes_[k], out, &cache_failure)) return;
   try {
     remote::Response r = client_->fetch(
         {.url = urls_[shard_[k]], .offset = offsets_[k], .size = sizes_[k], .if_match = etags_[shard_[k]]});
     out.swap(r.body);
     if (cache_) cache_->write(shard_[k], offsets_[k], out.data(), sizes_[k]);
   } catch (const RemoteError& e) {
-    throw decode::DecodeError(decode::ErrorKind::kIo, ref.source(), e.what());
+    throw decode::DecodeError(decode::ErrorKind::kIo, ref.source(),
+                              cache_failure.empty() ? std::string(e.what()) : e.what() + ("; " + cache_failure));
   }
+}
+
+RemoteStats RemoteShards::stats() const {
+  RemoteStats s;
+  const remote::ClientStats c = client_->stats();
+  s.requests = c.requests;
+  s.bytes_fetched = c.bytes;
+  if (cache_) {
+    const remote::CacheStats k = cache_->stats();
+    s.cache_hits = k.hits;
+    s.cache_hit_bytes = k.hit_bytes;
+    s.cache_checksum_failures = k.checksum_failures;
+    s.cache_read_errors = k.read_errors;
+  }
+  return s;
 }
 
 }  // namespace gpufeed::loader

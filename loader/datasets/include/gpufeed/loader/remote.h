@@ -88,6 +88,17 @@ std::string s3_http_url(const std::string& s3_url, const S3Config& config);
 /// no URL.
 std::vector<std::string> remote_shard_urls(const std::string& data);
 
+/// What a RemoteShards fetched and what its local cache served, summed over its life (every
+/// loader over it, the open's requests included).
+struct RemoteStats {
+  int64_t requests = 0;                 ///< requests that succeeded (HEADs, index and range GETs)
+  int64_t bytes_fetched = 0;            ///< their body bytes
+  int64_t cache_hits = 0;               ///< samples read from DataOptions::cache_dir
+  int64_t cache_hit_bytes = 0;          ///< their bytes
+  int64_t cache_checksum_failures = 0;  ///< cached samples whose bytes failed their CRC-32C: fetched again
+  int64_t cache_read_errors = 0;        ///< cached samples the disk could not give back: fetched again
+};
+
 /// WebDataset tar shards read over HTTP(S) or S3: the samples, order and labels of TarShards over
 /// the same shards on a local disk (shard order, then archive order).
 class RemoteShards : public Dataset {
@@ -110,6 +121,8 @@ class RemoteShards : public Dataset {
   int64_t indexes_beside() const { return beside_; }
   int64_t indexes_cached() const { return cached_; }
   int64_t indexes_built() const { return built_; }
+  /// The requests and the cache's use so far.
+  RemoteStats stats() const;
 
   // For the reader: shard s's URL (as given), ETag, and sample i's shard.
   const std::string& etag(uint32_t shard) const { return etags_[shard]; }
