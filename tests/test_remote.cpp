@@ -89,6 +89,7 @@ TEST(RemoteUrl, RedactsQueriesAndUserInfo) {
   EXPECT_EQ(redact_url("https://user:pass@h:8080/a.tar"), "https://<redacted>@h:8080/a.tar");
   EXPECT_EQ(redact_url("http://h/a@b.tar"), "http://h/a@b.tar");  // an '@' in the path is no user info
   EXPECT_EQ(redact_url("s3://bucket/key.tar"), "s3://bucket/key.tar");
+  EXPECT_EQ(redact_url("s3://bucket/odd?key#1.tar"), "s3://bucket/odd?key#1.tar");  // no query: part of the key
   EXPECT_EQ(redact_url("http://h/a.tar#frag"), "http://h/a.tar");
 }
 
@@ -167,15 +168,17 @@ TEST(S3Config, PathStyleOnAnEndpointVirtualHostedOnAws) {
 }
 
 TEST(ShardIndexFormat, RoundTripsAndRefusesWhatItCannotUse) {
-  ShardIndex index{.shard_size = 10240, .etag = "\"abc-1\"",
+  const std::string sha(64, 'a');
+  ShardIndex index{.shard_size = 10240, .sha256 = sha, .etag = "\"abc-1\"",
                    .samples = {{.member = "n01/a b.jpg", .offset = 512, .size = 100, .label = 3},
                                {.member = "n02/c.png", .offset = 2048, .size = 4000, .label = 0}}};
   const std::string text = format_shard_index(index);
   EXPECT_EQ(text,
-            "gpufeed-shard-index 1\nshard_size 10240\netag \"abc-1\"\nsamples 2\n512 100 3 n01/a b.jpg\n"
-            "2048 4000 0 n02/c.png\n");
+            "gpufeed-shard-index 2\nshard_size 10240\nsha256 " + sha +
+                "\netag \"abc-1\"\nsamples 2\n512 100 3 n01/a b.jpg\n2048 4000 0 n02/c.png\n");
   const ShardIndex back = parse_shard_index(text, "x");
   EXPECT_EQ(back.shard_size, 10240);
+  EXPECT_EQ(back.sha256, sha);
   EXPECT_EQ(back.etag, "\"abc-1\"");
   ASSERT_EQ(back.samples.size(), 2u);
   EXPECT_EQ(back.samples[0].member, "n01/a b.jpg");
@@ -184,6 +187,10 @@ TEST(ShardIndexFormat, RoundTripsAndRefusesWhatItCannotUse) {
   EXPECT_EQ(back.samples[0].label, 3);
   index.etag.clear();
   EXPECT_EQ(parse_shard_index(format_shard_index(index), "x").samples.size(), 2u);
+  // Version 1 (no digest) is still read: its index proves nothing about its shard (sha256 empty).
+  const ShardIndex v1 = parse_shard_index("gpufeed-shard-index 1\nshard_size 100\nsamples 1\n0 10 1 a.jpg\n", "x");
+  EXPECT_EQ(v1.sha256, "");
+  EXPECT_EQ(v1.samples.size(), 1u);
 
   const auto refused = [](const std::string& bad, const std::string& why) {
     try {
@@ -194,8 +201,9 @@ TEST(ShardIndexFormat, RoundTripsAndRefusesWhatItCannotUse) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   };
-  refused("gpufeed-shard-index 2\n", "version 1");
-  refused("GPUFIDX\n", "version 1");
+  refused("gpufeed-shard-index 3\n", "version 1 or 2");
+  refused("GPUFIDX\n", "version 1 or 2");
+  refused("gpufeed-shard-index 2\nshard_size 100\nsha256 abc\nsamples 0\n", "not 64 lower-case hex digits");
   refused("gpufeed-shard-index 1\nshard_size x\n", "shard_size 'x'");
   refused("gpufeed-shard-index 1\nshard_size 100\nsamples 2\n0 10 1 a.jpg\n", "ends after 1 of its 2");
   refused("gpufeed-shard-index 1\nshard_size 100\nsamples 1\n90 20 1 a.jpg\n", "runs past the shard's 100 bytes");
@@ -206,4 +214,27 @@ TEST(ShardIndexFormat, RoundTripsAndRefusesWhatItCannotUse) {
   newline.shard_size = 1;
   newline.samples.push_back({.member = "a\nb.jpg"});
   EXPECT_THROW(format_shard_index(newline), std::invalid_argument);
+}
+
+TEST(ShardTrailerFormat, RoundTripsAndRefusesWhatIsNotOne) {
+  const std::string sha = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+  const std::string t = format_shard_trailer({.sha256 = sha, .tar_bytes = 3072});
+  ASSERT_EQ(static_cast<int64_t>(t.size()), kShardTrailerBytes);
+  EXPECT_EQ(t.substr(0, t.find('\0')), "gpufeed-shard-trailer 1\nsha256 " + sha + "\ntar_bytes 3072\n");
+  const auto back = parse_shard_trailer(t, 3072 + kShardTrailerBytes);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->sha256, sha);
+  EXPECT_EQ(back->tar_bytes, 3072);
+  // The file's last bytes: more before the trailer are fine.
+  EXPECT_TRUE(parse_shard_trailer(std::string(100, 'x') + t, 3072 + kShardTrailerBytes));
+  EXPECT_FALSE(parse_shard_trailer(t, 4000));                      // a file of another size (cut, appended to)
+  EXPECT_FALSE(parse_shard_trailer(t.substr(1), 3072 + 511));      // short
+  EXPECT_FALSE(parse_shard_trailer(std::string(512, '\0'), 3584)); // end-of-archive zeros: no trailer
+  std::string flipped = t;
+  flipped[40] = 'G';  // not hex
+  EXPECT_FALSE(parse_shard_trailer(flipped, 3072 + kShardTrailerBytes));
+  std::string tail_garbage = t;
+  tail_garbage[511] = 'x';
+  EXPECT_FALSE(parse_shard_trailer(tail_garbage, 3072 + kShardTrailerBytes));
+  EXPECT_THROW(format_shard_trailer({.sha256 = "abc", .tar_bytes = 1}), std::invalid_argument);
 }

@@ -134,11 +134,18 @@ def sample_ranges(shards):
     out = []
     for idx in sorted(shards.glob("*.gpufeed-idx")):
         lines = idx.read_text().splitlines()
-        assert lines[0] == "gpufeed-shard-index 1"
-        for line in lines[3:]:
+        assert lines[0] == "gpufeed-shard-index 2"
+        start = next(i for i, line in enumerate(lines) if line.startswith("samples ")) + 1
+        for line in lines[start:]:
             offset, size, _label, _member = line.split(" ", 3)
             out.append((idx.name[:-len(".gpufeed-idx")], int(offset), int(offset) + int(size) - 1))
     return out
+
+
+def is_trailer_read(range_header):
+    """Whether a Range header asks for a shard's trailer: 512 bytes (no sample is that small here)."""
+    m = re.fullmatch(r"bytes=(\d+)-(\d+)", range_header or "")
+    return bool(m) and int(m.group(2)) - int(m.group(1)) + 1 == 512
 
 
 def requested(requests, ranges):
@@ -146,7 +153,7 @@ def requested(requests, ranges):
     by_start = {(shard, first): i for i, (shard, first, _) in enumerate(ranges)}
     out = []
     for method, path, rng, status in requests:
-        if method != "GET" or not path.endswith(".tar"):
+        if method != "GET" or not path.endswith(".tar") or is_trailer_read(rng):
             continue
         assert status == 206 and rng.startswith("bytes=")
         first, last = (int(v) for v in rng[len("bytes="):].split("-"))
@@ -174,7 +181,7 @@ def test_reads_are_ranged_gets_ahead_in_sampler_order_and_coalesced_when_adjacen
         kw["max_requests"] = 4
         sequential = gpufeed.DataLoader(http.url + "/shards/" + PATTERN, shuffle=False, **{**COMMON, **kw})
         assert sum(1 for _ in sequential) == 6
-        gets = [r for r in http.requests.snapshot()[before:] if r[0] == "GET" and r[1].endswith(".tar")]
+        gets = shard_gets(http.requests.snapshot()[before:])
         assert len(gets) == 4  # issued together: the server may log them in any order
         assert requested(sorted(gets, key=lambda r: r[1]), ranges) == list(range(27))
 
@@ -209,8 +216,12 @@ def test_skip_counts_the_samples_of_an_unreadable_shard(packed):
     local, local_loader = epoch(str(packed / PATTERN))
     bad = {i for i, (path, _) in enumerate(local_loader.samples) if "train-000001.tar:" in path}
     with RangeHTTPServer(packed.parent) as http, FaultProxy(http.url) as proxy:
+        # Opened first (opening reads each shard's trailer: a shard unreadable then fails the open).
+        loader = gpufeed.DataLoader(proxy.url + "/shards/" + PATTERN, shuffle=True, seed=3, on_error="skip",
+                                    max_skips=100, max_retries=0, **COMMON)
         proxy.inject("500", count=10**6, match=shard_path("train-000001.tar"), methods=("GET",))
-        remote, loader = epoch(proxy.url + "/shards/" + PATTERN, on_error="skip", max_skips=100, max_retries=0)
+        loader.set_epoch(1)
+        remote = [len(y) for _, y in loader]
         summary = loader.epoch_summary()
         order = [i for idx, _, _ in local for i in idx]
         assert summary["skipped"] == sum(1 for i in order if i in bad) == 7
@@ -321,13 +332,20 @@ def test_secrets_stay_out_of_every_output(packed, monkeypatch, capfd, tmp_path, 
         signed = [e["headers"] for e in proxy.log if e["path"].startswith("/private/train/train-000000.tar")]
         assert signed and all("Credential=" + MotoS3.ACCESS_KEY in h["Authorization"] for h in signed)
         assert all(h.get("x-amz-security-token") == MotoS3.SESSION_TOKEN for h in signed)
-        # Failing runs: retries exhausted (skip policy: each failure logged), then raised.
+        # Failing runs: retries exhausted (skip policy: each failure logged), then raised; opened
+        # before the faults begin, then failing at open (the shard's trailer cannot be read).
+        skipping, raising = (gpufeed.DataLoader("s3://private/train/" + PATTERN, on_error=policy, max_retries=1, **COMMON)
+                             for policy in ("skip", "raise"))
         proxy.inject("503", count=10**6, match=shard_path("train-000003.tar"), methods=("GET",))
-        _, skipping = epoch("s3://private/train/" + PATTERN, on_error="skip", max_retries=1)
+        assert sum(1 for _ in skipping) > 0
         outputs.append(repr(skipping.epoch_summary()))
         assert skipping.epoch_summary()["skipped"] > 0
         with pytest.raises(gpufeed.DecodeError) as e:
-            epoch("s3://private/train/" + PATTERN, max_retries=1)
+            for _ in raising:
+                pass
+        outputs.append(str(e.value))
+        with pytest.raises(RuntimeError) as e:
+            gpufeed.DataLoader("s3://private/train/" + PATTERN, max_retries=1, **COMMON)
         outputs.append(str(e.value))
         with pytest.raises(RuntimeError) as e:
             gpufeed.DataLoader("s3://private/train/train-{000000..000009}.tar", **COMMON)
@@ -356,7 +374,8 @@ def test_secrets_stay_out_of_every_output(packed, monkeypatch, capfd, tmp_path, 
 
 
 def shard_gets(requests):
-    return [r for r in requests if r[0] == "GET" and r[1].endswith(".tar")]
+    """GETs of shards' bytes, but the trailers' (the last 512 bytes, read at open)."""
+    return [r for r in requests if r[0] == "GET" and r[1].endswith(".tar") and not is_trailer_read(r[2])]
 
 
 def test_the_local_cache_serves_a_second_run_and_never_a_changed_object(packed, tmp_path):
@@ -581,6 +600,123 @@ def test_a_cache_without_checksums_is_not_trusted(packed, tmp_path):
         assert loader.stats()["remote"]["cache_hits"] == 0
         del loader
         assert sum(len(r) for r in cache_records(cache).values()) == 27
+
+
+def pack_list(gpufeed_cli, images, labels, out):
+    """`gpufeed pack` of a file list of `images` with `labels` into `out` (7 samples a shard)."""
+    listing = out.parent / (out.name + ".txt")
+    listing.write_text("".join(f"{p} {label}\n" for p, label in zip(images, labels)))
+    subprocess.run([str(gpufeed_cli), "pack", str(listing), str(out), "--max-samples-per-shard", "7", "--index-cache",
+                    "off", "--progress", "off", "--overwrite"], check=True, capture_output=True)
+
+
+def header_reads(requests):
+    """Shards whose tar headers were read (the 1 MiB blocks from offset 0)."""
+    return sorted(p.rsplit("/", 1)[1] for m, p, r, _ in requests if m == "GET" and r and r.startswith("bytes=0-"))
+
+
+@pytest.fixture
+def relabelled(tmp_path, gpufeed_cli):
+    """27 images packed twice into tmp_path/shards, the second time with 9 labels corrected (one
+    digit for another: same sizes); returns (the shards folder, a folder holding the first pack's
+    shards and indexes, the first labels, the corrected labels)."""
+    images = sorted(make_image_folder(tmp_path / "train", per_class=9, seed=11).rglob("*.jpg"))
+    old = [i % 3 for i in range(27)]
+    new = [(label + 1) % 3 if i % 3 == 0 else label for i, label in enumerate(old)]
+    shards = tmp_path / "shards"
+    pack_list(gpufeed_cli, images, old, shards)
+    (tmp_path / "old").mkdir()
+    for p in shards.iterdir():
+        (tmp_path / "old" / p.name).write_bytes(p.read_bytes())
+    pack_list(gpufeed_cli, images, new, shards)
+    for i in range(4):
+        name = f"train-{i:06d}.tar"
+        assert (shards / name).stat().st_size == (tmp_path / "old" / name).stat().st_size
+        assert (shards / name).read_bytes() != (tmp_path / "old" / name).read_bytes()
+    return shards, tmp_path / "old", old, new
+
+
+def test_an_old_index_beside_a_relabelled_shard_is_not_trusted(relabelled, capfd):
+    shards, old_folder, old, new = relabelled
+    # The old index put back beside the corrected shard: the same size, other labels.
+    index = shards / "train-000001.tar.gpufeed-idx"
+    index.write_bytes((old_folder / index.name).read_bytes())
+    with RangeHTTPServer(shards.parent) as http:
+        capfd.readouterr()
+        loader = gpufeed.DataLoader(http.url + "/shards/" + PATTERN, **COMMON)
+        assert [label for _, label in loader.samples] == new
+        assert header_reads(http.requests.snapshot()) == ["train-000001.tar"]
+        err = capfd.readouterr().err
+        assert f"the index beside {http.url}/shards/train-000001.tar cannot be trusted: it describes another " \
+               "version of the shard" in err and "reading its headers instead" in err
+        assert err.count("cannot be trusted") == 1
+
+
+def test_a_half_finished_upload_is_read_from_its_headers(relabelled, capfd):
+    shards, old_folder, old, new = relabelled
+    # The new indexes are up, shard 2 is still the old one (same size): its own headers say old.
+    (shards / "train-000002.tar").write_bytes((old_folder / "train-000002.tar").read_bytes())
+    with RangeHTTPServer(shards.parent) as http:
+        capfd.readouterr()
+        loader = gpufeed.DataLoader(http.url + "/shards/" + PATTERN, **COMMON)
+        assert [label for _, label in loader.samples] == new[:14] + old[14:21] + new[21:]
+        assert header_reads(http.requests.snapshot()) == ["train-000002.tar"]
+        assert f"{http.url}/shards/train-000002.tar cannot be trusted: it describes another version" in capfd.readouterr().err
+        # Half of shard 3 is up: no trailer, a size that differs from its index's; its headers say
+        # it is cut short.
+        whole = (shards / "train-000003.tar").read_bytes()
+        (shards / "train-000003.tar").write_bytes(whole[:len(whole) // 2])
+        with pytest.raises(RuntimeError, match=r"train-000003\.tar: truncated archive"):
+            gpufeed.DataLoader(http.url + "/shards/" + PATTERN, **COMMON)
+
+
+def test_an_index_without_a_digest_is_not_trusted(packed, tmp_path, capfd):
+    """An index of version 1 (before digests) cannot prove which shard it describes: the headers
+    are read, with a warning."""
+    local, local_loader = epoch(str(packed / PATTERN))
+    copy = tmp_path / "shards"
+    copy.mkdir()
+    for p in packed.iterdir():
+        text = p.read_bytes()
+        if p.name == "train-000000.tar.gpufeed-idx":
+            lines = text.decode().splitlines(keepends=True)
+            text = "".join(["gpufeed-shard-index 1\n"] + [x for x in lines[1:] if not x.startswith("sha256 ")]).encode()
+        (copy / p.name).write_bytes(text)
+    with RangeHTTPServer(tmp_path) as http:
+        capfd.readouterr()
+        remote, loader = epoch(http.url + "/shards/" + PATTERN)
+        assert_same(local, remote)
+        assert header_reads(http.requests.snapshot()) == ["train-000000.tar"]
+        assert f"{http.url}/shards/train-000000.tar cannot be trusted: it records no digest" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("server", ["range", "s3"])
+def test_keys_holding_a_question_mark_find_their_index(packed, server, monkeypatch, tmp_path):
+    """In an s3:// URL a '?' is part of the key; in an http(s) URL it starts the query, so such a
+    key is written %3F (and the index URL keeps the query after the suffix)."""
+    local, _ = epoch(str(packed / PATTERN))
+    if server == "s3":
+        with MotoS3() as s3, FaultProxy(s3.url) as proxy:
+            s3.make_bucket("data")
+            s3.upload_tree("data", "odd?keys/train", packed)
+            for k, v in s3.env(endpoint_url=proxy.url).items():
+                monkeypatch.setenv(k, v)
+            remote, loader = epoch("s3://data/odd?keys/train/" + PATTERN)
+            log = [(e["method"], e["path"], e["headers"].get("Range"), e["status"]) for e in proxy.log.snapshot()]
+    else:
+        (tmp_path / "odd?keys").mkdir()
+        for p in packed.iterdir():
+            (tmp_path / "odd?keys" / p.name).write_bytes(p.read_bytes())
+        with RangeHTTPServer(tmp_path) as http:
+            remote, loader = epoch(http.url + "/odd%3Fkeys/" + PATTERN + "?X-Amz-Signature=abc")
+            log = http.requests.snapshot()
+    assert_same(local, remote)
+    assert header_reads(log) == []
+    indexes = sorted(p.split("?X-Amz")[0] for m, p, _, status in log if m == "GET" and ".gpufeed-idx" in p and status == 200)
+    assert indexes == [f"/{'data/' if server == 's3' else ''}odd%3Fkeys/{'train/' if server == 's3' else ''}"
+                       f"train-{i:06d}.tar.gpufeed-idx" for i in range(4)]
+    assert loader.samples[0][0].startswith(("s3://data/odd?keys/train/train-000000.tar:" if server == "s3"
+                                            else "http://"))
 
 
 def test_a_server_that_ignores_ranges_is_an_error_saying_so(packed):

@@ -92,7 +92,8 @@ void check_url(std::string_view url) {
 
 std::string redact_url(std::string_view url) {
   std::string out(url);
-  if (const auto q = out.find_first_of("?#"); q != std::string::npos) {
+  const auto q = out.starts_with("s3://") ? std::string::npos : out.find_first_of("?#");  // s3: part of the key
+  if (q != std::string::npos) {
     out = out.substr(0, q) + (out[q] == '?' ? "?<redacted>" : "");
   }
   if (const auto scheme = out.find("://"); scheme != std::string::npos) {

@@ -30,9 +30,11 @@ namespace {
 
 bool ends_with_tar(std::string_view s) { return s.size() > 4 && s.substr(s.size() - 4) == ".tar"; }
 
-// The shard's index beside it: the suffix goes on the path, before a query string.
+// The shard's index beside it: the suffix goes on the path, before an http(s) URL's query string
+// (a presigned URL's signature; a '?' in such a path is written %3F). An s3:// URL has no query:
+// a '?' there is part of the key (percent-encoded when requested: s3_http_url).
 std::string index_url(const std::string& shard) {
-  const auto q = shard.find('?');
+  const auto q = shard.starts_with("s3://") ? std::string::npos : shard.find('?');
   if (q == std::string::npos) return shard + kShardIndexSuffix;
   return shard.substr(0, q) + kShardIndexSuffix + shard.substr(q);
 }
@@ -205,6 +207,51 @@ std::pair<int64_t, int64_t> index_the_rest(remote::Client& client, const std::ve
   return {cached.load(), built.load()};
 }
 
+// Keeps in `found` only the indexes that prove they belong to their shard's exact version: the
+// SHA-256 an index records is the one in the shard's trailer (its last kShardTrailerBytes bytes,
+// which gpufeed pack writes: one ranged GET per shard, all in flight at once). The others are
+// dropped with a warning naming the shard and why; their headers are read instead.
+void prove_indexes(remote::Client& client, const std::vector<std::string>& urls, const std::vector<int64_t>& sizes,
+                   const std::vector<std::string>& etags, std::vector<std::optional<ShardIndex>>& found) {
+  const auto distrust = [&](size_t s, const std::string& why) {
+    gpufeed::log()->warn("remote shards: the index beside {} cannot be trusted: {}; reading its headers instead",
+                         redact_url(urls[s]), why);
+    found[s].reset();
+  };
+  std::vector<std::pair<size_t, std::future<remote::Response>>> pending;
+  for (size_t s = 0; s < urls.size(); ++s) {
+    if (!found[s]) continue;
+    if (found[s]->sha256.empty()) {
+      distrust(s, "it records no digest of its shard (an index of version 1, written before gpufeed pack wrote "
+                  "digests), so it cannot prove it describes this version of the shard");
+    } else if (sizes[s] < kShardTrailerBytes) {
+      distrust(s, "the shard is too short to hold a gpufeed trailer");
+    } else {
+      auto promise = std::make_shared<std::promise<remote::Response>>();
+      pending.emplace_back(s, promise->get_future());
+      client.submit({.url = urls[s], .offset = sizes[s] - kShardTrailerBytes, .size = kShardTrailerBytes,
+                     .if_match = etags[s]},
+                    [promise](remote::Response&& got) { promise->set_value(std::move(got)); });
+    }
+  }
+  for (auto& [s, future] : pending) {
+    const remote::Response r = future.get();
+    const std::optional<ShardTrailer> trailer =
+        r.error.empty() ? parse_shard_trailer(std::string_view(reinterpret_cast<const char*>(r.body.data()), r.body.size()),
+                                              sizes[s])
+                        : std::nullopt;
+    if (!r.error.empty()) {
+      distrust(s, "its trailer could not be read: " + r.error);
+    } else if (!trailer) {
+      distrust(s, "the shard ends without a gpufeed trailer (rewritten by another tool, or its upload is unfinished)");
+    } else if (trailer->sha256 != found[s]->sha256) {
+      distrust(s, fmt::format("it describes another version of the shard (the index records SHA-256 {}, the shard's "
+                              "trailer {})",
+                              found[s]->sha256, trailer->sha256));
+    }
+  }
+}
+
 }  // namespace
 
 RemoteShards::RemoteShards(std::vector<std::string> urls, const std::string& source, const DataOptions& options)
@@ -230,13 +277,14 @@ RemoteShards::RemoteShards(std::vector<std::string> urls, const std::string& sou
     ShardIndex parsed = parse_shard_index(text, redact_url(index_url(urls_[s])));
     if (parsed.shard_size == head.object_size) {
       found[s] = std::move(parsed);
-      ++beside_;
     } else {
       gpufeed::log()->warn("remote shards: the index of {} is for a {}-byte shard, the shard has {}: reading its "
                            "headers instead",
                            redact_url(urls_[s]), parsed.shard_size, head.object_size);
     }
   }
+  prove_indexes(*client_, urls_, shard_sizes, etags_, found);
+  beside_ = std::count_if(found.begin(), found.end(), [](const auto& f) { return f.has_value(); });
   if (!options_.cache_dir.empty()) {
     cache_ = std::make_shared<remote::Cache>(options_.cache_dir,
                                              static_cast<int64_t>(options_.cache_limit * 1073741824.0));

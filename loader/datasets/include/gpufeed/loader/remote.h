@@ -3,8 +3,11 @@
 // HTTP(S), read without downloading them (docs/SCALING.md, "Remote data").
 //
 // Opening reads each shard's index (`<shard>.gpufeed-idx`, written beside it by `gpufeed pack`:
-// shard_index.h) and a HEAD of the shard (its size and ETag); a shard without an index is indexed
-// from its tar headers with ranged reads, and that index kept in the index cache. Every sample is
+// shards.h) and a HEAD of the shard (its size and ETag); an index is used only when the shard's
+// trailer (its last 512 bytes, one ranged GET) carries the SHA-256 the index records, so an index
+// left beside another version of its shard is not trusted (a warning names the shard and why). A
+// shard without a usable index is indexed from its tar headers with ranged reads, and that index
+// kept in the index cache. Every sample is
 // then a ranged GET of its image member's bytes, with If-Match on the ETag the index was made
 // against, so an object that changed since is an error, never decoded. A loader reads through a
 // SampleReader that requests ahead in the loader's order (the DistributedSampler's, exactly):
@@ -58,8 +61,9 @@ bool is_url(std::string_view s);
 /// Throws std::invalid_argument when `url`'s scheme is not http, https or s3, naming the scheme.
 void check_url(std::string_view url);
 
-/// `url` as messages print it: the query string (a presigned URL's signature) replaced by
-/// "?<redacted>", user info ("user:password@") by "<redacted>@".
+/// `url` as messages print it: an http(s) URL's query string (a presigned URL's signature)
+/// replaced by "?<redacted>", user info ("user:password@") by "<redacted>@". An s3:// URL has no
+/// query: a '?' or '#' in it is part of the key, printed as it is.
 std::string redact_url(std::string_view url);
 
 /// Where and how an s3:// URL is requested: the HTTP(S) URL (path-style on a custom endpoint,
