@@ -647,3 +647,25 @@ def test_the_profiles_ca_bundle_verifies_an_https_endpoint(packed, monkeypatch, 
             local, _ = epoch(str(packed / PATTERN))
             assert_same(local, remote)
 
+
+# --------------------------------------------------------------------------------------------
+# Fail fast, fetch only what is used
+
+def test_opening_many_shards_stops_at_the_first_missing_one(packed, tmp_path):
+    """2,000 URLs (one shard under 2,000 names: the range server ignores the query) with a missing
+    one 11th: the open stops issuing HEADs and index GETs once its 404 is in, and names it."""
+    window = 4
+    urls = [f"train-000000.tar?copy={i}" for i in range(2000)]
+    urls[10] = "missing.tar"
+    with RangeHTTPServer(packed.parent) as http:
+        (tmp_path / "urls.txt").write_text("".join(f"{http.url}/shards/{u}\n" for u in urls))
+        with pytest.raises(RuntimeError) as e:
+            gpufeed.DataLoader(str(tmp_path / "urls.txt"), max_requests=window, **COMMON)
+        assert str(e.value).startswith(f"remote shards: cannot open HEAD {http.url}/shards/missing.tar: HTTP 404")
+        seen = http.requests.snapshot()
+        failure = seen.index(("HEAD", "/shards/missing.tar", None, 404))
+        # Before it: at most the HEAD and index GET of the 10 shards before it and the window's
+        # requests in flight; after it, at most those in flight when it failed (the client's window).
+        assert failure <= 2 * 10 + 2 * window
+        assert len(seen) - failure - 1 <= 2 * window
+        assert len(seen) <= 2 * 11 + 4 * window  # of the 4,000 the open would send
