@@ -669,3 +669,30 @@ def test_opening_many_shards_stops_at_the_first_missing_one(packed, tmp_path):
         assert failure <= 2 * 10 + 2 * window
         assert len(seen) - failure - 1 <= 2 * window
         assert len(seen) <= 2 * 11 + 4 * window  # of the 4,000 the open would send
+
+
+def test_the_next_epoch_is_read_ahead_only_as_far_as_the_free_slots(packed):
+    """E epochs: the shards' bytes fetched are the E epochs' samples plus at most prefetch_depth
+    batches of the epoch after (decoded ahead into free slots, docs/SCALING.md), never that epoch."""
+    ranges = sample_ranges(packed)
+    epochs, depth = 3, 2
+    with RangeHTTPServer(packed.parent) as http:
+        loader = gpufeed.DataLoader(http.url + "/shards/" + PATTERN, shuffle=True, seed=5, prefetch_depth=depth,
+                                    **COMMON)
+        used = []
+        for e in range(epochs):
+            loader.set_epoch(e)
+            for _ in loader:
+                used += list(loader.last_batch["indices"])
+        time.sleep(0.5)  # the epoch after's reads in flight, had they been issued
+        del loader
+        gc.collect()
+        fetched = requested(http.requests.snapshot(), ranges)
+    assert len(used) == epochs * 27
+    counts = {i: fetched.count(i) for i in set(fetched)}
+    assert all(counts.get(i, 0) >= used.count(i) for i in set(used))
+    extra = len(fetched) - len(used)
+    assert 0 <= extra <= depth * COMMON["batch_size"]
+    sizes = {i: b - a + 1 for i, (_, a, b) in enumerate(ranges)}
+    extra_bytes = sum(sizes[i] for i in fetched) - sum(sizes[i] for i in used)
+    assert extra_bytes <= sum(sorted(sizes.values())[-depth * COMMON["batch_size"]:])
