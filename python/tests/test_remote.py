@@ -696,3 +696,29 @@ def test_the_next_epoch_is_read_ahead_only_as_far_as_the_free_slots(packed):
     sizes = {i: b - a + 1 for i, (_, a, b) in enumerate(ranges)}
     extra_bytes = sum(sizes[i] for i in fetched) - sum(sizes[i] for i in used)
     assert extra_bytes <= sum(sorted(sizes.values())[-depth * COMMON["batch_size"]:])
+
+
+def test_bench_dump_reads_remote_shards(packed, tmp_path, gpufeed_cli):
+    """`gpufeed bench --dump` (and --mode floor, which preloads) over URLs read through the dataset,
+    as the loader does: the same pixels and plans as over the same shards on the local disk."""
+    args = ["--batch-size", "5", "--image-size", "32", "--index-cache", "off", "--num-workers", "1", "--json"]
+    with RangeHTTPServer(packed.parent) as http:
+        outputs = {}
+        for name, data in (("local", str(packed / PATTERN)), ("remote", http.url + "/shards/" + PATTERN)):
+            dump = tmp_path / f"{name}.bin"
+            run = subprocess.run([str(gpufeed_cli), "bench", "--data", data, "--dump", str(dump), *args],
+                                 capture_output=True, text=True, timeout=120)
+            assert run.returncode == 0, run.stderr
+            floor = subprocess.run([str(gpufeed_cli), "bench", "--data", data, "--mode", "floor", *args],
+                                   capture_output=True, text=True, timeout=120)
+            assert floor.returncode == 0, floor.stderr
+            import json
+            meta = json.loads((tmp_path / f"{name}.bin.json").read_text())
+            outputs[name] = (dump.read_bytes(), meta, json.loads(floor.stdout)["samples"])
+    (local_pixels, local_meta, local_floor), (remote_pixels, remote_meta, remote_floor) = outputs["local"], outputs["remote"]
+    assert len(remote_pixels) == 27 * 32 * 32 * 3 and remote_pixels == local_pixels
+    assert remote_floor == local_floor == 27
+    for a, b in zip(local_meta["samples"], remote_meta["samples"]):
+        assert b["path"].startswith(http.url + "/shards/train-")
+        assert b["path"].split(".tar:")[1] == a["path"].split(".tar:")[1]
+        assert {k: v for k, v in a.items() if k != "path"} == {k: v for k, v in b.items() if k != "path"}
