@@ -52,6 +52,14 @@ if ! .venv/bin/python -c "import torchdata.stateful_dataloader" 2>/dev/null; the
   echo "setup: installing $TORCHDATA_SPEC into .venv"
   .venv/bin/pip install -q $TORCHDATA_SPEC
 fi
+# PyTorch Lightning's fit loop and Accelerate's DataLoaderShard: the oracles of the frameworks'
+# call orders (iterators made ahead of set_epoch; python/tests/test_frameworks.py). torch stays
+# the pin.
+FRAMEWORKS_SPEC="pytorch-lightning==2.6.6 accelerate==1.15.0"
+if ! .venv/bin/python -c "import pytorch_lightning, accelerate" 2>/dev/null; then
+  echo "setup: installing $FRAMEWORKS_SPEC into .venv"
+  .venv/bin/pip install -q $FRAMEWORKS_SPEC "${TORCH_SPEC%% *}"
+fi
 # moto's S3 server (ThreadedMotoServer on 127.0.0.1) and boto3: the remote-shard tests fill a
 # bucket with `gpufeed pack` output and read it back over S3 (python/tests/test_remote.py).
 MOTO_SPEC="moto[server]==5.2.5"

@@ -4,6 +4,7 @@
 // secrets) is python/tests/test_remote.py's.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 
@@ -53,7 +54,8 @@ class NoAws : public Env {
       : Env({{"AWS_ACCESS_KEY_ID", nullptr}, {"AWS_SECRET_ACCESS_KEY", nullptr}, {"AWS_SESSION_TOKEN", nullptr},
              {"AWS_PROFILE", nullptr}, {"AWS_REGION", nullptr}, {"AWS_DEFAULT_REGION", nullptr},
              {"AWS_ENDPOINT_URL", nullptr}, {"AWS_ENDPOINT_URL_S3", nullptr}, {"AWS_CONFIG_FILE", nullptr},
-             {"AWS_SHARED_CREDENTIALS_FILE", nullptr}, {"HOME", home}}) {}
+             {"AWS_SHARED_CREDENTIALS_FILE", nullptr}, {"AWS_DEFAULT_PROFILE", nullptr}, {"AWS_CA_BUNDLE", nullptr},
+             {"HOME", home}}) {}
 };
 
 void write(const fs::path& p, const std::string& text) {
@@ -153,6 +155,125 @@ TEST(S3Config, EnvironmentFirstThenTheProfilesFiles) {
   }
   EXPECT_THROW(s3_config("ftp://host"), std::invalid_argument);
   EXPECT_THROW(s3_config("not a url"), std::invalid_argument);
+}
+
+// botocore's order (its 'profile' setting: AWS_DEFAULT_PROFILE, then AWS_PROFILE); the Python
+// test checks it against boto3 itself.
+TEST(S3Config, AwsDefaultProfileBeforeAwsProfileAsBotocore) {
+  gpufeed::test::TempDir home("remote_default_profile");
+  write(home.path / ".aws" / "credentials",
+        "[default]\naws_access_key_id = AKIDDEFAULT\naws_secret_access_key = s0\n"
+        "[one]\naws_access_key_id = AKIDONE\naws_secret_access_key = s1\n"
+        "[two]\naws_access_key_id = AKIDTWO\naws_secret_access_key = s2\n");
+  write(home.path / ".aws" / "config", "[profile one]\nregion = eu-north-1\n[profile two]\nregion = sa-east-1\n");
+  NoAws clean(home.path.c_str());
+  {
+    Env e({{"AWS_DEFAULT_PROFILE", "one"}});
+    const S3Config c = s3_config("");
+    EXPECT_EQ(c.access_key, "AKIDONE");
+    EXPECT_EQ(c.region, "eu-north-1");
+  }
+  {
+    Env e({{"AWS_DEFAULT_PROFILE", "one"}, {"AWS_PROFILE", "two"}});
+    const S3Config c = s3_config("");
+    EXPECT_EQ(c.access_key, "AKIDONE");
+    EXPECT_EQ(c.region, "eu-north-1");
+  }
+  {
+    Env e({{"AWS_PROFILE", "two"}});
+    EXPECT_EQ(s3_config("").access_key, "AKIDTWO");
+  }
+}
+
+TEST(S3Config, CredentialProcessAndCaBundleOfTheProfile) {
+  gpufeed::test::TempDir home("remote_credential_process");
+  // The helper sits in a folder whose name has a space: the command line is split as a shell
+  // splits it, quotes included.
+  const fs::path helper = home.path / "a dir" / "helper.sh";
+  write(helper,
+        "#!/bin/sh\n"
+        "printf '{\"Version\": 1, \"AccessKeyId\": \"AKIDPROC%s\", \"SecretAccessKey\": \"se\\\\/cret\",\\n'"
+        " \"$1\"\n"
+        "printf ' \"SessionToken\": \"tok\\\\u00e9\", \"Expiration\": \"2031-02-03T04:05:06Z\"}'\n");
+  fs::permissions(helper, fs::perms::owner_all);
+  write(home.path / ".aws" / "config",
+        "[profile proc]\nregion = eu-west-3\nca_bundle = /etc/proc-ca.pem\ncredential_process = \"" +
+            helper.string() + "\" 'arg one'\n"
+            "[profile keys]\naws_access_key_id = AKIDKEYS\naws_secret_access_key = sk\n"
+            "credential_process = /bin/false\n");
+  write(home.path / ".aws" / "credentials", "[keys]\naws_access_key_id = AKIDCREDFILE\naws_secret_access_key = cf\n");
+  NoAws clean(home.path.c_str());
+  {
+    Env e({{"AWS_PROFILE", "proc"}});
+    S3Config c = s3_config("");
+    EXPECT_EQ(c.access_key, "AKIDPROCarg one");
+    EXPECT_EQ(c.secret_key, "se/cret");
+    EXPECT_EQ(c.session_token, "tok\xc3\xa9");
+    EXPECT_EQ(c.region, "eu-west-3");
+    EXPECT_EQ(c.ca_bundle, "/etc/proc-ca.pem");
+    ASSERT_TRUE(c.expiration.has_value());
+    EXPECT_EQ(std::chrono::system_clock::to_time_t(*c.expiration), 1927857906);  // 2031-02-03T04:05:06Z
+    Env ca({{"AWS_CA_BUNDLE", "/etc/env-ca.pem"}});
+    EXPECT_EQ(s3_config("").ca_bundle, "/etc/env-ca.pem");
+  }
+  {
+    // The shared credentials file comes before the process (which would fail), as in botocore.
+    Env e({{"AWS_PROFILE", "keys"}});
+    const S3Config c = s3_config("");
+    EXPECT_EQ(c.access_key, "AKIDCREDFILE");
+    EXPECT_FALSE(c.expiration.has_value());
+    EXPECT_EQ(c.ca_bundle, "");
+  }
+}
+
+TEST(S3Config, AFailingCredentialProcessNamesTheProfileAndWhy) {
+  gpufeed::test::TempDir home("remote_process_fails");
+  const fs::path fails = home.path / "fails.sh";
+  write(fails, "#!/bin/sh\necho 'token expired: run aws sso login' >&2\necho 'second line' >&2\nexit 3\n");
+  const fs::path prints = home.path / "prints.sh";
+  write(prints, "#!/bin/sh\necho '{\"Version\": 2, \"AccessKeyId\": \"AKIDSECRET\", \"SecretAccessKey\": \"x\"}'\n");
+  for (const fs::path& p : {fails, prints}) fs::permissions(p, fs::perms::owner_all);
+  write(home.path / ".aws" / "config",
+        "[profile fails]\ncredential_process = " + fails.string() + " --secret-arg\n"
+        "[profile prints]\ncredential_process = " + prints.string() + "\n"
+        "[profile slow]\ncredential_process = sleep 30\n"
+        "[profile missing]\ncredential_process = /nonexistent/helper\n"
+        "[profile unterminated]\ncredential_process = helper 'arg\n");
+  NoAws clean(home.path.c_str());
+  const auto error = [](const char* profile, double timeout_s = 60) {
+    Env e({{"AWS_PROFILE", profile}});
+    try {
+      s3_config("", timeout_s);
+    } catch (const RemoteError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(error("fails"), "the credential_process of AWS profile 'fails' (" + fails.string() +
+                                ") failed: exit status 3: token expired: run aws sso login");
+  const std::string version = error("prints");
+  EXPECT_EQ(version, "the credential_process of AWS profile 'prints' (" + prints.string() +
+                         ") printed Version 2; version 1 is supported");
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_EQ(error("slow", 0.5), "the credential_process of AWS profile 'slow' (sleep) timed out after 0.5 s (killed)");
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));  // not the 30 s it sleeps
+  EXPECT_EQ(error("missing"),
+            "the credential_process of AWS profile 'missing' (/nonexistent/helper) cannot be run: No such file or directory");
+  EXPECT_EQ(error("unterminated"),
+            "the credential_process of AWS profile 'unterminated' cannot be split into words: an unterminated ' quote");
+}
+
+TEST(S3Config, SaysWhereItLookedWhenNoCredentialsAreFound) {
+  gpufeed::test::TempDir home("remote_no_credentials");
+  write(home.path / ".aws" / "config", "[profile other]\nregion = eu-west-1\n");
+  NoAws clean(home.path.c_str());
+  Env e({{"AWS_DEFAULT_PROFILE", "ml"}});
+  const S3Config c = s3_config("");
+  EXPECT_EQ(c.access_key, "");  // unsigned requests: public buckets stay readable
+  EXPECT_EQ(c.searched, "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (unset); profile 'ml' (AWS_DEFAULT_PROFILE); "
+                        "the shared credentials file " + (home.path / ".aws" / "credentials").string() +
+                        " (not there); the profile's credential_process (none); the config file " +
+                        (home.path / ".aws" / "config").string() + " (no such profile)");
 }
 
 TEST(S3Config, PathStyleOnAnEndpointVirtualHostedOnAws) {

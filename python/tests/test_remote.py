@@ -735,3 +735,277 @@ def test_a_server_that_ignores_ranges_is_an_error_saying_so(packed):
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --------------------------------------------------------------------------------------------
+# S3 credentials, region and CA bundle as boto3 finds them (botocore is the oracle)
+
+AWS_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",
+            "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CA_BUNDLE",
+            "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+
+
+def aws_home(monkeypatch, home: pathlib.Path, credentials: str, config: str, **env):
+    """A private HOME with ~/.aws/credentials and ~/.aws/config, every AWS_* variable unset but `env`."""
+    (home / ".aws").mkdir(parents=True, exist_ok=True)
+    (home / ".aws" / "credentials").write_text(credentials)
+    (home / ".aws" / "config").write_text(config)
+    for name in AWS_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+def sigv4_signed_with(entry: dict, access_key: str, secret_key: str, token: str | None, region: str) -> bool:
+    """Whether a request FaultProxy logged carries an AWS SigV4 signature (S3, UNSIGNED-PAYLOAD) made
+    with these credentials in this region: the signature recomputed from the headers it signed."""
+    import hashlib
+    import hmac
+    import re
+
+    headers = {k.lower(): v for k, v in entry["headers"].items()}
+    m = re.fullmatch(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/s3/aws4_request, ?"
+                     r"SignedHeaders=([^,]+), ?Signature=([0-9a-f]{64})", headers.get("authorization", ""))
+    if not m:
+        return False
+    key, date, scope_region, signed, signature = m.groups()
+    if key != access_key or scope_region != region or headers.get("x-amz-security-token") != token:
+        return False
+    path, _, query = entry["path"].partition("?")
+    canonical = "\n".join([entry["method"], path, query,
+                           "".join(f"{n}:{' '.join(headers[n].split())}\n" for n in signed.split(";")),
+                           signed, headers["x-amz-content-sha256"]])
+    scope = f"{date}/{region}/s3/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", headers["x-amz-date"], scope,
+                         hashlib.sha256(canonical.encode()).hexdigest()])
+    k = ("AWS4" + secret_key).encode()
+    for part in (date, region, "s3", "aws4_request"):
+        k = hmac.new(k, part.encode(), hashlib.sha256).digest()
+    return hmac.compare_digest(hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest(), signature)
+
+
+CREDENTIALS_FILE = """[default]
+aws_access_key_id = AKIDDEFAULT000000001
+aws_secret_access_key = defaultSecret/0001
+[work]
+aws_access_key_id = AKIDWORK000000000001
+aws_secret_access_key = workSecret+0001
+aws_session_token = workSessionToken0001
+[ci]
+aws_access_key_id = AKIDCI00000000000001
+aws_secret_access_key = ciSecret0001
+[helper]
+credential_process = {python} "{script}" helper-from-credentials-file
+"""
+CONFIG_FILE = """[default]
+region = us-east-1
+[profile work]
+region = eu-west-1
+[profile ci]
+region = ap-south-1
+[profile sso]
+region = us-west-2
+credential_process = {python} "{script}" 'sso profile'
+[profile helper]
+region = eu-central-1
+"""
+HELPER = """import json, pathlib, sys
+calls = pathlib.Path(__file__).with_name("calls")
+n = int(calls.read_text()) + 1 if calls.exists() else 1
+calls.write_text(str(n))
+json.dump({"Version": 1, "AccessKeyId": "AKIDPROC%012d" % n, "SecretAccessKey": "procSecret/" + sys.argv[1],
+           "SessionToken": "procToken-" + sys.argv[1].replace(" ", "_")}, sys.stdout)
+"""
+
+
+@pytest.mark.parametrize("setting", ["AWS_PROFILE", "AWS_DEFAULT_PROFILE", "both", "credential_process",
+                                     "credential_process_in_credentials_file", "default"])
+def test_s3_credentials_and_region_are_those_boto3_resolves(packed, monkeypatch, tmp_path, setting):
+    import sys
+
+    import boto3
+
+    script = tmp_path / "helper dir" / "helper.py"  # a space in the path: the command line is split as a shell would
+    script.parent.mkdir()
+    script.write_text(HELPER)
+    env = {"AWS_PROFILE": {"AWS_PROFILE": "work"}, "AWS_DEFAULT_PROFILE": {"AWS_DEFAULT_PROFILE": "work"},
+           "both": {"AWS_PROFILE": "work", "AWS_DEFAULT_PROFILE": "ci"}, "credential_process": {"AWS_PROFILE": "sso"},
+           "credential_process_in_credentials_file": {"AWS_PROFILE": "helper"}, "default": {}}[setting]
+    with MotoS3() as s3, FaultProxy(s3.endpoint_url) as proxy:
+        s3.make_bucket("creds")
+        s3.upload_tree("creds", "train", packed)
+        aws_home(monkeypatch, tmp_path / "home", CREDENTIALS_FILE.format(python=sys.executable, script=script),
+                 CONFIG_FILE.format(python=sys.executable, script=script), AWS_ENDPOINT_URL=proxy.url, **env)
+        session = boto3.Session()
+        expected = session.get_credentials().get_frozen_credentials()
+        region = session.region_name
+        (script.parent / "calls").unlink(missing_ok=True)  # gpufeed runs the helper again: the same keys
+        gpufeed.DataLoader("s3://creds/train/" + PATTERN, **COMMON)
+        requests = [e for e in proxy.log if e["path"].startswith("/creds/train/")]
+        assert len(requests) == 12  # a HEAD, an index GET and a trailer GET per shard
+        for e in requests:
+            assert sigv4_signed_with(e, expected.access_key, expected.secret_key, expected.token, region), \
+                (setting, e["headers"].get("Authorization"), expected.access_key, region)
+        if setting.startswith("credential_process"):
+            assert (script.parent / "calls").read_text() == "1"  # run once, not per request
+
+
+def test_a_failing_credential_process_names_the_profile_and_its_error(packed, monkeypatch, tmp_path):
+    helper = tmp_path / "helper.sh"
+    helper.write_text("#!/bin/sh\necho 'Error loading SSO Token: Token for ml does not exist' >&2\n"
+                      "echo 'more detail' >&2\nexit 255\n")
+    helper.chmod(0o700)
+    with RangeHTTPServer(packed.parent) as http:
+        aws_home(monkeypatch, tmp_path / "home", "",
+                 f"[profile ml]\ncredential_process = {helper} --secret-arg hunter2\n", AWS_PROFILE="ml")
+        with pytest.raises(RuntimeError) as e:
+            gpufeed.DataLoader("s3://shards/" + PATTERN, endpoint_url=http.url, **COMMON)
+        assert str(e.value) == (f"remote shards: cannot open HEAD s3://shards/train-000000.tar: the credential_process of "
+                                f"AWS profile 'ml' ({helper}) failed: exit status 255: Error loading SSO Token: Token "
+                                f"for ml does not exist")
+        assert http.requests.snapshot() == []  # nothing was sent unsigned
+
+
+def test_credentials_from_a_process_are_refreshed_when_they_expire(packed, monkeypatch, tmp_path):
+    """The process's credentials expire 6 s after they are printed: the requests after that carry new ones."""
+    import sys
+
+    script = tmp_path / "helper.py"
+    script.write_text("""import datetime, json, pathlib
+calls = pathlib.Path(__file__).with_name("calls")
+n = int(calls.read_text()) + 1 if calls.exists() else 1
+calls.write_text(str(n))
+expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=6)
+pathlib.Path(__file__).with_name("expires").write_text(str(expires.timestamp()))
+print(json.dumps({"Version": 1, "AccessKeyId": "AKIDROTATING%08d" % n, "SecretAccessKey": "s%d" % n,
+                  "Expiration": expires.isoformat()}))
+""")
+    with MotoS3() as s3, FaultProxy(s3.endpoint_url) as proxy:
+        s3.make_bucket("rotating")
+        s3.upload_tree("rotating", "train", packed)
+        aws_home(monkeypatch, tmp_path / "home", "", f"[default]\ncredential_process = {sys.executable} {script}\n",
+                 AWS_ENDPOINT_URL=proxy.url)
+        loader = gpufeed.DataLoader("s3://rotating/train/" + PATTERN, **COMMON)
+        opened = len(proxy.log)
+        first_key = proxy.log[0]["headers"]["Authorization"].split("Credential=")[1].split("/")[0]
+        assert first_key == "AKIDROTATING00000001"
+        expires = float((tmp_path / "expires").read_text())
+        while time.time() < expires + 0.5:
+            time.sleep(0.1)
+        assert sum(1 for _ in loader) == 6
+        later = {e["headers"]["Authorization"].split("Credential=")[1].split("/")[0] for e in proxy.log[opened:]}
+        assert later and "AKIDROTATING00000001" not in later
+        assert int((tmp_path / "calls").read_text()) >= 2
+
+
+def test_without_credentials_requests_go_unsigned_and_a_403_says_where_credentials_were_looked_for(
+        packed, monkeypatch, tmp_path):
+    home = tmp_path / "home"
+    with RangeHTTPServer(packed.parent, forbidden=["shards/train-000002.tar"]) as http, FaultProxy(http.url) as proxy:
+        aws_home(monkeypatch, home, "", "[profile other]\nregion = eu-west-1\n", AWS_PROFILE="ml")
+        # A public bucket: unsigned requests read it.
+        assert sum(1 for _ in gpufeed.DataLoader("s3://shards/train-{000000..000001}.tar", endpoint_url=proxy.url,
+                                                 **COMMON)) == 3
+        assert proxy.log and not any("Authorization" in e["headers"] for e in proxy.log)
+        with pytest.raises(RuntimeError) as e:
+            gpufeed.DataLoader("s3://shards/" + PATTERN, endpoint_url=proxy.url, **COMMON)
+        assert str(e.value) == (
+            "remote shards: cannot open HEAD s3://shards/train-000002.tar: HTTP 403: access denied to an unsigned "
+            "request: no AWS credentials were found (looked at AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (unset); "
+            f"profile 'ml' (AWS_PROFILE); the shared credentials file {home}/.aws/credentials (empty); the profile's "
+            f"credential_process (none); the config file {home}/.aws/config (no such profile))")
+
+
+@pytest.mark.parametrize("where", ["profile", "AWS_CA_BUNDLE", "none"])
+def test_the_profiles_ca_bundle_verifies_an_https_endpoint(packed, monkeypatch, tmp_path, where):
+    from remote_servers import self_signed_cert
+
+    cert, key = self_signed_cert(tmp_path)
+    with RangeHTTPServer(packed.parent, tls=(cert, key)) as https:
+        config = f"[default]\nendpoint_url = {https.url}\n" + (f"ca_bundle = {cert}\n" if where == "profile" else "")
+        aws_home(monkeypatch, tmp_path / "home", "", config, **({"AWS_CA_BUNDLE": cert} if where == "AWS_CA_BUNDLE" else {}))
+        if where == "none":  # the system's CAs do not know the test's certificate
+            # (the shard's HEAD or its index's GET: whichever fails first)
+            with pytest.raises(RuntimeError, match=r" s3://shards/train-00000\d.tar(.gpufeed-idx)?: .*certificate"):
+                gpufeed.DataLoader("s3://shards/" + PATTERN, **COMMON)
+        else:
+            remote, _ = epoch("s3://shards/" + PATTERN)
+            local, _ = epoch(str(packed / PATTERN))
+            assert_same(local, remote)
+
+
+# --------------------------------------------------------------------------------------------
+# Fail fast, fetch only what is used
+
+def test_opening_many_shards_stops_at_the_first_missing_one(packed, tmp_path):
+    """2,000 URLs (one shard under 2,000 names: the range server ignores the query) with a missing
+    one 11th: the open stops issuing HEADs and index GETs once its 404 is in, and names it."""
+    window = 4
+    urls = [f"train-000000.tar?copy={i}" for i in range(2000)]
+    urls[10] = "missing.tar"
+    with RangeHTTPServer(packed.parent) as http:
+        (tmp_path / "urls.txt").write_text("".join(f"{http.url}/shards/{u}\n" for u in urls))
+        with pytest.raises(RuntimeError) as e:
+            gpufeed.DataLoader(str(tmp_path / "urls.txt"), max_requests=window, **COMMON)
+        assert str(e.value).startswith(f"remote shards: cannot open HEAD {http.url}/shards/missing.tar: HTTP 404")
+        seen = http.requests.snapshot()
+        failure = seen.index(("HEAD", "/shards/missing.tar", None, 404))
+        # Before it: at most the HEAD and index GET of the 10 shards before it and the window's
+        # requests in flight; after it, at most those in flight when it failed (the client's window).
+        assert failure <= 2 * 10 + 2 * window
+        assert len(seen) - failure - 1 <= 2 * window
+        assert len(seen) <= 2 * 11 + 4 * window  # of the 4,000 the open would send
+
+
+def test_the_next_epoch_is_read_ahead_only_as_far_as_the_free_slots(packed):
+    """E epochs: the shards' bytes fetched are the E epochs' samples plus at most prefetch_depth
+    batches of the epoch after (decoded ahead into free slots, docs/SCALING.md), never that epoch."""
+    ranges = sample_ranges(packed)
+    epochs, depth = 3, 2
+    with RangeHTTPServer(packed.parent) as http:
+        loader = gpufeed.DataLoader(http.url + "/shards/" + PATTERN, shuffle=True, seed=5, prefetch_depth=depth,
+                                    **COMMON)
+        used = []
+        for e in range(epochs):
+            loader.set_epoch(e)
+            for _ in loader:
+                used += list(loader.last_batch["indices"])
+        time.sleep(0.5)  # the epoch after's reads in flight, had they been issued
+        del loader
+        gc.collect()
+        fetched = requested(http.requests.snapshot(), ranges)
+    assert len(used) == epochs * 27
+    counts = {i: fetched.count(i) for i in set(fetched)}
+    assert all(counts.get(i, 0) >= used.count(i) for i in set(used))
+    extra = len(fetched) - len(used)
+    assert 0 <= extra <= depth * COMMON["batch_size"]
+    sizes = {i: b - a + 1 for i, (_, a, b) in enumerate(ranges)}
+    extra_bytes = sum(sizes[i] for i in fetched) - sum(sizes[i] for i in used)
+    assert extra_bytes <= sum(sorted(sizes.values())[-depth * COMMON["batch_size"]:])
+
+
+def test_bench_dump_reads_remote_shards(packed, tmp_path, gpufeed_cli):
+    """`gpufeed bench --dump` (and --mode floor, which preloads) over URLs read through the dataset,
+    as the loader does: the same pixels and plans as over the same shards on the local disk."""
+    args = ["--batch-size", "5", "--image-size", "32", "--index-cache", "off", "--num-workers", "1", "--json"]
+    with RangeHTTPServer(packed.parent) as http:
+        outputs = {}
+        for name, data in (("local", str(packed / PATTERN)), ("remote", http.url + "/shards/" + PATTERN)):
+            dump = tmp_path / f"{name}.bin"
+            run = subprocess.run([str(gpufeed_cli), "bench", "--data", data, "--dump", str(dump), *args],
+                                 capture_output=True, text=True, timeout=120)
+            assert run.returncode == 0, run.stderr
+            floor = subprocess.run([str(gpufeed_cli), "bench", "--data", data, "--mode", "floor", *args],
+                                   capture_output=True, text=True, timeout=120)
+            assert floor.returncode == 0, floor.stderr
+            import json
+            meta = json.loads((tmp_path / f"{name}.bin.json").read_text())
+            outputs[name] = (dump.read_bytes(), meta, json.loads(floor.stdout)["samples"])
+    (local_pixels, local_meta, local_floor), (remote_pixels, remote_meta, remote_floor) = outputs["local"], outputs["remote"]
+    assert len(remote_pixels) == 27 * 32 * 32 * 3 and remote_pixels == local_pixels
+    assert remote_floor == local_floor == 27
+    for a, b in zip(local_meta["samples"], remote_meta["samples"]):
+        assert b["path"].startswith(http.url + "/shards/train-")
+        assert b["path"].split(".tar:")[1] == a["path"].split(".tar:")[1]
+        assert {k: v for k, v in a.items() if k != "path"} == {k: v for k, v in b.items() if k != "path"}

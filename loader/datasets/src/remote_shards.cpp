@@ -144,23 +144,72 @@ std::vector<std::string> remote_shard_urls(const std::string& data) {
 
 namespace {
 
-// Every shard's HEAD and index GET, all in flight at once: (HEAD, index) per shard.
-std::vector<std::pair<remote::Response, remote::Response>> heads_and_indexes(remote::Client& client,
-                                                                              const std::vector<std::string>& urls) {
-  std::vector<std::future<remote::Response>> pending;
-  for (const std::string& u : urls) {
-    for (const bool head : {true, false}) {
-      auto promise = std::make_shared<std::promise<remote::Response>>();
-      pending.push_back(promise->get_future());
-      remote::Request r = head ? remote::Request{.url = u, .head = true}
-                               : remote::Request{.url = index_url(u), .missing_ok = true};
-      client.submit(std::move(r), [promise](remote::Response&& got) { promise->set_value(std::move(got)); });
+// Every shard's HEAD and index GET: (HEAD, index) per shard. At most `window` requests are
+// submitted and not yet answered (the client runs max_requests of them at once); once one
+// fails (a 404 or 403 of a shard, retries run out, cancelled) no more are submitted and the
+// function returns at once with that failure in `failed` (and nothing else): the requests
+// still in flight are cancelled when the client is destroyed. `failed_index`: whether it was an
+// index GET.
+struct Opening : std::enable_shared_from_this<Opening> {
+  // Used only while submitting, which heads_and_indexes waits out before it returns.
+  remote::Client& client;
+  const std::vector<std::string>& urls;
+  size_t window;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<remote::Response> got;  // 2 per shard: HEAD, index
+  size_t next = 0, answered = 0;
+  int submitting = 0;  // threads in submit_more's loop
+  std::optional<std::pair<size_t, remote::Response>> failure;
+
+  Opening(remote::Client& c, const std::vector<std::string>& u, size_t w)
+      : client(c), urls(u), window(w), got(2 * u.size()) {}
+
+  // Submits what the window has room for, outside the lock (a stopped client answers at once,
+  // on this thread).
+  void submit_more() {
+    std::vector<size_t> ks;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      while (!failure && next < got.size() && next - answered < window) ks.push_back(next++);
+      if (ks.empty()) return;
+      ++submitting;
     }
+    for (const size_t k : ks) {
+      const std::string& u = urls[k / 2];
+      remote::Request r = k % 2 == 0 ? remote::Request{.url = u, .head = true}
+                                     : remote::Request{.url = index_url(u), .missing_ok = true};
+      client.submit(std::move(r), [self = shared_from_this(), k](remote::Response&& response) {
+        {
+          std::lock_guard<std::mutex> g(self->mu);
+          ++self->answered;
+          if (!response.error.empty() && !self->failure) self->failure.emplace(k, response);
+          self->got[k] = std::move(response);
+          self->cv.notify_all();
+        }
+        self->submit_more();
+      });
+    }
+    std::lock_guard<std::mutex> g(mu);
+    --submitting;
+    cv.notify_all();
   }
+};
+
+std::vector<std::pair<remote::Response, remote::Response>> heads_and_indexes(
+    remote::Client& client, const std::vector<std::string>& urls, size_t window,
+    std::optional<std::pair<size_t, remote::Response>>& failed) {
+  auto opening = std::make_shared<Opening>(client, urls, window);
+  opening->submit_more();
+  std::unique_lock<std::mutex> lk(opening->mu);
+  opening->cv.wait(lk, [&] {
+    return opening->submitting == 0 && (opening->failure || opening->answered == opening->got.size());
+  });
+  failed = opening->failure;
   std::vector<std::pair<remote::Response, remote::Response>> out;
+  if (failed) return out;
   for (size_t s = 0; s < urls.size(); ++s) {
-    remote::Response head = pending[2 * s].get();
-    out.emplace_back(std::move(head), pending[2 * s + 1].get());
+    out.emplace_back(std::move(opening->got[2 * s]), std::move(opening->got[2 * s + 1]));
   }
   return out;
 }
@@ -264,10 +313,13 @@ RemoteShards::RemoteShards(std::vector<std::string> urls, const std::string& sou
   std::vector<int64_t> shard_sizes(n);
   std::vector<std::optional<ShardIndex>> found(n);
   etags_.resize(n);
-  std::vector<std::pair<remote::Response, remote::Response>> opened = heads_and_indexes(*client_, urls_);
+  std::optional<std::pair<size_t, remote::Response>> failed;
+  std::vector<std::pair<remote::Response, remote::Response>> opened =
+      heads_and_indexes(*client_, urls_, static_cast<size_t>(std::max(1, options_.max_requests)), failed);
+  if (failed && failed->first % 2 == 0) throw RemoteError("remote shards: cannot open " + failed->second.error);
+  if (failed) throw RemoteError("remote shards: cannot read the index: " + failed->second.error);
   for (size_t s = 0; s < n; ++s) {
     auto& [head, index] = opened[s];
-    if (!head.error.empty()) throw RemoteError("remote shards: cannot open " + head.error);
     if (head.object_size < 0) throw RemoteError("remote shards: HEAD " + redact_url(urls_[s]) + " gave no Content-Length");
     shard_sizes[s] = head.object_size;
     etags_[s] = head.etag;

@@ -25,14 +25,19 @@
 // printed.
 //
 // Credentials and endpoint of s3:// URLs come from where boto3 finds them: AWS_ACCESS_KEY_ID,
-// AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, else the profile (AWS_PROFILE, else "default") of
-// ~/.aws/credentials or ~/.aws/config (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE); region
-// from AWS_REGION / AWS_DEFAULT_REGION / the profile (else us-east-1); endpoint from
-// DataOptions::endpoint_url, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or the profile's endpoint_url
-// (path-style requests), else AWS (virtual-hosted). Without credentials requests go unsigned.
+// AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, else the profile (AWS_DEFAULT_PROFILE, else
+// AWS_PROFILE, else "default": botocore's order) of ~/.aws/credentials, else its
+// credential_process, else its keys in ~/.aws/config (AWS_SHARED_CREDENTIALS_FILE,
+// AWS_CONFIG_FILE); region from AWS_REGION / AWS_DEFAULT_REGION / the profile (else
+// us-east-1); endpoint from DataOptions::endpoint_url, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or
+// the profile's endpoint_url (path-style requests), else AWS (virtual-hosted); CA bundle from
+// AWS_CA_BUNDLE or the profile's ca_bundle. Without credentials requests go unsigned (public
+// buckets); a 403 then says that no credentials were found and where they were looked for.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -72,15 +77,33 @@ struct S3Config {
   std::string endpoint_url;  ///< "" for AWS
   std::string region = "us-east-1";
   std::string access_key, secret_key, session_token;
+  /// The CA bundle for https (CURLOPT_CAINFO): AWS_CA_BUNDLE, else the profile's ca_bundle;
+  /// "" leaves the client's default (CURL_CA_BUNDLE, SSL_CERT_FILE, the system's).
+  std::string ca_bundle;
+  /// When the credentials expire (credential_process's Expiration); nullopt: they do not.
+  std::optional<std::chrono::system_clock::time_point> expiration;
+  /// Where the credentials were looked for, for messages: what a refused unsigned request
+  /// reports (no secret in it).
+  std::string searched;
 };
 
-/// The S3 configuration boto3 would use: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
-/// AWS_SESSION_TOKEN, else the profile (AWS_PROFILE, else "default") of the shared credentials
-/// file (AWS_SHARED_CREDENTIALS_FILE, else ~/.aws/credentials), else of the config file
-/// (AWS_CONFIG_FILE, else ~/.aws/config); the region from AWS_REGION, AWS_DEFAULT_REGION, else the
-/// profile's; the endpoint from `endpoint_url`, else AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else
-/// the profile's endpoint_url.
-S3Config s3_config(const std::string& endpoint_url);
+/// The S3 configuration boto3 would use. Credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
+/// / AWS_SESSION_TOKEN, else the profile (AWS_DEFAULT_PROFILE, else AWS_PROFILE, else
+/// "default": botocore reads them in that order) of the shared credentials file (AWS_SHARED_CREDENTIALS_FILE, else
+/// ~/.aws/credentials), else the profile's credential_process (of either file, the credentials
+/// file's value first), else the profile's keys in the config file (AWS_CONFIG_FILE, else
+/// ~/.aws/config). credential_process is run as botocore runs it: the command line split as a
+/// POSIX shell splits words (quotes and backslashes; no expansion), no shell, stdin and the
+/// environment inherited; its stdout is JSON with Version 1, AccessKeyId, SecretAccessKey and
+/// optionally SessionToken and Expiration (ISO 8601). The region from AWS_REGION,
+/// AWS_DEFAULT_REGION, else the profile's; the endpoint from `endpoint_url`, else
+/// AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else the profile's endpoint_url; the CA bundle from
+/// AWS_CA_BUNDLE, else the profile's ca_bundle.
+/// Throws std::invalid_argument for an endpoint that is not an http(s) URL, and RemoteError when
+/// the credential_process fails: exits non-zero (its status and the first line of its stderr),
+/// runs longer than `process_timeout_s` seconds (it is killed), or prints what is not such JSON;
+/// the message names the profile and the command's program (never its arguments or output).
+S3Config s3_config(const std::string& endpoint_url, double process_timeout_s = 60);
 
 /// The HTTP(S) URL an s3:// URL is requested at under `config`. Throws std::invalid_argument for
 /// an s3:// URL without a bucket or key.
