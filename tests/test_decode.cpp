@@ -1215,26 +1215,25 @@ TEST(DecodeErrors, HugeHeaderIsTooLargeBeforeAnyAllocation) {
   put_be16(j, sof + 7, 65500);
   j.resize(find_jpeg_marker(j, 0xDA));
   j.insert(j.end(), {0xFF, 0xD9});
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto e = error_of([&] {
-    ImageBuffer out;
-    decode(j, out, {}, "bomb.jpg");
-  });
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ImageBuffer out;
+  const auto e = error_of([&] { decode(j, out, {}, "bomb.jpg"); });
   ASSERT_TRUE(e);
   EXPECT_EQ(e->kind(), ErrorKind::kTooLarge);
   EXPECT_NE(e->reason().find("65500x65500 = 4290250000 pixels exceeds max_pixels 178956970"),
             std::string::npos)
       << e->what();
-  EXPECT_LT(ms, 100.0);
+  EXPECT_EQ(out.pixels.capacity(), 0u) << "a pixel buffer was allocated for a refused image";
 
   // The same limit for PNG: IHDR patched to 40000 x 40000.
   Bytes png = cv_encode(to_bgr_mat(test_pattern(8, 8), 8, 8), ".png");
   const uint8_t side[] = {0, 0, 0x9C, 0x40};
   std::memcpy(&png[16], side, 4);
   std::memcpy(&png[20], side, 4);
-  EXPECT_EQ(kind_of_decode(png), ErrorKind::kTooLarge);
+  ImageBuffer png_out;
+  const auto png_error = error_of([&] { decode(png, png_out, {}, "bomb.png"); });
+  ASSERT_TRUE(png_error);
+  EXPECT_EQ(png_error->kind(), ErrorKind::kTooLarge) << png_error->what();
+  EXPECT_EQ(png_out.pixels.capacity(), 0u) << "a pixel buffer was allocated for a refused image";
 }
 
 TEST(DecodeErrors, PixelLimitIsConfigurableAndInclusive) {
@@ -1949,7 +1948,6 @@ TEST(Bugcases, EachFileMeetsItsExpectedOutcome) {
     const Expectation& want = it->second;
     const Bytes bytes = read_bytes(f);
     ImageBuffer out;
-    const auto t0 = std::chrono::steady_clock::now();
     try {
       const DecodeResult r = decoder.decode(bytes, f.string(), {}, out);
       EXPECT_FALSE(want.error) << "decoded, expected " << to_string(*want.error);
@@ -1963,10 +1961,8 @@ TEST(Bugcases, EachFileMeetsItsExpectedOutcome) {
       EXPECT_EQ(e.source(), f.string());
       EXPECT_EQ(std::string(e.what()).rfind(f.string(), 0), 0u);
     }
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (want.error == ErrorKind::kTooLarge || want.error == ErrorKind::kCorrupt) {
-      EXPECT_LT(ms, 250.0);
+    if (want.error == ErrorKind::kTooLarge) {
+      EXPECT_EQ(out.pixels.capacity(), 0u) << "a pixel buffer was allocated for a refused image";
     }
   }
 }

@@ -55,6 +55,7 @@ using test::code_of;
 using test::read_text;
 using test::run;
 using test::TempDir;
+using test::eventually;
 using test::tiny_dataset;
 
 const std::string kGpufeed = GPUFEED_CLI;
@@ -431,17 +432,6 @@ int wait_for(pid_t pid, double seconds) {
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
   return -1;
-}
-
-/// Waits up to `seconds` for `predicate()`; returns its last value.
-template <typename P>
-bool eventually(P predicate, double seconds) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (!predicate()) {
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return true;
 }
 
 /// True while `pid` exists and is not a zombie.

@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include "gpufeed/loader/host_allocator.h"
@@ -53,6 +55,19 @@ inline std::vector<std::filesystem::path> list_files_of(const std::filesystem::p
     if (e.is_regular_file()) out.push_back(e.path());
   std::sort(out.begin(), out.end());
   return out;
+}
+
+/// Polls `predicate()` every `poll` until it holds or `seconds` have passed; returns its last
+/// value. For conditions a test waits on (a process gone, a loader's slots decoded) with a bound
+/// generous enough for a loaded machine: a hang guard, never a pace assertion.
+template <typename P>
+bool eventually(P predicate, double seconds, std::chrono::microseconds poll = std::chrono::milliseconds(50)) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!predicate()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(poll);
+  }
+  return true;
 }
 
 /// A HostAllocator that counts live and total allocations (slots must be allocated once and all

@@ -510,15 +510,16 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     lanes_cv.notify_all();
   }
 
-  // The consumer's half of a handed-out batch for the tuner: `consumer_s` its step before asking
+  // The consumer's half of a handed-out batch for the tuners: `consumer_s` its step before asking
   // (negative: unknown), `wait_s` its data wait.
   void tune(const InFlight& f, double consumer_s, double wait_s) {
     if (!tuner && depth_max == 0) return;
     const bool window_ended = ++tuned_batches % window == 0;
-    if (tuner) tune_threads(f, consumer_s, wait_s, window_ended);
+    const TunerObservation seen = observe(f, consumer_s, wait_s, window_ended);
+    if (tuner) tune_threads(f, seen);
     if (depth_max == 0) return;
-    depth_wait_s += std::max(0.0, wait_s);
-    if (consumer_s >= 0) depth_step_s += consumer_s;
+    depth_wait_s += std::max(0.0, seen.wait_s);
+    if (seen.consumer_s >= 0) depth_step_s += seen.consumer_s;
     if (!window_ended) return;
     // The burst that drains what the slots held can fall in the window after the one in which
     // they were full: either counts.
@@ -529,7 +530,10 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     slots_were_full = false;
   }
 
-  void tune_threads(const InFlight& f, double consumer_s, double wait_s, bool window_ended) {
+  // What the tuners observe for batch `f`: the consumer's step and wait, and the workers' thread
+  // time per sample since the last window ended; LoaderOptions::tuner_observation's instead when
+  // it is set (tests, tools replaying measurements).
+  TunerObservation observe(const InFlight& f, double consumer_s, double wait_s, bool window_ended) {
     const int64_t ns = counters.read_ns.load(std::memory_order_relaxed) +
                        counters.decode_ns.load(std::memory_order_relaxed) +
                        counters.resize_ns.load(std::memory_order_relaxed);
@@ -537,12 +541,30 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     if (n > cost_samples_seen) {
       sample_cost_s = static_cast<double>(ns - cost_ns_seen) * 1e-9 / static_cast<double>(n - cost_samples_seen);
     }
-    auto d = tuner->observe(f.plan->epoch, f.batch_index, static_cast<int64_t>(f.indices.size()), consumer_s, wait_s,
-                            sample_cost_s);
-    if (window_ended) {  // the tuner's window ended: the next one's costs
+    if (window_ended) {  // the window ended: the next one's costs
       cost_ns_seen = ns;
       cost_samples_seen = n;
     }
+    TunerObservation measured;
+    measured.epoch = f.plan->epoch;
+    measured.batch = f.batch_index;
+    measured.threads = threads.load(std::memory_order_relaxed);
+    measured.prefetch_depth = ring.size();
+    measured.consumer_s = consumer_s;
+    measured.wait_s = wait_s;
+    measured.sample_cost_s = sample_cost_s;
+    if (!options.tuner_observation) return measured;
+    TunerObservation given = options.tuner_observation(measured);
+    given.epoch = measured.epoch;
+    given.batch = measured.batch;
+    given.threads = measured.threads;
+    given.prefetch_depth = measured.prefetch_depth;
+    return given;
+  }
+
+  void tune_threads(const InFlight& f, const TunerObservation& seen) {
+    auto d = tuner->observe(seen.epoch, seen.batch, static_cast<int64_t>(f.indices.size()), seen.consumer_s,
+                            seen.wait_s, seen.sample_cost_s);
     if (!d) return;
     threads.store(d->to, std::memory_order_relaxed);
     wake_lanes();

@@ -91,7 +91,5 @@ def test_profile_consumer_ms_plays_a_model_of_known_speed_for_num_workers_auto(t
     assert summary["loader"]["num_workers"] == "auto"
     assert summary["loader"]["threads"] == loader.stats()["threads"]
     assert summary["loader"]["thread_decisions"] == loader.stats()["thread_decisions"]
-    if loader.num_workers >= 2:  # 15 ms a sample of 40-160 px: one thread is plenty
-        assert summary["loader"]["threads"] == 1, summary["loader"]["thread_decisions"]
     with pytest.raises(ValueError, match="consumer_ms"):
         gpufeed.profile(loader, consumer_ms=-1)

@@ -240,10 +240,12 @@ def test_a_missing_forbidden_or_redirected_shard_fails_at_open_naming_it(packed,
             url = proxy.url + "/shards/train-{000000..000004}.tar"
         if fault == "redirect":
             proxy.inject("redirect", match="train-000001.tar", methods=("HEAD",))
-        started = time.monotonic()
         with pytest.raises(RuntimeError) as e:
             gpufeed.DataLoader(url, **COMMON)
-        assert time.monotonic() - started < 5  # not retried
+        failing = {"404": "train-000004.tar", "403": "train-000002.tar", "redirect": "train-000001.tar"}[fault]
+        asked = sorted(r["method"] for r in proxy.log.snapshot() if failing in r["path"])
+        # Not retried: one HEAD (and the open's one GET of the shard, when it went out alongside).
+        assert asked in (["HEAD"], ["GET", "HEAD"]), f"{failing} was requested {asked}"
         message = str(e.value)
         if fault == "404":
             assert "train-000004.tar: HTTP 404" in message and "no such object" in message
@@ -300,11 +302,12 @@ def test_ctrl_c_and_destruction_return_promptly_while_requests_stall(packed):
         it = iter(loader)
         with ctrl_c_after(1.0) as started:
             next(it)
-        assert time.monotonic() - started < 3
+        # Hang guards: the stalled requests would hold each for 60 s.
+        assert time.monotonic() - started < 20
         started = time.monotonic()
         del it, loader
         gc.collect()
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 20
 
 
 def test_ctrl_c_while_opening_returns_promptly_while_the_heads_stall(packed):
@@ -313,7 +316,7 @@ def test_ctrl_c_while_opening_returns_promptly_while_the_heads_stall(packed):
         proxy.inject("stall", count=10**6, match=shard_path(".tar"), methods=("HEAD",))
         with ctrl_c_after(1.0) as started:
             gpufeed.DataLoader(proxy.url + "/shards/" + PATTERN, request_timeout=60, **COMMON)
-        assert 0.9 < time.monotonic() - started < 3
+        assert 0.9 < time.monotonic() - started < 20  # the interrupt's time; not the 60 s stall
         assert proxy.stats().get("stall", 0) >= 1  # the opening did wait on a stalled HEAD
 
 

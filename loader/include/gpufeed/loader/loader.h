@@ -75,6 +75,25 @@ inline constexpr int kAutoPrefetchDepth = -1;
 inline constexpr int kAutoPrefetchStart = 3;
 inline constexpr int kAutoPrefetchMax = 16;
 
+/// What the autotuners (num_workers auto, prefetch_depth auto) observe for one batch next()
+/// hands out: the input of LoaderOptions::tuner_observation.
+struct TunerObservation {
+  int64_t epoch = 0;         ///< the batch's epoch
+  int64_t batch = 0;         ///< its index in the epoch
+  int threads = 0;           ///< decode threads in force when it was handed out (Loader::num_threads())
+  int prefetch_depth = 0;    ///< batch slots that exist then (Loader::prefetch_depth())
+  /// The consumer's step before asking for this batch, seconds, its data wait excluded: the time
+  /// since next() last returned, less the blocking wait_ready() slices since. Negative: unknown
+  /// (the epoch's first batch: the gap before it is no step).
+  double consumer_s = -1;
+  /// The consumer's data wait for this batch, seconds: blocked in next() plus in wait_ready()
+  /// slices since the last batch.
+  double wait_s = 0;
+  /// Worker thread time per sample (read + decode + resize), seconds, averaged over the samples
+  /// decoded since the tuning window before this one ended; <= 0: unknown (none decoded yet).
+  double sample_cost_s = 0;
+};
+
 /// Loader options, DataLoader's vocabulary where one exists.
 struct LoaderOptions {
   int64_t batch_size = 256;   ///< samples per batch
@@ -95,6 +114,14 @@ struct LoaderOptions {
   /// starts without a wait (Loader::start_epoch). Off for a loader used for one epoch only (the
   /// trainer's validation loader), where that work would be thrown away.
   bool prefetch_next_epoch = true;
+  /// Not an option (no flag or keyword): for tests and tools that replay measurements. Called
+  /// once per batch next() hands out while num_workers or prefetch_depth is auto, on the
+  /// consumer's thread with the loader's lock held (it must not call the Loader), with what the
+  /// loader measured for that batch; the autotuners decide from what it returns (its epoch,
+  /// batch, threads and prefetch_depth are ignored), so a test drives their decisions with
+  /// measurements it chose. The batches and EpochSummary's waits are the measured ones whatever
+  /// it returns. Null: the measurements are used (production).
+  std::function<TunerObservation(const TunerObservation& measured)> tuner_observation{};
 };
 
 /// LoaderOptions' user-facing fields, transform and augmentations included (gpufeed/option.h):
