@@ -422,6 +422,7 @@ class DataLoader:
         self._initial_iter_for_state_dict = False
         self._next_iter_state: Optional[Dict[str, Any]] = None
         self._running: Optional[_Cursor] = None
+        self._held: Optional[Tuple[_Cursor, Any]] = None  # a batch taken by an interrupted next(), for its cursor
         self._epoch_set_while_running = False
         self._closed = False
         self.last_batch: Dict[str, Any] = {}
@@ -510,18 +511,37 @@ class DataLoader:
         if it is not self._running:
             raise RuntimeError("gpufeed.DataLoader: this iterator was superseded by a newer "
                                "iter(loader) (one epoch runs at a time)")
-        out = self._next_labels(it) if self.labels_only else self._c.next(self._wait_slice_s, self._stream())
+        out = self._take(it)
         if out is None:
             it.finished = True
             self._running = None
             raise StopIteration
+        return self._deliver(it, out)
+
+    def _take(self, it: "_Cursor") -> Optional[Tuple[Any, torch.Tensor, Dict[str, Any]]]:
+        """The next batch of `it` as (images, labels, info), or None after the last: the one an
+        interrupted call took and kept, else the C++ loader's."""
+        held, self._held = self._held, None
+        if held is not None and held[0] is it:
+            return held[1]
+        del held  # another epoch's: its slots go back now
+        return self._next_labels(it) if self.labels_only else self._c.next(self._wait_slice_s, self._stream())
+
+    def _deliver(self, it: "_Cursor", out: Tuple[Any, torch.Tensor, Dict[str, Any]]) -> Tuple[Any, torch.Tensor]:
+        """Batch `out` as the caller gets it, counted as yielded by `it` only once nothing can
+        interrupt: Ctrl-C (or an error) while the CPU float conversion runs keeps `out` for `it`'s
+        next call, so that call returns this batch."""
         images, labels, info = out
+        try:
+            if self.labels_only:
+                images = None
+            elif self._convert is not None:  # CPU, float: the slot's views become copies (the slot is freed)
+                images, labels = self._convert(images), labels.clone()
+        except BaseException:
+            self._held = (it, out)
+            raise
         it.batches_yielded += 1
         self.last_batch = info
-        if self.labels_only:
-            return None, labels
-        if self._convert is not None:  # CPU, float: the slot's views become copies (the slot is freed)
-            images, labels = self._convert(images), labels.clone()
         return images, labels
 
     def _stream(self) -> int:
@@ -761,7 +781,8 @@ class DataLoader:
         """Sample `index` of `epoch` decoded and transformed exactly as the workers do it,
         [S, S, 3] uint8, S = image_size (default: the running epoch's, else the next one's; train
         only, eval keeps its crop). Needs no decode threads: works in a forked process too.
-        Raises IndexError, gpufeed.DecodeError."""
+        Raises IndexError, gpufeed.DecodeError, and KeyboardInterrupt on Ctrl-C while a remote
+        read waits (that read is dropped; the loader and later reads go on)."""
         size = self._current_image_size() if image_size is None else _integer("image_size", image_size, 1)
         return self._c.load_sample(_integer("index", index), epoch, size)
 
@@ -772,6 +793,7 @@ class DataLoader:
         when the loader is garbage-collected). Tensors from earlier batches stay valid."""
         self._closed = True
         self._running = None
+        self._held = None
         self._c.close()
 
     def __enter__(self) -> "DataLoader":
