@@ -9,7 +9,7 @@ cd "$(dirname "$0")"
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libturbojpeg0-dev libjpeg62-turbo-dev libgif-dev libpng-dev libwebp-dev libtiff-dev libopencv-dev libtbb-dev
-  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libcurl4-openssl-dev
+  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libcurl4-openssl-dev libssl-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3-venv
   nginx-light
@@ -51,6 +51,14 @@ TORCHDATA_SPEC="torchdata==0.11.0"
 if ! .venv/bin/python -c "import torchdata.stateful_dataloader" 2>/dev/null; then
   echo "setup: installing $TORCHDATA_SPEC into .venv"
   .venv/bin/pip install -q $TORCHDATA_SPEC
+fi
+# PyTorch Lightning's fit loop and Accelerate's DataLoaderShard: the oracles of the frameworks'
+# call orders (iterators made ahead of set_epoch; python/tests/test_frameworks.py). torch stays
+# the pin.
+FRAMEWORKS_SPEC="pytorch-lightning==2.6.6 accelerate==1.15.0"
+if ! .venv/bin/python -c "import pytorch_lightning, accelerate" 2>/dev/null; then
+  echo "setup: installing $FRAMEWORKS_SPEC into .venv"
+  .venv/bin/pip install -q $FRAMEWORKS_SPEC "${TORCH_SPEC%% *}"
 fi
 # moto's S3 server (ThreadedMotoServer on 127.0.0.1) and boto3: the remote-shard tests fill a
 # bucket with `gpufeed pack` output and read it back over S3 (python/tests/test_remote.py).

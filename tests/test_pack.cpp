@@ -109,7 +109,7 @@ TEST(TarWriter, UstarFieldsAndLongNames) {
     EXPECT_EQ(w.bytes(), 512 + 512 + 512 + 1024 + TarWriter::kEndBytes);
   }
   const Bytes b = file_bytes(p);
-  ASSERT_EQ(b.size(), 3584u);
+  ASSERT_EQ(b.size(), 3584u + 512);  // + the trailer
   const std::string h(b.begin(), b.begin() + 512);
   EXPECT_EQ(h.substr(0, 6), std::string("a.cls\0", 6));
   EXPECT_EQ(h.substr(100, 8), std::string("0000644\0", 8));
@@ -233,6 +233,30 @@ TEST(Pack, TheIndexBesideEachShardIsItsTarHeaders) {
     const ShardIndex index = parse_shard_index(std::string(text.begin(), text.end()), shard);
     EXPECT_EQ(index.shard_size, static_cast<int64_t>(b.size()));
     EXPECT_EQ(index.etag, "");
+    // The index and the shard's trailer record the same SHA-256, that of the tar before the
+    // trailer (what sha256sum computes), which the manifest lists too.
+    const auto trailer = parse_shard_trailer(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()),
+                                             static_cast<int64_t>(b.size()));
+    ASSERT_TRUE(trailer) << shard;
+    EXPECT_EQ(trailer->tar_bytes, static_cast<int64_t>(b.size()) - kShardTrailerBytes);
+    EXPECT_EQ(trailer->sha256, index.sha256);
+    const test::Output sum = test::run_captured(
+        "head -c " + std::to_string(trailer->tar_bytes) + " " + test::shell_quote(shard) + " | sha256sum", dir.path);
+    EXPECT_EQ(sum.out.substr(0, 64), index.sha256);
+    const auto packed = std::find_if(r.shards.begin(), r.shards.end(),
+                                     [&](const PackedShard& p) { return shard.ends_with("/" + p.file); });
+    ASSERT_NE(packed, r.shards.end());
+    EXPECT_EQ(packed->sha256, index.sha256);
+    // GNU tar stops at the end-of-archive blocks: the trailer is neither a member nor an error.
+    const test::Output listed = test::run_captured("tar -tf " + test::shell_quote(shard), dir.path);
+    EXPECT_EQ(listed.code, 0) << listed.err;
+    EXPECT_EQ(listed.err, "");
+    std::string expected;
+    for (const ShardSample& x : index.samples) {
+      expected += x.member + "\n";
+      expected += x.member.substr(0, x.member.rfind('.')) + ".cls\n";
+    }
+    EXPECT_EQ(listed.out, expected);
     const ReadAt read = [&b](int64_t offset, void* buf, size_t n) -> size_t {
       if (offset < 0 || static_cast<size_t>(offset) >= b.size()) return 0;
       const size_t k = std::min(n, b.size() - static_cast<size_t>(offset));

@@ -113,12 +113,12 @@ class Dumper {
   }
   void add(const loader::Batch& b) {
     out_.write(reinterpret_cast<const char*>(b.images), b.image_bytes());
-    std::vector<uint8_t> bytes;
+    decode::ByteBuffer bytes;
     for (int64_t k = 0; k < b.size; ++k) {
       const int64_t index = b.indices[static_cast<size_t>(k)];
       const loader::SampleRef ref = ds_.at(index);
       const std::string path = ref.source();
-      loader::read_sample(ref, bytes);
+      ds_.read(index, ref, bytes);  // the dataset's read: a file, a tar member or a ranged GET
       const loader::PlannedSample p = loader::plan_for(decode::probe(bytes, path), o_, epoch_, index);
       const auto& r = p.plan.region;
       const auto& c = p.decode.crop;
@@ -423,8 +423,11 @@ CLI::Validator milliseconds_validator() {
 void preload(const loader::Dataset& ds, std::vector<std::vector<uint8_t>>& files, std::vector<std::string>& names) {
   files.resize(static_cast<size_t>(ds.size()));
   for (int64_t i = 0; i < ds.size(); ++i) {
-    names.push_back(ds.at(i).source());
-    loader::read_sample(ds.at(i), files[static_cast<size_t>(i)]);
+    const loader::SampleRef ref = ds.at(i);
+    names.push_back(ref.source());
+    decode::ByteBuffer bytes;
+    ds.read(i, ref, bytes);  // the dataset's read: a file, a tar member or a ranged GET
+    files[static_cast<size_t>(i)].assign(bytes.begin(), bytes.end());
   }
 }
 

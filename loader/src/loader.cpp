@@ -246,6 +246,11 @@ struct EpochSchedule {
   std::deque<std::shared_ptr<InFlight>> pending;
   int64_t next_submit = 0;  // next batch to schedule
   int64_t consumed = 0;     // batches handed out (or dropped by a raise), resume point included
+  // Batches whose samples the dataset's reader was told (announce), counted from next_submit's
+  // start: the whole rest of a started epoch; of an epoch planned ahead, only the batches
+  // scheduled into free slots, so a remote reader never fetches ahead into an epoch that may
+  // never start beyond what the slots decode.
+  int64_t announced = 0;
 
   int64_t epoch() const { return plan ? plan->epoch : 0; }
   int64_t total() const { return plan ? plan->total() : 0; }
@@ -650,8 +655,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     sampler->set_epoch(upcoming);
     std::vector<int64_t> indices = sampler->indices();
     sampler->set_epoch(current);
-    ahead.plan = make_plan(upcoming, indices);
-    announce(*ahead.plan, 0);
+    ahead.plan = make_plan(upcoming, indices);  // announced batch by batch as pump schedules it
   }
 
   // Schedules batches while slots are free: the current epoch's, then the planned next one's.
@@ -666,6 +670,10 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
         f->batch_index = s->next_submit;
         f->slot = slot;
         f->indices = s->plan->batches[static_cast<size_t>(s->next_submit)];
+        if (reader && s->next_submit >= s->announced) {  // an epoch planned ahead: one batch at a time
+          reader->announce(s->plan->tag, f->indices);
+          s->announced = s->next_submit + 1;
+        }
         ++s->next_submit;
         s->pending.push_back(f);
         enqueue(f.get());
@@ -702,11 +710,14 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
 
   static bool cancelled(const EpochPlan& p) { return p.cancelled.load(std::memory_order_relaxed); }
 
-  // Tells the reader the samples plan `p` reads from batch `first_batch` on.
-  void announce(const EpochPlan& p, int64_t first_batch) {
+  // Tells the reader the samples schedule `s` reads from batch `first_batch` to its end.
+  void announce(EpochSchedule& s, int64_t first_batch) {
+    const EpochPlan& p = *s.plan;
+    s.announced = s.total();
     if (!reader) return;
     const auto from = static_cast<size_t>(std::min<int64_t>(first_batch * p.options.batch_size,
                                                             static_cast<int64_t>(p.order.size())));
+    if (from == p.order.size()) return;
     reader->announce(p.tag, from == 0 ? p.order : std::vector<int64_t>(p.order.begin() + static_cast<std::ptrdiff_t>(from), p.order.end()));
   }
 
@@ -895,6 +906,7 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
   m.sampler->set_epoch(epoch);
   if (take_ahead) {
     m.schedule = std::move(m.ahead);  // its batches are decoding, or decoded, already
+    m.announce(m.schedule, m.schedule.announced);  // the rest of its order, now that it runs
   } else {
     m.drain(lk, m.ahead);
     // No task of this epoch runs yet: its size is fixed here, before its first task is enqueued.
@@ -902,7 +914,7 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
     m.schedule.plan = m.make_plan(epoch, m.sampler->indices());
     m.schedule.next_submit = std::clamp<int64_t>(start_batch, 0, m.schedule.total());
     m.schedule.consumed = m.schedule.next_submit;
-    m.announce(*m.schedule.plan, m.schedule.next_submit);
+    m.announce(m.schedule, m.schedule.next_submit);
   }
   m.ahead = EpochSchedule{};
   m.skips.reset(epoch);

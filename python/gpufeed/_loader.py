@@ -294,9 +294,14 @@ class DataLoader:
 
     Epochs: each ``iter(loader)`` runs one epoch, ``set_epoch(e)`` chooses it (as
     DistributedSampler.set_epoch); without set_epoch the epochs count 0, 1, 2, ... by themselves
-    (with ``sampler=``, the sampler's epoch is used, as torch's DataLoader does). One epoch runs at
-    a time: an iterator raises StopIteration for good once exhausted, and RuntimeError when used
-    after a newer ``iter(loader)`` started (breaking out of an epoch and starting the next is fine).
+    (with ``sampler=``, the sampler's epoch is used, as torch's DataLoader does). As with torch's
+    DataLoader over a DistributedSampler, an iterator runs the epoch that set_epoch named before
+    its first ``next()`` (decoding starts at ``iter()`` and is redone if set_epoch changes it), and
+    an iterator that never yields uses up no epoch: Lightning's and Accelerate's loops make
+    iterators before they call set_epoch. One epoch runs at a time: an iterator raises
+    StopIteration for good once exhausted, and RuntimeError when used after a newer
+    ``iter(loader)`` (breaking out of an epoch and starting the next is fine) or, if it had
+    yielded, after a ``load_state_dict()``.
 
     What scripts and frameworks read off a torch DataLoader is there: ``dataset`` (a map-style
     torch Dataset over the samples, ``dataset[i]`` = ``(image, label)`` as the batches carry them),
@@ -468,49 +473,67 @@ class DataLoader:
             return int(getattr(self._torch_sampler, "epoch", self._next_epoch))
         return self._next_epoch
 
-    def _make_cursor(self) -> "_Cursor":
-        state, self._next_iter_state = self._next_iter_state, None
-        if state is None:
-            return _Cursor(None, 0, False)
-        return _Cursor(int(state["epoch"]), int(state["batches_yielded"]), bool(state["finished"]),
-                       state["_resume"])
+    def _pending_start(self) -> Tuple[int, int, Optional[Tuple[int, int]]]:
+        """(epoch, batches already yielded, resume) where an iterator whose first next() came now
+        would start: the state a load_state_dict() left (kept until an iterator yields, so an
+        iterator that never yields consumes it no more than an epoch), else a fresh epoch."""
+        state = self._next_iter_state
+        if state is not None and not state["finished"]:
+            return int(state["epoch"]), int(state["batches_yielded"]), state["_resume"]
+        return self._fresh_epoch(), 0, None
 
     def __iter__(self) -> "_Iterator":
         if self._closed:
             raise RuntimeError("gpufeed.DataLoader: the loader was closed")
-        if self._initial_iter_for_state_dict:
+        if self._initial_iter_for_state_dict:  # the iterator a state_dict() before any iter() described
             self._initial_iter_for_state_dict = False
             it = self._iterator
         else:
-            it = self._make_cursor()
-        if it.finished:  # a state taken after the epoch's end: the next epoch starts
-            it = self._make_cursor()
+            it = _Cursor()
         self._iterator = it
-        self._start(it)
+        self._plan(it, self._pending_start())
         return _Iterator(self, it)
 
-    def _start(self, it: "_Cursor") -> None:
-        if it.epoch is None:
-            it.epoch = self._fresh_epoch()
-        self._c.set_resume(None if it.resume is None else (it.epoch, *it.resume))
-        if self.labels_only:
-            self._epoch_indices = self._c.sampler_indices(it.epoch)
-        else:
-            self._c.start_epoch(it.epoch, it.batches_yielded)
+    def _plan(self, it: "_Cursor", start: Tuple[int, int, Optional[Tuple[int, int]]]) -> None:
+        """Starts decoding from `start` = (epoch, batches yielded, resume) for `it`, which
+        supersedes the running iterator. Nothing is consumed: an iterator that never yields uses up
+        no epoch, and its first next() re-plans if a set_epoch or load_state_dict moved its start."""
+        epoch, batches, resume = start
+        self._c.set_resume(None if resume is None else (epoch, *resume))  # labels_only's indices too
+        if not self.labels_only:
+            self._c.start_epoch(epoch, batches)
+        it.planned = (epoch, batches, resume, self.image_size)
         it.image_size = self.image_size
         self._running = it
+
+    def _commit(self, it: "_Cursor") -> None:
+        """An iterator's first next(): its start is the one set_epoch or a loaded state names now
+        (a DistributedSampler's iterator reads its epoch at its first next()); it consumes the
+        loaded state, and the next fresh iterator runs the epoch after it."""
+        start = self._pending_start()
+        self._next_iter_state = None
+        it.epoch, it.batches_yielded, it.resume = start
+        if it.planned != (*start, self.image_size):
+            self._plan(it, start)
+        if self.labels_only:
+            self._epoch_indices = self._c.sampler_indices(it.epoch)
         self._epoch_set_while_running = False
         self._next_epoch = it.epoch + 1
-        it.started = True
+        it.committed = True
 
     def _next_batch(self, it: "_Cursor") -> Tuple[torch.Tensor, torch.Tensor]:
         if it.finished:
             raise StopIteration  # an exhausted iterator stays exhausted (Python's iterator protocol)
         if self._closed:
             raise RuntimeError("gpufeed.DataLoader: the loader was closed")
+        if it.superseded_by_load:
+            raise RuntimeError("gpufeed.DataLoader: this iterator was superseded by load_state_dict() (it had "
+                               "yielded batches of its own epoch; iter(loader) resumes the loaded state)")
         if it is not self._running:
             raise RuntimeError("gpufeed.DataLoader: this iterator was superseded by a newer "
                                "iter(loader) (one epoch runs at a time)")
+        if not it.committed:
+            self._commit(it)
         out = self._take(it)
         if out is None:
             it.finished = True
@@ -580,17 +603,26 @@ class DataLoader:
         taken with (dataset_size, batch_size, shuffle, drop_last, seed, which resuming must match;
         rank and world_size, which it need not: see load_state_dict)."""
         if self._iterator is None:
-            self._iterator = self._make_cursor()
+            self._iterator = _Cursor()
             self._initial_iter_for_state_dict = True
-        it = self._iterator
-        epoch = self._fresh_epoch() if it.epoch is None else it.epoch
-        epoch_world_size, epoch_start = (self.world_size, 0) if it.resume is None else it.resume
+        it, state = self._iterator, self._next_iter_state
+        if it.committed:
+            epoch, batches, finished, resume, next_epoch = (it.epoch, it.batches_yielded, it.finished, it.resume,
+                                                            self._next_epoch)
+        elif state is not None:  # loaded, not yet consumed: the loaded position
+            epoch, batches, finished, resume = (int(state["epoch"]), int(state["batches_yielded"]),
+                                                bool(state["finished"]), state["_resume"])
+            next_epoch = self._next_epoch
+        else:
+            epoch, batches, finished, resume = self._fresh_epoch(), 0, False, None
+            next_epoch = epoch + 1
+        epoch_world_size, epoch_start = (self.world_size, 0) if resume is None else resume
         return {
             "version": _STATE_VERSION,
             "epoch": epoch,
-            "batches_yielded": it.batches_yielded,
-            "finished": it.finished,
-            "next_epoch": self._next_epoch if it.started or it.epoch is not None else epoch + 1,
+            "batches_yielded": batches,
+            "finished": finished,
+            "next_epoch": next_epoch,
             "num_batches": len(self),
             "epoch_world_size": epoch_world_size,
             "epoch_start": epoch_start,
@@ -604,9 +636,11 @@ class DataLoader:
                 "rank": self.rank, "world_size": self.world_size}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restores a state_dict(): the next ``iter(loader)`` resumes from it (an iterator made
-        before this call goes on with its own epoch until then). ``{}`` is a no-op, as in
-        StatefulDataLoader.
+        """Restores a state_dict(): the next ``iter(loader)`` resumes from it, and so does an
+        iterator made before this call that has not yielded yet; one that has yielded batches of
+        its own epoch raises RuntimeError ("superseded") from then on, never a silent restart
+        (torchdata's StatefulDataLoader goes on with that iterator's own epoch, ignoring the
+        loaded state). ``{}`` is a no-op, as in StatefulDataLoader.
 
         Same world_size: a state of another rank resumes this rank at the same position (the ranks
         of a job step together; Lightning loads rank 0's state on every rank), exactly as an
@@ -673,9 +707,25 @@ class DataLoader:
                                                       _integer("state['rank']", state["rank"], 0, world_size - 1),
                                                       batches)
             resume, batches = (None if consumed == 0 else (epoch_world_size, consumed)), 0
-        self._iterator, self._initial_iter_for_state_dict = None, False
         self._next_epoch = int(state["next_epoch"])
         self._next_iter_state = dict(state, batches_yielded=batches, _resume=None if state["finished"] else resume)
+        self._supersede_for_load()
+
+    def _supersede_for_load(self) -> None:
+        """After load_state_dict: the current iterator resumes the loaded state at its first next()
+        if it has not yielded yet; one that has yielded batches of its own epoch raises
+        RuntimeError from then on (torchdata's StatefulDataLoader would go on with the old epoch,
+        silently ignoring the loaded state)."""
+        it = self._iterator
+        if it is not None and not it.committed:
+            if it is self._running:
+                self._plan(it, self._pending_start())  # decode the resumed batches now
+            return
+        if it is not None:
+            it.superseded_by_load = True
+            if it is self._running:
+                self._running = None
+        self._iterator, self._initial_iter_for_state_dict = None, False
 
     # ---- the dataset, as torchvision.datasets.ImageFolder names it --------------------------------
 
@@ -710,24 +760,19 @@ class DataLoader:
     def _current_epoch(self) -> int:
         """The epoch running now (or resumed next), else the one the next iteration starts."""
         it = self._iterator
-        if it is not None and not it.finished and it.epoch is not None and not self._epoch_set_while_running:
+        if it is not None and it.committed and not it.finished and not self._epoch_set_while_running:
             return it.epoch
         return self._epoch_of_next_iter()
+
+    def _epoch_of_next_iter(self) -> int:
+        """The epoch the next ``iter(loader)`` will run (if set_epoch is not called before its
+        first next())."""
+        return self._pending_start()[0]
 
     def _current_image_size(self) -> int:
         """The train crop side of the running epoch, else of the next one."""
         it = self._running
         return it.image_size if it is not None and not it.finished else self.image_size
-
-    def _epoch_of_next_iter(self) -> int:
-        """The epoch the next ``iter(loader)`` will run."""
-        if self._initial_iter_for_state_dict and not self._iterator.finished:
-            pending = self._iterator.epoch
-        elif self._next_iter_state is not None and not self._next_iter_state["finished"]:
-            pending = int(self._next_iter_state["epoch"])
-        else:
-            pending = None
-        return self._fresh_epoch() if pending is None else pending
 
     # ---- what scripts read off a torch.utils.data.DataLoader ------------------------------------
 
@@ -769,7 +814,11 @@ class DataLoader:
         prefetch_depth="auto": each change of the thread count or of the slots, a dict of epoch,
         batch, from, to, prefetch_depth_from, prefetch_depth_to, sample_cost_us, demand_per_s,
         needed, wait_fraction and why; the rules are gpufeed/loader/thread_tuner.h's and
-        gpufeed/loader/loader.h's), and slots {ready, in_flight, held, free} now."""
+        gpufeed/loader/loader.h's), slots {ready, in_flight, held, free} now, and for remote
+        shards remote: {requests, bytes_fetched (requests that succeeded, the open's included, and
+        their body bytes), cache_hits, cache_hit_bytes (samples read from cache_dir),
+        cache_checksum_failures, cache_read_errors (cached samples whose bytes failed their CRC-32C
+        or could not be read back: dropped and fetched again)}, summed over the dataset's life."""
         self._decoding("stats")
         return self._c.stats()
 
@@ -810,20 +859,23 @@ class DataLoader:
 
 class _Cursor:
     """Where one iterator stands; the loader keeps its current one (without a reference back,
-    so a loader nobody refers to is freed at once)."""
+    so a loader nobody refers to is freed at once). An iterator is planned at iter() (decoding
+    starts) and committed at its first next(), when its start (epoch, position) is fixed."""
 
-    __slots__ = ("epoch", "batches_yielded", "finished", "started", "image_size", "resume")
+    __slots__ = ("epoch", "batches_yielded", "finished", "committed", "planned", "image_size", "resume",
+                 "superseded_by_load")
 
-    def __init__(self, epoch: Optional[int], batches_yielded: int, finished: bool,
-                 resume: Optional[Tuple[int, int]] = None):
-        self.epoch = epoch  # None: a fresh epoch, chosen when the iterator starts
-        self.batches_yielded = batches_yielded
-        self.finished = finished
-        self.started = False
-        self.image_size = 0  # the train crop side of its epoch, once started
+    def __init__(self):
+        self.epoch: Optional[int] = None  # fixed at the first next()
+        self.batches_yielded = 0
+        self.finished = False
+        self.committed = False  # its first next() happened: its epoch is fixed and counted
+        self.planned: Optional[Tuple[Any, ...]] = None  # (epoch, batches, resume, image_size) decoding now
+        self.image_size = 0  # the train crop side of its epoch, once planned
         # (world size of the epoch's list, its positions consumed before this run's ranks were dealt
         # the rest): the epoch resumes one begun on another number of ranks; None: DistributedSampler's
-        self.resume = resume
+        self.resume: Optional[Tuple[int, int]] = None
+        self.superseded_by_load = False  # it had yielded when load_state_dict() was called
 
 
 class _Iterator:

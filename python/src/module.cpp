@@ -48,6 +48,7 @@
 #include "gpufeed/loader/dataset.h"
 #include "gpufeed/loader/inspect.h"
 #include "gpufeed/loader/loader.h"
+#include "gpufeed/loader/remote.h"
 #include "gpufeed/option.h"
 #include "gpufeed/sampler/resume.h"
 #include "gpufeed/sampler/sampler.h"
@@ -522,6 +523,17 @@ class PyLoader {
     slots["held"] = c.held;
     slots["free"] = c.free;
     d["slots"] = slots;
+    if (const auto* remote = dynamic_cast<const loader::RemoteShards*>(dataset_.get())) {
+      const loader::RemoteStats r = remote->stats();
+      nb::dict rd;
+      rd["requests"] = r.requests;
+      rd["bytes_fetched"] = r.bytes_fetched;
+      rd["cache_hits"] = r.cache_hits;
+      rd["cache_hit_bytes"] = r.cache_hit_bytes;
+      rd["cache_checksum_failures"] = r.cache_checksum_failures;
+      rd["cache_read_errors"] = r.cache_read_errors;
+      d["remote"] = rd;
+    }
     return d;
   }
   nb::dict epoch_summary() { return summary_dict(loader().epoch_summary()); }

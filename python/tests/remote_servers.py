@@ -3,7 +3,8 @@
 Every server binds 127.0.0.1 only, on a free port, runs on daemon threads (or as a child
 process), puts timeouts on its sockets and stops promptly in ``__exit__``/``close()``:
 
-- ``RangeHTTPServer``: a threaded static file server with byte ranges, ETag and If-Match;
+- ``RangeHTTPServer``: a threaded static file server with byte ranges, ETag and If-Match (over
+  TLS with ``tls=self_signed_cert(folder)``);
 - ``NginxServer``: Debian's nginx-light serving a folder (needs ``/usr/sbin/nginx``);
 - ``FaultProxy``: an HTTP/1.1 reverse proxy that injects latency, 5xx, resets, short bodies,
   stalls and redirects on a schedule;
@@ -24,6 +25,7 @@ import re
 import shutil
 import socket
 import socketserver
+import ssl
 import struct
 import subprocess
 import tempfile
@@ -33,7 +35,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterable
 
-__all__ = ["free_port", "RangeHTTPServer", "NginxServer", "FaultProxy", "LatencyProxy", "MotoS3"]
+__all__ = ["free_port", "self_signed_cert", "RangeHTTPServer", "NginxServer", "FaultProxy", "LatencyProxy", "MotoS3"]
 
 HOST = "127.0.0.1"
 _CHUNK = 256 * 1024
@@ -291,14 +293,26 @@ class _RangeHandler(_QuietHandler):
             self.close_connection = True
 
 
+def self_signed_cert(folder) -> tuple[str, str]:
+    """(certificate, key) PEM files written into ``folder`` by the openssl command: a self-signed
+    certificate for 127.0.0.1 (its own CA bundle), valid two days."""
+    cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "2", "-subj", f"/CN={HOST}", "-addext", f"subjectAltName=IP:{HOST}"],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
 class RangeHTTPServer(_Closing):
     """Threaded static file server over ``root`` with single byte ranges, ETag and If-Match.
 
     ``requests`` lists (method, path, range_header_or_None, status) per request; paths in
-    ``forbidden`` (relative to root) answer 403; ``latency_s`` is slept before each request.
+    ``forbidden`` (relative to root) answer 403; ``latency_s`` is slept before each request;
+    ``tls`` = (certificate, key) PEM files serves https (``url`` then starts with https://).
     """
 
-    def __init__(self, root, forbidden: Iterable[str] = (), latency_s: float = 0.0):
+    def __init__(self, root, forbidden: Iterable[str] = (), latency_s: float = 0.0,
+                 tls: tuple[str, str] | None = None):
         self.root = os.path.realpath(os.fspath(root))
         self.forbidden = frozenset(posixpath.normpath(str(p).lstrip("/")) for p in forbidden)
         self.latency_s = latency_s
@@ -306,6 +320,14 @@ class RangeHTTPServer(_Closing):
         self._server = _LoopbackHTTPServer(_RangeHandler, self)
         self.port: int = self._server.server_port
         self.url = f"http://{HOST}:{self.port}"
+        if tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            # The handshake happens in the connection's thread (a client refusing the certificate
+            # fails only its own connection).
+            self._server.socket = ctx.wrap_socket(self._server.socket, server_side=True,
+                                                  do_handshake_on_connect=False)
+            self.url = f"https://{HOST}:{self.port}"
         self._server.start()
 
     @staticmethod

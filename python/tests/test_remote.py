@@ -6,10 +6,13 @@ import contextlib
 import faulthandler
 import gc
 import io
+import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -133,11 +136,18 @@ def sample_ranges(shards):
     out = []
     for idx in sorted(shards.glob("*.gpufeed-idx")):
         lines = idx.read_text().splitlines()
-        assert lines[0] == "gpufeed-shard-index 1"
-        for line in lines[3:]:
+        assert lines[0] == "gpufeed-shard-index 2"
+        start = next(i for i, line in enumerate(lines) if line.startswith("samples ")) + 1
+        for line in lines[start:]:
             offset, size, _label, _member = line.split(" ", 3)
             out.append((idx.name[:-len(".gpufeed-idx")], int(offset), int(offset) + int(size) - 1))
     return out
+
+
+def is_trailer_read(range_header):
+    """Whether a Range header asks for a shard's trailer: 512 bytes (no sample is that small here)."""
+    m = re.fullmatch(r"bytes=(\d+)-(\d+)", range_header or "")
+    return bool(m) and int(m.group(2)) - int(m.group(1)) + 1 == 512
 
 
 def requested(requests, ranges):
@@ -145,7 +155,7 @@ def requested(requests, ranges):
     by_start = {(shard, first): i for i, (shard, first, _) in enumerate(ranges)}
     out = []
     for method, path, rng, status in requests:
-        if method != "GET" or not path.endswith(".tar"):
+        if method != "GET" or not path.endswith(".tar") or is_trailer_read(rng):
             continue
         assert status == 206 and rng.startswith("bytes=")
         first, last = (int(v) for v in rng[len("bytes="):].split("-"))
@@ -173,7 +183,7 @@ def test_reads_are_ranged_gets_ahead_in_sampler_order_and_coalesced_when_adjacen
         kw["max_requests"] = 4
         sequential = gpufeed.DataLoader(http.url + "/shards/" + PATTERN, shuffle=False, **{**COMMON, **kw})
         assert sum(1 for _ in sequential) == 6
-        gets = [r for r in http.requests.snapshot()[before:] if r[0] == "GET" and r[1].endswith(".tar")]
+        gets = shard_gets(http.requests.snapshot()[before:])
         assert len(gets) == 4  # issued together: the server may log them in any order
         assert requested(sorted(gets, key=lambda r: r[1]), ranges) == list(range(27))
 
@@ -208,8 +218,12 @@ def test_skip_counts_the_samples_of_an_unreadable_shard(packed):
     local, local_loader = epoch(str(packed / PATTERN))
     bad = {i for i, (path, _) in enumerate(local_loader.samples) if "train-000001.tar:" in path}
     with RangeHTTPServer(packed.parent) as http, FaultProxy(http.url) as proxy:
+        # Opened first (opening reads each shard's trailer: a shard unreadable then fails the open).
+        loader = gpufeed.DataLoader(proxy.url + "/shards/" + PATTERN, shuffle=True, seed=3, on_error="skip",
+                                    max_skips=100, max_retries=0, **COMMON)
         proxy.inject("500", count=10**6, match=shard_path("train-000001.tar"), methods=("GET",))
-        remote, loader = epoch(proxy.url + "/shards/" + PATTERN, on_error="skip", max_skips=100, max_retries=0)
+        loader.set_epoch(1)
+        remote = [len(y) for _, y in loader]
         summary = loader.epoch_summary()
         order = [i for idx, _, _ in local for i in idx]
         assert summary["skipped"] == sum(1 for i in order if i in bad) == 7
@@ -393,13 +407,20 @@ def test_secrets_stay_out_of_every_output(packed, monkeypatch, capfd, tmp_path, 
         signed = [e["headers"] for e in proxy.log if e["path"].startswith("/private/train/train-000000.tar")]
         assert signed and all("Credential=" + MotoS3.ACCESS_KEY in h["Authorization"] for h in signed)
         assert all(h.get("x-amz-security-token") == MotoS3.SESSION_TOKEN for h in signed)
-        # Failing runs: retries exhausted (skip policy: each failure logged), then raised.
+        # Failing runs: retries exhausted (skip policy: each failure logged), then raised; opened
+        # before the faults begin, then failing at open (the shard's trailer cannot be read).
+        skipping, raising = (gpufeed.DataLoader("s3://private/train/" + PATTERN, on_error=policy, max_retries=1, **COMMON)
+                             for policy in ("skip", "raise"))
         proxy.inject("503", count=10**6, match=shard_path("train-000003.tar"), methods=("GET",))
-        _, skipping = epoch("s3://private/train/" + PATTERN, on_error="skip", max_retries=1)
+        assert sum(1 for _ in skipping) > 0
         outputs.append(repr(skipping.epoch_summary()))
         assert skipping.epoch_summary()["skipped"] > 0
         with pytest.raises(gpufeed.DecodeError) as e:
-            epoch("s3://private/train/" + PATTERN, max_retries=1)
+            for _ in raising:
+                pass
+        outputs.append(str(e.value))
+        with pytest.raises(RuntimeError) as e:
+            gpufeed.DataLoader("s3://private/train/" + PATTERN, max_retries=1, **COMMON)
         outputs.append(str(e.value))
         with pytest.raises(RuntimeError) as e:
             gpufeed.DataLoader("s3://private/train/train-{000000..000009}.tar", **COMMON)
@@ -428,7 +449,8 @@ def test_secrets_stay_out_of_every_output(packed, monkeypatch, capfd, tmp_path, 
 
 
 def shard_gets(requests):
-    return [r for r in requests if r[0] == "GET" and r[1].endswith(".tar")]
+    """GETs of shards' bytes, but the trailers' (the last 512 bytes, read at open)."""
+    return [r for r in requests if r[0] == "GET" and r[1].endswith(".tar") and not is_trailer_read(r[2])]
 
 
 def test_the_local_cache_serves_a_second_run_and_never_a_changed_object(packed, tmp_path):
@@ -507,6 +529,271 @@ print(sum(int(y.sum()) for _, y in loader))
         assert shard_gets(http.requests.snapshot()[before:]) == []
 
 
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), bit by bit: the checksum the cache records per range."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def cache_records(cache):
+    """{.data file: [(offset, size, crc32c)]} as the cache's .ranges files (version 2) list them."""
+    out = {}
+    for ranges in sorted(cache.glob("*.ranges")):
+        lines = ranges.read_text().splitlines()
+        assert lines[0].startswith("gpufeed-cache 2 ")
+        out[ranges.with_suffix(".data")] = [(int(a), int(b), int(c, 16)) for a, b, c in (x.split() for x in lines[1:])]
+    return out
+
+
+def warm_cache(http, cache):
+    """The shards' URL pattern on `http` (serving the packed shards' parent), after one epoch read
+    through the local cache `cache`, which it fills."""
+    url = http.url + "/shards/" + PATTERN
+    _, loader = epoch(url, cache_dir=str(cache), prefetch_next_epoch=False)
+    del loader
+    return url
+
+
+def test_damaged_cached_bytes_are_dropped_fetched_again_and_counted(packed, tmp_path, capfd):
+    local, _ = epoch(str(packed / PATTERN))
+    cache = tmp_path / "cache"
+    kw = dict(cache_dir=str(cache), prefetch_next_epoch=False)
+    with RangeHTTPServer(packed.parent) as http:
+        url = warm_cache(http, cache)
+        records = cache_records(cache)
+        assert sum(len(r) for r in records.values()) == 27  # a range per sample, each with its checksum
+        for data, recs in records.items():
+            blob = data.read_bytes()
+            assert all(crc32c(blob[o:o + n]) == c for o, n, c in recs)
+        # What a power loss (zeroed blocks) and a bad disk (a flipped bit) leave behind while
+        # .ranges still lists the bytes: two samples of one shard.
+        data = next(d for d, r in records.items() if len(r) >= 2)
+        (zero_at, zero_n, _), (flip_at, flip_n, _) = sorted(records[data])[:2]
+        blob = bytearray(data.read_bytes())
+        blob[zero_at:zero_at + zero_n] = bytes(zero_n)
+        blob[flip_at + flip_n // 2] ^= 0x10
+        data.write_bytes(bytes(blob))
+        capfd.readouterr()
+        before = len(http.requests.snapshot())
+        second, loader = epoch(url, **kw)
+        assert_same(local, second)
+        gets = shard_gets(http.requests.snapshot()[before:])
+        assert len({path for _, path, _, _ in gets}) == 1
+        assert sorted(rng for _, _, rng, _ in gets) == sorted(
+            [f"bytes={zero_at}-{zero_at + zero_n - 1}", f"bytes={flip_at}-{flip_at + flip_n - 1}"])
+        stats = loader.stats()["remote"]
+        assert (stats["cache_checksum_failures"], stats["cache_read_errors"], stats["cache_hits"]) == (2, 0, 25)
+        del loader
+        err = capfd.readouterr().err
+        assert err.count(f"of {data} failed their checksum") == 2 and "fetching them again" in err
+        # Fetched again, and cached again: the third run reads everything from the cache.
+        before = len(http.requests.snapshot())
+        third, loader = epoch(url, **kw)
+        assert_same(local, third)
+        assert shard_gets(http.requests.snapshot()[before:]) == []
+        assert (loader.stats()["remote"]["cache_checksum_failures"], loader.stats()["remote"]["cache_hits"]) == (0, 27)
+
+
+def test_an_error_after_damaged_cached_bytes_names_the_cache_file(packed, tmp_path):
+    cache = tmp_path / "cache"
+    with RangeHTTPServer(packed.parent) as http, FaultProxy(http.url) as proxy:
+        url = proxy.url + "/shards/" + PATTERN
+        _, loader = epoch(url, cache_dir=str(cache), prefetch_next_epoch=False)
+        del loader
+        for data, recs in cache_records(cache).items():
+            blob = bytearray(data.read_bytes())
+            for offset, size, _ in recs:
+                blob[offset:offset + size] = bytes(size)
+            data.write_bytes(bytes(blob))
+        loader = gpufeed.DataLoader(url, cache_dir=str(cache), max_retries=0, **COMMON)
+        proxy.inject("503", count=10**6, match=shard_path(".tar"), methods=("GET",))
+        with pytest.raises(gpufeed.DecodeError) as e:
+            next(iter(loader))
+        message = str(e.value)
+        assert e.value.kind == "io"
+        assert "HTTP 503" in message and "the local cache's copy was unusable" in message
+        assert re.search(re.escape(str(cache)) + r"/[0-9a-f]{16}\.data failed their checksum", message), message
+
+
+def test_a_warm_cache_on_a_read_only_mount_is_read_not_fetched_again(packed, tmp_path):
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no user and mount namespace here (unshare -rm)")
+    cache = tmp_path / "cache"
+    script = f"""
+import json, os, sys, torch, gpufeed
+try:
+    open(os.path.join({str(cache)!r}, "probe"), "w")
+    print("writable")
+except OSError as e:
+    print("not writable:", e.strerror)
+loader = gpufeed.DataLoader(sys.argv[1], shuffle=True, seed=3, batch_size=5, image_size=32, dtype=torch.uint8,
+                            index_cache="off", num_workers=2, cache_dir={str(cache)!r}, prefetch_next_epoch=False)
+loader.set_epoch(1)
+print(sum(int(y.sum()) for _, y in loader))
+print(json.dumps(loader.stats()["remote"]))
+"""
+    local, _ = epoch(str(packed / PATTERN))
+    with RangeHTTPServer(packed.parent) as http:
+        url = warm_cache(http, cache)
+        files = {p.name: p.read_bytes() for p in cache.iterdir()}
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [os.path.dirname(gpufeed.__path__[0])] if p))
+        # The cache folder bind-mounted read-only over itself in a private mount namespace: not
+        # even root writes there (chmod alone would not stop root).
+        mount = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
+        before = len(http.requests.snapshot())
+        run = subprocess.run(["unshare", "-rm", "sh", "-c", mount, "sh", str(cache), sys.executable, "-c", script, url],
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        probe, labels, stats = run.stdout.strip().splitlines()
+        assert probe == "not writable: Read-only file system"
+        assert int(labels) == sum(int(y.sum()) for _, y, _ in local)
+        assert shard_gets(http.requests.snapshot()[before:]) == []  # every sample from the read-only cache
+        assert json.loads(stats)["cache_hits"] == 27
+        assert {p.name: p.read_bytes() for p in cache.iterdir()} == files
+
+
+def test_a_cache_without_checksums_is_not_trusted(packed, tmp_path):
+    """A cache written before ranges carried checksums (version 1) cannot be verified: its shards
+    are emptied when opened and fetched again."""
+    local, _ = epoch(str(packed / PATTERN))
+    cache = tmp_path / "cache"
+    kw = dict(cache_dir=str(cache), prefetch_next_epoch=False)
+    with RangeHTTPServer(packed.parent) as http:
+        url = warm_cache(http, cache)
+        for ranges in cache.glob("*.ranges"):
+            header, *lines = ranges.read_text().splitlines()
+            old = [header.replace("gpufeed-cache 2 ", "gpufeed-cache 1 ", 1)] + [" ".join(x.split()[:2]) for x in lines]
+            ranges.write_text("\n".join(old) + "\n")
+        before = len(http.requests.snapshot())
+        second, loader = epoch(url, **kw)
+        assert_same(local, second)
+        assert len(shard_gets(http.requests.snapshot()[before:])) == 27
+        assert loader.stats()["remote"]["cache_hits"] == 0
+        del loader
+        assert sum(len(r) for r in cache_records(cache).values()) == 27
+
+
+def pack_list(gpufeed_cli, images, labels, out):
+    """`gpufeed pack` of a file list of `images` with `labels` into `out` (7 samples a shard)."""
+    listing = out.parent / (out.name + ".txt")
+    listing.write_text("".join(f"{p} {label}\n" for p, label in zip(images, labels)))
+    subprocess.run([str(gpufeed_cli), "pack", str(listing), str(out), "--max-samples-per-shard", "7", "--index-cache",
+                    "off", "--progress", "off", "--overwrite"], check=True, capture_output=True)
+
+
+def header_reads(requests):
+    """Shards whose tar headers were read (the 1 MiB blocks from offset 0)."""
+    return sorted(p.rsplit("/", 1)[1] for m, p, r, _ in requests if m == "GET" and r and r.startswith("bytes=0-"))
+
+
+@pytest.fixture
+def relabelled(tmp_path, gpufeed_cli):
+    """27 images packed twice into tmp_path/shards, the second time with 9 labels corrected (one
+    digit for another: same sizes); returns (the shards folder, a folder holding the first pack's
+    shards and indexes, the first labels, the corrected labels)."""
+    images = sorted(make_image_folder(tmp_path / "train", per_class=9, seed=11).rglob("*.jpg"))
+    old = [i % 3 for i in range(27)]
+    new = [(label + 1) % 3 if i % 3 == 0 else label for i, label in enumerate(old)]
+    shards = tmp_path / "shards"
+    pack_list(gpufeed_cli, images, old, shards)
+    (tmp_path / "old").mkdir()
+    for p in shards.iterdir():
+        (tmp_path / "old" / p.name).write_bytes(p.read_bytes())
+    pack_list(gpufeed_cli, images, new, shards)
+    for i in range(4):
+        name = f"train-{i:06d}.tar"
+        assert (shards / name).stat().st_size == (tmp_path / "old" / name).stat().st_size
+        assert (shards / name).read_bytes() != (tmp_path / "old" / name).read_bytes()
+    return shards, tmp_path / "old", old, new
+
+
+def test_an_old_index_beside_a_relabelled_shard_is_not_trusted(relabelled, capfd):
+    shards, old_folder, old, new = relabelled
+    # The old index put back beside the corrected shard: the same size, other labels.
+    index = shards / "train-000001.tar.gpufeed-idx"
+    index.write_bytes((old_folder / index.name).read_bytes())
+    with RangeHTTPServer(shards.parent) as http:
+        capfd.readouterr()
+        loader = gpufeed.DataLoader(http.url + "/shards/" + PATTERN, **COMMON)
+        assert [label for _, label in loader.samples] == new
+        assert header_reads(http.requests.snapshot()) == ["train-000001.tar"]
+        err = capfd.readouterr().err
+        assert f"the index beside {http.url}/shards/train-000001.tar cannot be trusted: it describes another " \
+               "version of the shard" in err and "reading its headers instead" in err
+        assert err.count("cannot be trusted") == 1
+
+
+def test_a_half_finished_upload_is_read_from_its_headers(relabelled, capfd):
+    shards, old_folder, old, new = relabelled
+    # The new indexes are up, shard 2 is still the old one (same size): its own headers say old.
+    (shards / "train-000002.tar").write_bytes((old_folder / "train-000002.tar").read_bytes())
+    with RangeHTTPServer(shards.parent) as http:
+        capfd.readouterr()
+        loader = gpufeed.DataLoader(http.url + "/shards/" + PATTERN, **COMMON)
+        assert [label for _, label in loader.samples] == new[:14] + old[14:21] + new[21:]
+        assert header_reads(http.requests.snapshot()) == ["train-000002.tar"]
+        assert f"{http.url}/shards/train-000002.tar cannot be trusted: it describes another version" in capfd.readouterr().err
+        # Half of shard 3 is up: no trailer, a size that differs from its index's; its headers say
+        # it is cut short.
+        whole = (shards / "train-000003.tar").read_bytes()
+        (shards / "train-000003.tar").write_bytes(whole[:len(whole) // 2])
+        with pytest.raises(RuntimeError, match=r"train-000003\.tar: truncated archive"):
+            gpufeed.DataLoader(http.url + "/shards/" + PATTERN, **COMMON)
+
+
+def test_an_index_without_a_digest_is_not_trusted(packed, tmp_path, capfd):
+    """An index of version 1 (before digests) cannot prove which shard it describes: the headers
+    are read, with a warning."""
+    local, local_loader = epoch(str(packed / PATTERN))
+    copy = tmp_path / "shards"
+    copy.mkdir()
+    for p in packed.iterdir():
+        text = p.read_bytes()
+        if p.name == "train-000000.tar.gpufeed-idx":
+            lines = text.decode().splitlines(keepends=True)
+            text = "".join(["gpufeed-shard-index 1\n"] + [x for x in lines[1:] if not x.startswith("sha256 ")]).encode()
+        (copy / p.name).write_bytes(text)
+    with RangeHTTPServer(tmp_path) as http:
+        capfd.readouterr()
+        remote, loader = epoch(http.url + "/shards/" + PATTERN)
+        assert_same(local, remote)
+        assert header_reads(http.requests.snapshot()) == ["train-000000.tar"]
+        assert f"{http.url}/shards/train-000000.tar cannot be trusted: it records no digest" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("server", ["range", "s3"])
+def test_keys_holding_a_question_mark_find_their_index(packed, server, monkeypatch, tmp_path):
+    """In an s3:// URL a '?' is part of the key; in an http(s) URL it starts the query, so such a
+    key is written %3F (and the index URL keeps the query after the suffix)."""
+    local, _ = epoch(str(packed / PATTERN))
+    if server == "s3":
+        with MotoS3() as s3, FaultProxy(s3.url) as proxy:
+            s3.make_bucket("data")
+            s3.upload_tree("data", "odd?keys/train", packed)
+            for k, v in s3.env(endpoint_url=proxy.url).items():
+                monkeypatch.setenv(k, v)
+            remote, loader = epoch("s3://data/odd?keys/train/" + PATTERN)
+            log = [(e["method"], e["path"], e["headers"].get("Range"), e["status"]) for e in proxy.log.snapshot()]
+    else:
+        (tmp_path / "odd?keys").mkdir()
+        for p in packed.iterdir():
+            (tmp_path / "odd?keys" / p.name).write_bytes(p.read_bytes())
+        with RangeHTTPServer(tmp_path) as http:
+            remote, loader = epoch(http.url + "/odd%3Fkeys/" + PATTERN + "?X-Amz-Signature=abc")
+            log = http.requests.snapshot()
+    assert_same(local, remote)
+    assert header_reads(log) == []
+    indexes = sorted(p.split("?X-Amz")[0] for m, p, _, status in log if m == "GET" and ".gpufeed-idx" in p and status == 200)
+    assert indexes == [f"/{'data/' if server == 's3' else ''}odd%3Fkeys/{'train/' if server == 's3' else ''}"
+                       f"train-{i:06d}.tar.gpufeed-idx" for i in range(4)]
+    assert loader.samples[0][0].startswith(("s3://data/odd?keys/train/train-000000.tar:" if server == "s3"
+                                            else "http://"))
+
+
 def test_a_server_that_ignores_ranges_is_an_error_saying_so(packed):
     import functools
     import http.server
@@ -523,3 +810,277 @@ def test_a_server_that_ignores_ranges_is_an_error_saying_so(packed):
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --------------------------------------------------------------------------------------------
+# S3 credentials, region and CA bundle as boto3 finds them (botocore is the oracle)
+
+AWS_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",
+            "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CA_BUNDLE",
+            "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+
+
+def aws_home(monkeypatch, home: pathlib.Path, credentials: str, config: str, **env):
+    """A private HOME with ~/.aws/credentials and ~/.aws/config, every AWS_* variable unset but `env`."""
+    (home / ".aws").mkdir(parents=True, exist_ok=True)
+    (home / ".aws" / "credentials").write_text(credentials)
+    (home / ".aws" / "config").write_text(config)
+    for name in AWS_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+def sigv4_signed_with(entry: dict, access_key: str, secret_key: str, token: str | None, region: str) -> bool:
+    """Whether a request FaultProxy logged carries an AWS SigV4 signature (S3, UNSIGNED-PAYLOAD) made
+    with these credentials in this region: the signature recomputed from the headers it signed."""
+    import hashlib
+    import hmac
+    import re
+
+    headers = {k.lower(): v for k, v in entry["headers"].items()}
+    m = re.fullmatch(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/s3/aws4_request, ?"
+                     r"SignedHeaders=([^,]+), ?Signature=([0-9a-f]{64})", headers.get("authorization", ""))
+    if not m:
+        return False
+    key, date, scope_region, signed, signature = m.groups()
+    if key != access_key or scope_region != region or headers.get("x-amz-security-token") != token:
+        return False
+    path, _, query = entry["path"].partition("?")
+    canonical = "\n".join([entry["method"], path, query,
+                           "".join(f"{n}:{' '.join(headers[n].split())}\n" for n in signed.split(";")),
+                           signed, headers["x-amz-content-sha256"]])
+    scope = f"{date}/{region}/s3/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", headers["x-amz-date"], scope,
+                         hashlib.sha256(canonical.encode()).hexdigest()])
+    k = ("AWS4" + secret_key).encode()
+    for part in (date, region, "s3", "aws4_request"):
+        k = hmac.new(k, part.encode(), hashlib.sha256).digest()
+    return hmac.compare_digest(hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest(), signature)
+
+
+CREDENTIALS_FILE = """[default]
+aws_access_key_id = AKIDDEFAULT000000001
+aws_secret_access_key = defaultSecret/0001
+[work]
+aws_access_key_id = AKIDWORK000000000001
+aws_secret_access_key = workSecret+0001
+aws_session_token = workSessionToken0001
+[ci]
+aws_access_key_id = AKIDCI00000000000001
+aws_secret_access_key = ciSecret0001
+[helper]
+credential_process = {python} "{script}" helper-from-credentials-file
+"""
+CONFIG_FILE = """[default]
+region = us-east-1
+[profile work]
+region = eu-west-1
+[profile ci]
+region = ap-south-1
+[profile sso]
+region = us-west-2
+credential_process = {python} "{script}" 'sso profile'
+[profile helper]
+region = eu-central-1
+"""
+HELPER = """import json, pathlib, sys
+calls = pathlib.Path(__file__).with_name("calls")
+n = int(calls.read_text()) + 1 if calls.exists() else 1
+calls.write_text(str(n))
+json.dump({"Version": 1, "AccessKeyId": "AKIDPROC%012d" % n, "SecretAccessKey": "procSecret/" + sys.argv[1],
+           "SessionToken": "procToken-" + sys.argv[1].replace(" ", "_")}, sys.stdout)
+"""
+
+
+@pytest.mark.parametrize("setting", ["AWS_PROFILE", "AWS_DEFAULT_PROFILE", "both", "credential_process",
+                                     "credential_process_in_credentials_file", "default"])
+def test_s3_credentials_and_region_are_those_boto3_resolves(packed, monkeypatch, tmp_path, setting):
+    import sys
+
+    import boto3
+
+    script = tmp_path / "helper dir" / "helper.py"  # a space in the path: the command line is split as a shell would
+    script.parent.mkdir()
+    script.write_text(HELPER)
+    env = {"AWS_PROFILE": {"AWS_PROFILE": "work"}, "AWS_DEFAULT_PROFILE": {"AWS_DEFAULT_PROFILE": "work"},
+           "both": {"AWS_PROFILE": "work", "AWS_DEFAULT_PROFILE": "ci"}, "credential_process": {"AWS_PROFILE": "sso"},
+           "credential_process_in_credentials_file": {"AWS_PROFILE": "helper"}, "default": {}}[setting]
+    with MotoS3() as s3, FaultProxy(s3.endpoint_url) as proxy:
+        s3.make_bucket("creds")
+        s3.upload_tree("creds", "train", packed)
+        aws_home(monkeypatch, tmp_path / "home", CREDENTIALS_FILE.format(python=sys.executable, script=script),
+                 CONFIG_FILE.format(python=sys.executable, script=script), AWS_ENDPOINT_URL=proxy.url, **env)
+        session = boto3.Session()
+        expected = session.get_credentials().get_frozen_credentials()
+        region = session.region_name
+        (script.parent / "calls").unlink(missing_ok=True)  # gpufeed runs the helper again: the same keys
+        gpufeed.DataLoader("s3://creds/train/" + PATTERN, **COMMON)
+        requests = [e for e in proxy.log if e["path"].startswith("/creds/train/")]
+        assert len(requests) == 12  # a HEAD, an index GET and a trailer GET per shard
+        for e in requests:
+            assert sigv4_signed_with(e, expected.access_key, expected.secret_key, expected.token, region), \
+                (setting, e["headers"].get("Authorization"), expected.access_key, region)
+        if setting.startswith("credential_process"):
+            assert (script.parent / "calls").read_text() == "1"  # run once, not per request
+
+
+def test_a_failing_credential_process_names_the_profile_and_its_error(packed, monkeypatch, tmp_path):
+    helper = tmp_path / "helper.sh"
+    helper.write_text("#!/bin/sh\necho 'Error loading SSO Token: Token for ml does not exist' >&2\n"
+                      "echo 'more detail' >&2\nexit 255\n")
+    helper.chmod(0o700)
+    with RangeHTTPServer(packed.parent) as http:
+        aws_home(monkeypatch, tmp_path / "home", "",
+                 f"[profile ml]\ncredential_process = {helper} --secret-arg hunter2\n", AWS_PROFILE="ml")
+        with pytest.raises(RuntimeError) as e:
+            gpufeed.DataLoader("s3://shards/" + PATTERN, endpoint_url=http.url, **COMMON)
+        assert str(e.value) == (f"remote shards: cannot open HEAD s3://shards/train-000000.tar: the credential_process of "
+                                f"AWS profile 'ml' ({helper}) failed: exit status 255: Error loading SSO Token: Token "
+                                f"for ml does not exist")
+        assert http.requests.snapshot() == []  # nothing was sent unsigned
+
+
+def test_credentials_from_a_process_are_refreshed_when_they_expire(packed, monkeypatch, tmp_path):
+    """The process's credentials expire 6 s after they are printed: the requests after that carry new ones."""
+    import sys
+
+    script = tmp_path / "helper.py"
+    script.write_text("""import datetime, json, pathlib
+calls = pathlib.Path(__file__).with_name("calls")
+n = int(calls.read_text()) + 1 if calls.exists() else 1
+calls.write_text(str(n))
+expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=6)
+pathlib.Path(__file__).with_name("expires").write_text(str(expires.timestamp()))
+print(json.dumps({"Version": 1, "AccessKeyId": "AKIDROTATING%08d" % n, "SecretAccessKey": "s%d" % n,
+                  "Expiration": expires.isoformat()}))
+""")
+    with MotoS3() as s3, FaultProxy(s3.endpoint_url) as proxy:
+        s3.make_bucket("rotating")
+        s3.upload_tree("rotating", "train", packed)
+        aws_home(monkeypatch, tmp_path / "home", "", f"[default]\ncredential_process = {sys.executable} {script}\n",
+                 AWS_ENDPOINT_URL=proxy.url)
+        loader = gpufeed.DataLoader("s3://rotating/train/" + PATTERN, **COMMON)
+        opened = len(proxy.log)
+        first_key = proxy.log[0]["headers"]["Authorization"].split("Credential=")[1].split("/")[0]
+        assert first_key == "AKIDROTATING00000001"
+        expires = float((tmp_path / "expires").read_text())
+        while time.time() < expires + 0.5:
+            time.sleep(0.1)
+        assert sum(1 for _ in loader) == 6
+        later = {e["headers"]["Authorization"].split("Credential=")[1].split("/")[0] for e in proxy.log[opened:]}
+        assert later and "AKIDROTATING00000001" not in later
+        assert int((tmp_path / "calls").read_text()) >= 2
+
+
+def test_without_credentials_requests_go_unsigned_and_a_403_says_where_credentials_were_looked_for(
+        packed, monkeypatch, tmp_path):
+    home = tmp_path / "home"
+    with RangeHTTPServer(packed.parent, forbidden=["shards/train-000002.tar"]) as http, FaultProxy(http.url) as proxy:
+        aws_home(monkeypatch, home, "", "[profile other]\nregion = eu-west-1\n", AWS_PROFILE="ml")
+        # A public bucket: unsigned requests read it.
+        assert sum(1 for _ in gpufeed.DataLoader("s3://shards/train-{000000..000001}.tar", endpoint_url=proxy.url,
+                                                 **COMMON)) == 3
+        assert proxy.log and not any("Authorization" in e["headers"] for e in proxy.log)
+        with pytest.raises(RuntimeError) as e:
+            gpufeed.DataLoader("s3://shards/" + PATTERN, endpoint_url=proxy.url, **COMMON)
+        assert str(e.value) == (
+            "remote shards: cannot open HEAD s3://shards/train-000002.tar: HTTP 403: access denied to an unsigned "
+            "request: no AWS credentials were found (looked at AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (unset); "
+            f"profile 'ml' (AWS_PROFILE); the shared credentials file {home}/.aws/credentials (empty); the profile's "
+            f"credential_process (none); the config file {home}/.aws/config (no such profile))")
+
+
+@pytest.mark.parametrize("where", ["profile", "AWS_CA_BUNDLE", "none"])
+def test_the_profiles_ca_bundle_verifies_an_https_endpoint(packed, monkeypatch, tmp_path, where):
+    from remote_servers import self_signed_cert
+
+    cert, key = self_signed_cert(tmp_path)
+    with RangeHTTPServer(packed.parent, tls=(cert, key)) as https:
+        config = f"[default]\nendpoint_url = {https.url}\n" + (f"ca_bundle = {cert}\n" if where == "profile" else "")
+        aws_home(monkeypatch, tmp_path / "home", "", config, **({"AWS_CA_BUNDLE": cert} if where == "AWS_CA_BUNDLE" else {}))
+        if where == "none":  # the system's CAs do not know the test's certificate
+            # (the shard's HEAD or its index's GET: whichever fails first)
+            with pytest.raises(RuntimeError, match=r" s3://shards/train-00000\d.tar(.gpufeed-idx)?: .*certificate"):
+                gpufeed.DataLoader("s3://shards/" + PATTERN, **COMMON)
+        else:
+            remote, _ = epoch("s3://shards/" + PATTERN)
+            local, _ = epoch(str(packed / PATTERN))
+            assert_same(local, remote)
+
+
+# --------------------------------------------------------------------------------------------
+# Fail fast, fetch only what is used
+
+def test_opening_many_shards_stops_at_the_first_missing_one(packed, tmp_path):
+    """2,000 URLs (one shard under 2,000 names: the range server ignores the query) with a missing
+    one 11th: the open stops issuing HEADs and index GETs once its 404 is in, and names it."""
+    window = 4
+    urls = [f"train-000000.tar?copy={i}" for i in range(2000)]
+    urls[10] = "missing.tar"
+    with RangeHTTPServer(packed.parent) as http:
+        (tmp_path / "urls.txt").write_text("".join(f"{http.url}/shards/{u}\n" for u in urls))
+        with pytest.raises(RuntimeError) as e:
+            gpufeed.DataLoader(str(tmp_path / "urls.txt"), max_requests=window, **COMMON)
+        assert str(e.value).startswith(f"remote shards: cannot open HEAD {http.url}/shards/missing.tar: HTTP 404")
+        seen = http.requests.snapshot()
+        failure = seen.index(("HEAD", "/shards/missing.tar", None, 404))
+        # Before it: at most the HEAD and index GET of the 10 shards before it and the window's
+        # requests in flight; after it, at most those in flight when it failed (the client's window).
+        assert failure <= 2 * 10 + 2 * window
+        assert len(seen) - failure - 1 <= 2 * window
+        assert len(seen) <= 2 * 11 + 4 * window  # of the 4,000 the open would send
+
+
+def test_the_next_epoch_is_read_ahead_only_as_far_as_the_free_slots(packed):
+    """E epochs: the shards' bytes fetched are the E epochs' samples plus at most prefetch_depth
+    batches of the epoch after (decoded ahead into free slots, docs/SCALING.md), never that epoch."""
+    ranges = sample_ranges(packed)
+    epochs, depth = 3, 2
+    with RangeHTTPServer(packed.parent) as http:
+        loader = gpufeed.DataLoader(http.url + "/shards/" + PATTERN, shuffle=True, seed=5, prefetch_depth=depth,
+                                    **COMMON)
+        used = []
+        for e in range(epochs):
+            loader.set_epoch(e)
+            for _ in loader:
+                used += list(loader.last_batch["indices"])
+        time.sleep(0.5)  # the epoch after's reads in flight, had they been issued
+        del loader
+        gc.collect()
+        fetched = requested(http.requests.snapshot(), ranges)
+    assert len(used) == epochs * 27
+    counts = {i: fetched.count(i) for i in set(fetched)}
+    assert all(counts.get(i, 0) >= used.count(i) for i in set(used))
+    extra = len(fetched) - len(used)
+    assert 0 <= extra <= depth * COMMON["batch_size"]
+    sizes = {i: b - a + 1 for i, (_, a, b) in enumerate(ranges)}
+    extra_bytes = sum(sizes[i] for i in fetched) - sum(sizes[i] for i in used)
+    assert extra_bytes <= sum(sorted(sizes.values())[-depth * COMMON["batch_size"]:])
+
+
+def test_bench_dump_reads_remote_shards(packed, tmp_path, gpufeed_cli):
+    """`gpufeed bench --dump` (and --mode floor, which preloads) over URLs read through the dataset,
+    as the loader does: the same pixels and plans as over the same shards on the local disk."""
+    args = ["--batch-size", "5", "--image-size", "32", "--index-cache", "off", "--num-workers", "1", "--json"]
+    with RangeHTTPServer(packed.parent) as http:
+        outputs = {}
+        for name, data in (("local", str(packed / PATTERN)), ("remote", http.url + "/shards/" + PATTERN)):
+            dump = tmp_path / f"{name}.bin"
+            run = subprocess.run([str(gpufeed_cli), "bench", "--data", data, "--dump", str(dump), *args],
+                                 capture_output=True, text=True, timeout=120)
+            assert run.returncode == 0, run.stderr
+            floor = subprocess.run([str(gpufeed_cli), "bench", "--data", data, "--mode", "floor", *args],
+                                   capture_output=True, text=True, timeout=120)
+            assert floor.returncode == 0, floor.stderr
+            import json
+            meta = json.loads((tmp_path / f"{name}.bin.json").read_text())
+            outputs[name] = (dump.read_bytes(), meta, json.loads(floor.stdout)["samples"])
+    (local_pixels, local_meta, local_floor), (remote_pixels, remote_meta, remote_floor) = outputs["local"], outputs["remote"]
+    assert len(remote_pixels) == 27 * 32 * 32 * 3 and remote_pixels == local_pixels
+    assert remote_floor == local_floor == 27
+    for a, b in zip(local_meta["samples"], remote_meta["samples"]):
+        assert b["path"].startswith(http.url + "/shards/train-")
+        assert b["path"].split(".tar:")[1] == a["path"].split(".tar:")[1]
+        assert {k: v for k, v in a.items() if k != "path"} == {k: v for k, v in b.items() if k != "path"}

@@ -25,7 +25,7 @@ class Pair:
                                                            shuffle=False)
         self.o = stateful.StatefulDataLoader(range(N), batch_size=batch_size, drop_last=drop_last,
                                              sampler=self.sampler)
-        self.iterators = []  # (gpufeed iterator, oracle iterator)
+        self.iterators = []  # [gpufeed iterator, oracle iterator, made before the last load_state_dict]
 
 
 def gpufeed_next(loader, it):
@@ -50,6 +50,7 @@ def run_sequence(folder, rng, config, steps=60):
     pair = Pair(folder, *config)
     saved = []
     log = []
+    pending_oracle_state = None  # loaded, and no iterator has yielded since
     for step in range(steps):
         op = rng.choices(["iter", "next", "state", "load", "resume", "set_epoch"], [2, 10, 2, 1, 1, 1])[0]
         if op in ("load", "resume") and not saved:
@@ -58,19 +59,38 @@ def run_sequence(folder, rng, config, steps=60):
             op = "iter"
         log.append(op)
         if op == "iter":
-            pair.iterators.append((iter(pair.g), iter(pair.o)))
+            pair.iterators.append([iter(pair.g), iter(pair.o), False])
         elif op == "next":
             k = len(pair.iterators) - 1 if rng.random() < 0.75 else rng.randrange(len(pair.iterators))
-            g_it, o_it = pair.iterators[k]
+            g_it, o_it, before_load = pair.iterators[k]
+            newest = k == len(pair.iterators) - 1
+            had_yielded = g_it._cursor.committed
             got = gpufeed_next(pair.g, g_it)
             if got == "superseded":
-                # The one documented difference: torchdata runs an older iterator on beside the newer
-                # one; gpufeed runs one epoch at a time. Only an iterator a newer iter() replaced raises.
-                assert k < len(pair.iterators) - 1 or pair.g._running is not g_it._cursor, log
+                # The documented differences: torchdata runs an older iterator on beside the newer
+                # one, gpufeed one epoch at a time (only an iterator a newer iter() replaced
+                # raises); and torchdata's iterator made before load_state_dict goes on with its
+                # own epoch, gpufeed's raises if it had yielded.
+                assert not newest or (before_load and had_yielded) or pair.g._running is not g_it._cursor, log
                 continue
+            if before_load and had_yielded:  # exhausted before the load: it stays exhausted
+                assert got == "stop", log
+            elif not had_yielded and pending_oracle_state is not None:
+                # The first iterator to yield after a load resumes the loaded state, made before the
+                # load or not, whatever iterators were made (and never yielded) in between; the
+                # oracle's state goes to its first iter() after the load, so it is loaded again here.
+                assert newest, log
+                pair.o.load_state_dict(pending_oracle_state)
+                o_it = pair.iterators[k][1] = iter(pair.o)
+            if g_it._cursor.committed and not had_yielded:  # its first next(): it took the loaded state
+                pending_oracle_state = None
+                pair.iterators[k][2] = False
             assert got == oracle_next(o_it), (log, config)
         elif op == "state":
-            saved.append((pair.g.state_dict(), pair.o.state_dict()))
+            # gpufeed describes a loaded state no iterator has consumed yet; the oracle's may
+            # describe a later iter() of its own, so the loaded state is its counterpart.
+            saved.append((pair.g.state_dict(),
+                          pair.o.state_dict() if pending_oracle_state is None else pending_oracle_state))
         elif op in ("load", "resume"):
             j = rng.randrange(len(saved))
             if op == "resume":
@@ -79,6 +99,9 @@ def run_sequence(folder, rng, config, steps=60):
             assert pair.g.state_dict() == saved[j][0]  # pytorch/data#1437: the loaded state, not a fresh one
             pair.g.load_state_dict(saved[j][0])
             pair.o.load_state_dict(saved[j][1])
+            pending_oracle_state = saved[j][1]
+            for entry in pair.iterators:
+                entry[2] = True
         else:
             epoch = rng.randrange(5)
             pair.g.set_epoch(epoch)
@@ -108,23 +131,46 @@ def test_state_dict_right_after_load_equals_the_loaded_state(folder):
     assert rest == [a.indices(0)[k:k + 4] for k in range(8, 27, 4)]
 
 
-def test_an_iterator_made_before_load_state_dict_does_not_restart_the_epoch(folder):
-    """As in StatefulDataLoader: the old iterator goes on with its own epoch; the loaded state is
-    resumed by the next iter()."""
+def test_an_iterator_made_before_load_state_dict_resumes_it_or_raises_never_restarts(folder):
+    """StatefulDataLoader restarts the epoch when an iterator made before load_state_dict() is
+    iterated (prime-rl PR#3332, determined PR#6708: the loaded state is silently ignored). gpufeed
+    departs from it: an iterator that has not yielded yet yields the resumed batches; one that has
+    yielded raises "superseded"."""
     kw = dict(batch_size=4, shuffle=True, seed=2, image_size=8, dtype=torch.uint8)
     a = gpufeed.DataLoader(folder, **kw)
     it = iter(a)
     next(it), next(it), next(it)
     state = a.state_dict()  # 3 batches into epoch 0
+    rest = [a.indices(0)[k:k + 4] for k in range(12, 27, 4)]
+
+    # The oracle's behaviour, which the reports describe: the early iterator starts over.
+    oracle = stateful.StatefulDataLoader(range(N), batch_size=4, sampler=stateful_sampler.RandomSampler(range(N)))
+    o_it = iter(oracle)
+    for _ in range(3):
+        next(o_it)
+    o_state = oracle.state_dict()
+    fresh = stateful.StatefulDataLoader(range(N), batch_size=4, sampler=stateful_sampler.RandomSampler(range(N)))
+    early = iter(fresh)
+    fresh.load_state_dict(o_state)
+    assert len(list(early)) == 7  # a whole epoch of 27 samples in batches of 4, not the 4 resumed ones
+
+    # gpufeed, an iterator that had not yielded: the resumed batches, then the next epoch.
     b = gpufeed.DataLoader(folder, **kw)
-    b.set_epoch(4)
-    old = iter(b)
-    next(old)
+    early = iter(b)
     b.load_state_dict(state)
+    assert b.state_dict() == state
+    assert [list(b.last_batch["indices"]) for _ in early] == rest
+    assert [list(b.last_batch["indices"]) for _ in b] == [a.indices(1)[k:k + 4] for k in range(0, 27, 4)]
+
+    # gpufeed, an iterator that had yielded batches of its own epoch: it raises, and iter() resumes.
+    c = gpufeed.DataLoader(folder, **kw)
+    c.set_epoch(4)
+    old = iter(c)
     next(old)
-    assert b.last_batch["indices"] == b.indices(4)[4:8]  # still epoch 4, its second batch
-    resumed = [list(b.last_batch["indices"]) for _ in b]
-    assert resumed == [a.indices(0)[k:k + 4] for k in range(12, 27, 4)]
+    c.load_state_dict(state)
+    with pytest.raises(RuntimeError, match="superseded by load_state_dict"):
+        next(old)
+    assert [list(c.last_batch["indices"]) for _ in c] == rest
     with pytest.raises(RuntimeError, match="superseded"):
         next(old)
 

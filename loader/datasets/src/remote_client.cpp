@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -15,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "gpufeed/log.h"
 #include "gpufeed/loader/remote.h"
 
 namespace gpufeed::loader::remote {
@@ -86,11 +88,13 @@ std::string s3_error_code(const decode::ByteBuffer& body) {
 // The CA bundle for https: AWS_CA_BUNDLE, CURL_CA_BUNDLE or SSL_CERT_FILE when set; else
 // libcurl's built-in one when it exists (the wheel's libcurl was built on Debian); else the
 // first of the other distributions' usual files; "" leaves libcurl's default.
-const std::string& ca_bundle() {
+// The variables are read at every request (a process may set them after its first dataset);
+// the fallback is found once.
+std::string ca_bundle() {
+  for (const char* name : {"AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"}) {
+    if (const char* v = std::getenv(name); v && *v) return std::string(v);
+  }
   static const std::string path = [] {
-    for (const char* name : {"AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"}) {
-      if (const char* v = std::getenv(name); v && *v) return std::string(v);
-    }
     CURL* e = curl_easy_init();
     char* builtin = nullptr;
     curl_easy_getinfo(e, CURLINFO_CAINFO, &builtin);
@@ -134,8 +138,10 @@ struct Client::Impl {
   };
 
   DataOptions options;
-  S3Config s3;
+  S3Config s3;  // client thread only, as the three below
   bool s3_loaded = false;
+  std::string s3_error;              // why the first load failed
+  Clock::time_point s3_loaded_at{};  // the last load's start
   CURLM* multi = nullptr;
   std::mutex mu;  // guards incoming, stop
   std::deque<std::unique_ptr<Transfer>> incoming;
@@ -145,6 +151,7 @@ struct Client::Impl {
   std::list<std::unique_ptr<Transfer>> waiting;  // queued or backing off
   std::vector<std::unique_ptr<Transfer>> active;
   std::mt19937_64 rng{std::random_device{}()};
+  std::atomic<int64_t> requests{0}, bytes{0};  // succeeded, and their body bytes
 
   explicit Impl(const DataOptions& o) : options(o) {
     global_init();
@@ -164,10 +171,44 @@ struct Client::Impl {
     curl_multi_cleanup(multi);
   }
 
+  // The S3 configuration: loaded at the first s3:// request, and again when credentials from a
+  // credential_process come within 15 minutes of their Expiration (botocore's advisory window;
+  // at most once a minute until they expire, then at every request until a load succeeds). A
+  // refresh that fails while the old credentials are still valid keeps them, with a warning.
+  // Throws what the load threw; a first load that failed is not run again (every request fails
+  // with its message).
   const S3Config& s3_config_once() {
-    if (!s3_loaded) {
-      s3 = remote::s3_config(options.endpoint_url);
+    const auto now = Clock::now();
+    if (!s3_loaded && !s3_error.empty()) throw RemoteError(s3_error);
+    if (s3_loaded) {
+      if (!s3.expiration) return s3;
+      const auto wall = std::chrono::system_clock::now();
+      const bool expired = wall >= *s3.expiration;
+      if (wall < *s3.expiration - std::chrono::minutes(15) ||
+          (!expired && now - s3_loaded_at < std::chrono::minutes(1))) {
+        return s3;
+      }
+    }
+    s3_loaded_at = now;
+    try {
+      S3Config fresh = remote::s3_config(options.endpoint_url);
+      if (!s3_loaded && fresh.access_key.empty()) {
+        gpufeed::log()->info("remote shards: no AWS credentials found, s3:// requests go unsigned (public buckets); "
+                             "looked at {}",
+                             fresh.searched);
+      }
+      s3 = std::move(fresh);
       s3_loaded = true;
+    } catch (const std::exception& e) {
+      if (s3_loaded && std::chrono::system_clock::now() < *s3.expiration) {
+        gpufeed::log()->warn("remote shards: refreshing the AWS credentials failed, the current ones (valid until "
+                             "their Expiration) stay in use: {}",
+                             e.what());
+        return s3;
+      }
+      s3_loaded = false;
+      s3_error = e.what();
+      throw;
     }
     return s3;
   }
@@ -244,9 +285,18 @@ struct Client::Impl {
     t->error_body.clear();
     t->retry_after_s = -1;
     const Request& r = t->request;
+    const S3Config* s3c = nullptr;  // for s3:// URLs
+    if (r.url.starts_with("s3://")) {
+      try {
+        s3c = &s3_config_once();
+      } catch (const std::exception& e) {
+        fail(*t, describe(r) + ": " + e.what());
+        return;
+      }
+    }
     if (t->http_url.empty()) {
       try {
-        t->http_url = r.url.starts_with("s3://") ? s3_http_url(r.url, s3_config_once()) : r.url;
+        t->http_url = s3c != nullptr ? s3_http_url(r.url, *s3c) : r.url;
       } catch (const std::exception& e) {
         fail(*t, e.what());
         return;
@@ -259,7 +309,8 @@ struct Client::Impl {
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
-    if (!ca_bundle().empty()) curl_easy_setopt(e, CURLOPT_CAINFO, ca_bundle().c_str());
+    const std::string cainfo = s3c != nullptr && !s3c->ca_bundle.empty() ? s3c->ca_bundle : ca_bundle();
+    if (!cainfo.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, cainfo.c_str());
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &Impl::on_header);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, t.get());
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &Impl::on_body);
@@ -278,8 +329,8 @@ struct Client::Impl {
     }
     curl_slist* h = nullptr;
     if (!r.if_match.empty()) h = curl_slist_append(h, ("If-Match: " + r.if_match).c_str());
-    if (r.url.starts_with("s3://")) {
-      const S3Config& c = s3_config_once();
+    if (s3c != nullptr) {
+      const S3Config& c = *s3c;
       if (!c.access_key.empty()) {
         h = curl_slist_append(h, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
         if (!c.session_token.empty()) h = curl_slist_append(h, ("x-amz-security-token: " + c.session_token).c_str());
@@ -343,7 +394,11 @@ struct Client::Impl {
       std::string what = fmt::format("HTTP {}", status);
       if (const std::string code = s3_error_code(t.error_body); !code.empty()) what += " " + code;
       if (status == 404) what += ": no such object";
-      if (status == 403) what += ": access denied (check the credentials and the object's permissions)";
+      if (status == 403 && r.url.starts_with("s3://") && s3_loaded && s3.access_key.empty()) {
+        what += ": access denied to an unsigned request: no AWS credentials were found (looked at " + s3.searched + ")";
+      } else if (status == 403) {
+        what += ": access denied (check the credentials and the object's permissions)";
+      }
       if (status == 412) what += ": the object changed since it was indexed (its ETag differs)";
       if (status == 416) what += ": the range is past the object's end (the object is shorter than its index says)";
       return what;
@@ -370,6 +425,8 @@ struct Client::Impl {
     if (failure.empty()) {
       Response r = std::move(t->response);
       r.attempts = t->attempts;
+      ++requests;
+      bytes += static_cast<int64_t>(r.body.size());
       if (t->done) t->done(std::move(r));
       return;
     }
@@ -467,6 +524,8 @@ void Client::submit(Request r, Callback done) {
   t->done = std::move(done);
   impl_->submit(std::move(t));
 }
+
+ClientStats Client::stats() const { return {.requests = impl_->requests.load(), .bytes = impl_->bytes.load()}; }
 
 Response Client::fetch(Request r) {
   auto promise = std::make_shared<std::promise<Response>>();

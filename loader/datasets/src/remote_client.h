@@ -42,6 +42,11 @@ struct Response {
 
 using Callback = std::function<void(Response&&)>;
 
+/// Requests that succeeded so far, and their body bytes.
+struct ClientStats {
+  int64_t requests = 0, bytes = 0;
+};
+
 class Client {
  public:
   explicit Client(const DataOptions& options);
@@ -55,6 +60,7 @@ class Client {
   Response fetch(Request r);
 
   const DataOptions& options() const { return options_; }
+  ClientStats stats() const;
 
  private:
   struct Impl;

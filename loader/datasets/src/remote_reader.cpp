@@ -128,7 +128,9 @@ struct State {
                       .if_match = dataset->etag(shard)};
     client->submit(std::move(r), [self, run = std::move(run), shard, begin](remote::Response&& got) {
       if (got.error.empty() && self->dataset->cache() != nullptr) {
-        self->dataset->cache()->write(shard, begin, got.body.data(), static_cast<int64_t>(got.body.size()));
+        for (const EntryPtr& e : run) {  // a range (and a checksum) per sample, as reads check them
+          self->dataset->cache()->write(shard, e->offset, got.body.data() + (e->offset - begin), e->size);
+        }
       }
       self->arrived(self, run, begin, std::move(got));
     });

@@ -30,9 +30,11 @@ namespace {
 
 bool ends_with_tar(std::string_view s) { return s.size() > 4 && s.substr(s.size() - 4) == ".tar"; }
 
-// The shard's index beside it: the suffix goes on the path, before a query string.
+// The shard's index beside it: the suffix goes on the path, before an http(s) URL's query string
+// (a presigned URL's signature; a '?' in such a path is written %3F). An s3:// URL has no query:
+// a '?' there is part of the key (percent-encoded when requested: s3_http_url).
 std::string index_url(const std::string& shard) {
-  const auto q = shard.find('?');
+  const auto q = shard.starts_with("s3://") ? std::string::npos : shard.find('?');
   if (q == std::string::npos) return shard + kShardIndexSuffix;
   return shard.substr(0, q) + kShardIndexSuffix + shard.substr(q);
 }
@@ -142,23 +144,72 @@ std::vector<std::string> remote_shard_urls(const std::string& data) {
 
 namespace {
 
-// Every shard's HEAD and index GET, all in flight at once: (HEAD, index) per shard.
-std::vector<std::pair<remote::Response, remote::Response>> heads_and_indexes(remote::Client& client,
-                                                                              const std::vector<std::string>& urls) {
-  std::vector<std::future<remote::Response>> pending;
-  for (const std::string& u : urls) {
-    for (const bool head : {true, false}) {
-      auto promise = std::make_shared<std::promise<remote::Response>>();
-      pending.push_back(promise->get_future());
-      remote::Request r = head ? remote::Request{.url = u, .head = true}
-                               : remote::Request{.url = index_url(u), .missing_ok = true};
-      client.submit(std::move(r), [promise](remote::Response&& got) { promise->set_value(std::move(got)); });
+// Every shard's HEAD and index GET: (HEAD, index) per shard. At most `window` requests are
+// submitted and not yet answered (the client runs max_requests of them at once); once one
+// fails (a 404 or 403 of a shard, retries run out, cancelled) no more are submitted and the
+// function returns at once with that failure in `failed` (and nothing else): the requests
+// still in flight are cancelled when the client is destroyed. `failed_index`: whether it was an
+// index GET.
+struct Opening : std::enable_shared_from_this<Opening> {
+  // Used only while submitting, which heads_and_indexes waits out before it returns.
+  remote::Client& client;
+  const std::vector<std::string>& urls;
+  size_t window;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<remote::Response> got;  // 2 per shard: HEAD, index
+  size_t next = 0, answered = 0;
+  int submitting = 0;  // threads in submit_more's loop
+  std::optional<std::pair<size_t, remote::Response>> failure;
+
+  Opening(remote::Client& c, const std::vector<std::string>& u, size_t w)
+      : client(c), urls(u), window(w), got(2 * u.size()) {}
+
+  // Submits what the window has room for, outside the lock (a stopped client answers at once,
+  // on this thread).
+  void submit_more() {
+    std::vector<size_t> ks;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      while (!failure && next < got.size() && next - answered < window) ks.push_back(next++);
+      if (ks.empty()) return;
+      ++submitting;
     }
+    for (const size_t k : ks) {
+      const std::string& u = urls[k / 2];
+      remote::Request r = k % 2 == 0 ? remote::Request{.url = u, .head = true}
+                                     : remote::Request{.url = index_url(u), .missing_ok = true};
+      client.submit(std::move(r), [self = shared_from_this(), k](remote::Response&& response) {
+        {
+          std::lock_guard<std::mutex> g(self->mu);
+          ++self->answered;
+          if (!response.error.empty() && !self->failure) self->failure.emplace(k, response);
+          self->got[k] = std::move(response);
+          self->cv.notify_all();
+        }
+        self->submit_more();
+      });
+    }
+    std::lock_guard<std::mutex> g(mu);
+    --submitting;
+    cv.notify_all();
   }
+};
+
+std::vector<std::pair<remote::Response, remote::Response>> heads_and_indexes(
+    remote::Client& client, const std::vector<std::string>& urls, size_t window,
+    std::optional<std::pair<size_t, remote::Response>>& failed) {
+  auto opening = std::make_shared<Opening>(client, urls, window);
+  opening->submit_more();
+  std::unique_lock<std::mutex> lk(opening->mu);
+  opening->cv.wait(lk, [&] {
+    return opening->submitting == 0 && (opening->failure || opening->answered == opening->got.size());
+  });
+  failed = opening->failure;
   std::vector<std::pair<remote::Response, remote::Response>> out;
+  if (failed) return out;
   for (size_t s = 0; s < urls.size(); ++s) {
-    remote::Response head = pending[2 * s].get();
-    out.emplace_back(std::move(head), pending[2 * s + 1].get());
+    out.emplace_back(std::move(opening->got[2 * s]), std::move(opening->got[2 * s + 1]));
   }
   return out;
 }
@@ -205,6 +256,51 @@ std::pair<int64_t, int64_t> index_the_rest(remote::Client& client, const std::ve
   return {cached.load(), built.load()};
 }
 
+// Keeps in `found` only the indexes that prove they belong to their shard's exact version: the
+// SHA-256 an index records is the one in the shard's trailer (its last kShardTrailerBytes bytes,
+// which gpufeed pack writes: one ranged GET per shard, all in flight at once). The others are
+// dropped with a warning naming the shard and why; their headers are read instead.
+void prove_indexes(remote::Client& client, const std::vector<std::string>& urls, const std::vector<int64_t>& sizes,
+                   const std::vector<std::string>& etags, std::vector<std::optional<ShardIndex>>& found) {
+  const auto distrust = [&](size_t s, const std::string& why) {
+    gpufeed::log()->warn("remote shards: the index beside {} cannot be trusted: {}; reading its headers instead",
+                         redact_url(urls[s]), why);
+    found[s].reset();
+  };
+  std::vector<std::pair<size_t, std::future<remote::Response>>> pending;
+  for (size_t s = 0; s < urls.size(); ++s) {
+    if (!found[s]) continue;
+    if (found[s]->sha256.empty()) {
+      distrust(s, "it records no digest of its shard (an index of version 1, written before gpufeed pack wrote "
+                  "digests), so it cannot prove it describes this version of the shard");
+    } else if (sizes[s] < kShardTrailerBytes) {
+      distrust(s, "the shard is too short to hold a gpufeed trailer");
+    } else {
+      auto promise = std::make_shared<std::promise<remote::Response>>();
+      pending.emplace_back(s, promise->get_future());
+      client.submit({.url = urls[s], .offset = sizes[s] - kShardTrailerBytes, .size = kShardTrailerBytes,
+                     .if_match = etags[s]},
+                    [promise](remote::Response&& got) { promise->set_value(std::move(got)); });
+    }
+  }
+  for (auto& [s, future] : pending) {
+    const remote::Response r = future.get();
+    const std::optional<ShardTrailer> trailer =
+        r.error.empty() ? parse_shard_trailer(std::string_view(reinterpret_cast<const char*>(r.body.data()), r.body.size()),
+                                              sizes[s])
+                        : std::nullopt;
+    if (!r.error.empty()) {
+      distrust(s, "its trailer could not be read: " + r.error);
+    } else if (!trailer) {
+      distrust(s, "the shard ends without a gpufeed trailer (rewritten by another tool, or its upload is unfinished)");
+    } else if (trailer->sha256 != found[s]->sha256) {
+      distrust(s, fmt::format("it describes another version of the shard (the index records SHA-256 {}, the shard's "
+                              "trailer {})",
+                              found[s]->sha256, trailer->sha256));
+    }
+  }
+}
+
 }  // namespace
 
 RemoteShards::RemoteShards(std::vector<std::string> urls, const std::string& source, const DataOptions& options)
@@ -217,10 +313,13 @@ RemoteShards::RemoteShards(std::vector<std::string> urls, const std::string& sou
   std::vector<int64_t> shard_sizes(n);
   std::vector<std::optional<ShardIndex>> found(n);
   etags_.resize(n);
-  std::vector<std::pair<remote::Response, remote::Response>> opened = heads_and_indexes(*client_, urls_);
+  std::optional<std::pair<size_t, remote::Response>> failed;
+  std::vector<std::pair<remote::Response, remote::Response>> opened =
+      heads_and_indexes(*client_, urls_, static_cast<size_t>(std::max(1, options_.max_requests)), failed);
+  if (failed && failed->first % 2 == 0) throw RemoteError("remote shards: cannot open " + failed->second.error);
+  if (failed) throw RemoteError("remote shards: cannot read the index: " + failed->second.error);
   for (size_t s = 0; s < n; ++s) {
     auto& [head, index] = opened[s];
-    if (!head.error.empty()) throw RemoteError("remote shards: cannot open " + head.error);
     if (head.object_size < 0) throw RemoteError("remote shards: HEAD " + redact_url(urls_[s]) + " gave no Content-Length");
     shard_sizes[s] = head.object_size;
     etags_[s] = head.etag;
@@ -230,13 +329,14 @@ RemoteShards::RemoteShards(std::vector<std::string> urls, const std::string& sou
     ShardIndex parsed = parse_shard_index(text, redact_url(index_url(urls_[s])));
     if (parsed.shard_size == head.object_size) {
       found[s] = std::move(parsed);
-      ++beside_;
     } else {
       gpufeed::log()->warn("remote shards: the index of {} is for a {}-byte shard, the shard has {}: reading its "
                            "headers instead",
                            redact_url(urls_[s]), parsed.shard_size, head.object_size);
     }
   }
+  prove_indexes(*client_, urls_, shard_sizes, etags_, found);
+  beside_ = std::count_if(found.begin(), found.end(), [](const auto& f) { return f.has_value(); });
   if (!options_.cache_dir.empty()) {
     cache_ = std::make_shared<remote::Cache>(options_.cache_dir,
                                              static_cast<int64_t>(options_.cache_limit * 1073741824.0));
@@ -278,15 +378,32 @@ SampleRef RemoteShards::at(int64_t i) const {
 
 void RemoteShards::read(int64_t i, const SampleRef& ref, decode::ByteBuffer& out) const {
   const auto k = static_cast<size_t>(i);
-  if (cache_ && cache_->read(shard_[k], offsets_[k], sizes_[k], out)) return;
+  std::string cache_failure;  // the cached copy's damage, named in an error if fetching fails too
+  if (cache_ && cache_->read(shard_[k], offsets_[k], sizes_[k], out, &cache_failure)) return;
   try {
     remote::Response r = client_->fetch(
         {.url = urls_[shard_[k]], .offset = offsets_[k], .size = sizes_[k], .if_match = etags_[shard_[k]]});
     out.swap(r.body);
     if (cache_) cache_->write(shard_[k], offsets_[k], out.data(), sizes_[k]);
   } catch (const RemoteError& e) {
-    throw decode::DecodeError(decode::ErrorKind::kIo, ref.source(), e.what());
+    throw decode::DecodeError(decode::ErrorKind::kIo, ref.source(),
+                              cache_failure.empty() ? std::string(e.what()) : e.what() + ("; " + cache_failure));
   }
+}
+
+RemoteStats RemoteShards::stats() const {
+  RemoteStats s;
+  const remote::ClientStats c = client_->stats();
+  s.requests = c.requests;
+  s.bytes_fetched = c.bytes;
+  if (cache_) {
+    const remote::CacheStats k = cache_->stats();
+    s.cache_hits = k.hits;
+    s.cache_hit_bytes = k.hit_bytes;
+    s.cache_checksum_failures = k.checksum_failures;
+    s.cache_read_errors = k.read_errors;
+  }
+  return s;
 }
 
 }  // namespace gpufeed::loader

@@ -525,10 +525,46 @@ SampleRef TarShards::at(int64_t i) const {
   return r;
 }
 
-// ---- the shard index beside a shard (format_shard_index)
+// ---- the shard index beside a shard (format_shard_index) and the shard's trailer
+
+namespace {
+
+bool is_sha256_hex(std::string_view s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+constexpr std::string_view kTrailerMagic = "gpufeed-shard-trailer 1\n";
+
+}  // namespace
+
+std::string format_shard_trailer(const ShardTrailer& trailer) {
+  if (!is_sha256_hex(trailer.sha256)) throw std::invalid_argument("shard trailer: '" + trailer.sha256 + "' is not a SHA-256");
+  std::string out = fmt::format("{}sha256 {}\ntar_bytes {}\n", kTrailerMagic, trailer.sha256, trailer.tar_bytes);
+  out.resize(static_cast<size_t>(kShardTrailerBytes), '\0');
+  return out;
+}
+
+std::optional<ShardTrailer> parse_shard_trailer(std::string_view tail, int64_t file_size) {
+  if (static_cast<int64_t>(tail.size()) < kShardTrailerBytes) return std::nullopt;
+  tail = tail.substr(tail.size() - static_cast<size_t>(kShardTrailerBytes));
+  if (!tail.starts_with(kTrailerMagic)) return std::nullopt;
+  tail.remove_prefix(kTrailerMagic.size());
+  if (!tail.starts_with("sha256 ") || tail.size() < 7 + 64 + 1 || tail[7 + 64] != '\n') return std::nullopt;
+  ShardTrailer t{.sha256 = std::string(tail.substr(7, 64))};
+  if (!is_sha256_hex(t.sha256)) return std::nullopt;
+  tail.remove_prefix(7 + 64 + 1);
+  if (!tail.starts_with("tar_bytes ")) return std::nullopt;
+  tail.remove_prefix(10);
+  const auto [p, ec] = std::from_chars(tail.data(), tail.data() + tail.size(), t.tar_bytes);
+  if (ec != std::errc() || p == tail.data() + tail.size() || *p != '\n') return std::nullopt;
+  if (!std::all_of(p + 1, tail.data() + tail.size(), [](char c) { return c == '\0'; })) return std::nullopt;
+  if (t.tar_bytes != file_size - kShardTrailerBytes) return std::nullopt;
+  return t;
+}
 
 std::string format_shard_index(const ShardIndex& index) {
-  std::string out = fmt::format("gpufeed-shard-index 1\nshard_size {}\n", index.shard_size);
+  std::string out = fmt::format("gpufeed-shard-index 2\nshard_size {}\n", index.shard_size);
+  if (!index.sha256.empty()) out += "sha256 " + index.sha256 + "\n";
   if (!index.etag.empty()) out += "etag " + index.etag + "\n";
   out += fmt::format("samples {}\n", index.samples.size());
   for (const ShardSample& x : index.samples) {
@@ -562,8 +598,9 @@ ShardIndex parse_shard_index(std::string_view text, const std::string& source) {
     return v;
   };
   std::string_view line;
-  if (!next_line(line) || line != "gpufeed-shard-index 1")
-    throw fail("not a gpufeed shard index of version 1 (the first line should read 'gpufeed-shard-index 1')");
+  if (!next_line(line) || (line != "gpufeed-shard-index 1" && line != "gpufeed-shard-index 2"))
+    throw fail("not a gpufeed shard index of version 1 or 2 (the first line should read 'gpufeed-shard-index 2')");
+  const bool v2 = line.back() == '2';
   const auto keyed = [&](std::string_view key) {
     if (!next_line(line) || !line.starts_with(key) || line.size() <= key.size() || line[key.size()] != ' ')
       throw fail(fmt::format("expected '{} <value>'", key));
@@ -571,6 +608,10 @@ ShardIndex parse_shard_index(std::string_view text, const std::string& source) {
   };
   index.shard_size = number(keyed("shard_size"), "shard_size");
   std::string_view count_text;
+  if (v2 && text.substr(at).starts_with("sha256 ")) {
+    index.sha256 = std::string(keyed("sha256"));
+    if (!is_sha256_hex(index.sha256)) throw fail("sha256 '" + index.sha256 + "' is not 64 lower-case hex digits");
+  }
   if (text.substr(at).starts_with("etag ")) index.etag = std::string(keyed("etag"));
   count_text = keyed("samples");
   const int64_t count = number(count_text, "samples");

@@ -20,6 +20,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <openssl/evp.h>
 #include <optional>
 #include <stdexcept>
 #include <system_error>
@@ -49,7 +50,27 @@ void put_octal(char* field, uint64_t v, int width) {
 
 // ---- TarWriter
 
-TarWriter::TarWriter(const fs::path& path) : path_(path) {
+// The running SHA-256 of what a TarWriter wrote (OpenSSL's libcrypto).
+struct TarDigest {
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  TarDigest() {
+    if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1) throw std::runtime_error("pack: SHA-256 unavailable");
+  }
+  ~TarDigest() { EVP_MD_CTX_free(ctx); }
+  void update(const void* data, size_t n) {
+    if (n && EVP_DigestUpdate(ctx, data, n) != 1) throw std::runtime_error("pack: SHA-256 update failed");
+  }
+  std::string hex() {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned len = 0;
+    if (EVP_DigestFinal_ex(ctx, md, &len) != 1) throw std::runtime_error("pack: SHA-256 final failed");
+    std::string out;
+    for (unsigned i = 0; i < len; ++i) out += fmt::format("{:02x}", md[i]);
+    return out;
+  }
+};
+
+TarWriter::TarWriter(const fs::path& path) : path_(path), digest_(std::make_unique<TarDigest>()) {
   file_ = std::fopen(path.c_str(), "wb");
   if (!file_) throw std::runtime_error("pack: cannot create " + path.string() + ": " + os_reason(errno));
 }
@@ -61,6 +82,7 @@ TarWriter::~TarWriter() {
 void TarWriter::write(const void* data, size_t n) {
   if (n && std::fwrite(data, 1, n, file_) != n)
     throw std::runtime_error("pack: cannot write " + path_.string() + ": " + os_reason(errno));
+  digest_->update(data, n);
   bytes_ += static_cast<int64_t>(n);
 }
 
@@ -108,8 +130,13 @@ void TarWriter::add(std::string_view name, std::span<const uint8_t> data) {
 
 void TarWriter::close() {
   if (!file_) return;
-  static const char zeros[kEndBytes] = {};
+  static const char zeros[1024] = {};
   write(zeros, sizeof zeros);
+  sha256_ = digest_->hex();
+  const std::string trailer = format_shard_trailer({.sha256 = sha256_, .tar_bytes = bytes_});
+  if (std::fwrite(trailer.data(), 1, trailer.size(), file_) != trailer.size())
+    throw std::runtime_error("pack: cannot write " + path_.string() + ": " + os_reason(errno));
+  bytes_ += static_cast<int64_t>(trailer.size());
   std::FILE* f = file_;
   file_ = nullptr;
   const bool flushed = std::fflush(f) == 0;
@@ -472,7 +499,7 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
 nlohmann::json manifest(const PackResult& r, const PackOptions& o, const fs::path& source) {
   using nlohmann::json;
   json shards = json::array();
-  for (const PackedShard& s : r.shards) shards.push_back({{"file", s.file}, {"samples", s.samples}, {"bytes", s.bytes}});
+  for (const PackedShard& s : r.shards) shards.push_back({{"file", s.file}, {"samples", s.samples}, {"bytes", s.bytes}, {"sha256", s.sha256}});
   json skipped = json::array();
   for (const PackSkip& s : r.skipped)
     skipped.push_back({{"index", s.index}, {"path", s.path}, {"kind", s.kind}, {"reason", s.reason}});
@@ -625,7 +652,7 @@ class ShardSet {
     shard_->close();
     const std::string name = shard_name(o_.prefix, r_.shards.size());
     const fs::path final_path = out_dir_ / name;
-    r_.shards.push_back({name, shard_samples_, shard_->bytes()});
+    r_.shards.push_back({name, shard_samples_, shard_->bytes(), shard_->sha256()});
     r_.bytes_out += shard_->bytes();
     shard_.reset();
     std::error_code e;
@@ -635,6 +662,7 @@ class ShardSet {
     written_.push_back(final_path);
     // Its index beside it (shard_index.h's format), for opening it remotely without its headers.
     index_.shard_size = r_.shards.back().bytes;
+    index_.sha256 = r_.shards.back().sha256;
     const fs::path index_path = final_path.string() + kShardIndexSuffix;
     write_text_atomically(index_path, format_shard_index(index_));
     written_.push_back(index_path);

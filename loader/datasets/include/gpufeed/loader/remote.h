@@ -3,8 +3,11 @@
 // HTTP(S), read without downloading them (docs/SCALING.md, "Remote data").
 //
 // Opening reads each shard's index (`<shard>.gpufeed-idx`, written beside it by `gpufeed pack`:
-// shard_index.h) and a HEAD of the shard (its size and ETag); a shard without an index is indexed
-// from its tar headers with ranged reads, and that index kept in the index cache. Every sample is
+// shards.h) and a HEAD of the shard (its size and ETag); an index is used only when the shard's
+// trailer (its last 512 bytes, one ranged GET) carries the SHA-256 the index records, so an index
+// left beside another version of its shard is not trusted (a warning names the shard and why). A
+// shard without a usable index is indexed from its tar headers with ranged reads, and that index
+// kept in the index cache. Every sample is
 // then a ranged GET of its image member's bytes, with If-Match on the ETag the index was made
 // against, so an object that changed since is an error, never decoded. A loader reads through a
 // SampleReader that requests ahead in the loader's order (the DistributedSampler's, exactly):
@@ -22,14 +25,19 @@
 // printed.
 //
 // Credentials and endpoint of s3:// URLs come from where boto3 finds them: AWS_ACCESS_KEY_ID,
-// AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, else the profile (AWS_PROFILE, else "default") of
-// ~/.aws/credentials or ~/.aws/config (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE); region
-// from AWS_REGION / AWS_DEFAULT_REGION / the profile (else us-east-1); endpoint from
-// DataOptions::endpoint_url, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or the profile's endpoint_url
-// (path-style requests), else AWS (virtual-hosted). Without credentials requests go unsigned.
+// AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, else the profile (AWS_DEFAULT_PROFILE, else
+// AWS_PROFILE, else "default": botocore's order) of ~/.aws/credentials, else its
+// credential_process, else its keys in ~/.aws/config (AWS_SHARED_CREDENTIALS_FILE,
+// AWS_CONFIG_FILE); region from AWS_REGION / AWS_DEFAULT_REGION / the profile (else
+// us-east-1); endpoint from DataOptions::endpoint_url, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or
+// the profile's endpoint_url (path-style requests), else AWS (virtual-hosted); CA bundle from
+// AWS_CA_BUNDLE or the profile's ca_bundle. Without credentials requests go unsigned (public
+// buckets); a 403 then says that no credentials were found and where they were looked for.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -58,8 +66,9 @@ bool is_url(std::string_view s);
 /// Throws std::invalid_argument when `url`'s scheme is not http, https or s3, naming the scheme.
 void check_url(std::string_view url);
 
-/// `url` as messages print it: the query string (a presigned URL's signature) replaced by
-/// "?<redacted>", user info ("user:password@") by "<redacted>@".
+/// `url` as messages print it: an http(s) URL's query string (a presigned URL's signature)
+/// replaced by "?<redacted>", user info ("user:password@") by "<redacted>@". An s3:// URL has no
+/// query: a '?' or '#' in it is part of the key, printed as it is.
 std::string redact_url(std::string_view url);
 
 /// Where and how an s3:// URL is requested: the HTTP(S) URL (path-style on a custom endpoint,
@@ -68,15 +77,33 @@ struct S3Config {
   std::string endpoint_url;  ///< "" for AWS
   std::string region = "us-east-1";
   std::string access_key, secret_key, session_token;
+  /// The CA bundle for https (CURLOPT_CAINFO): AWS_CA_BUNDLE, else the profile's ca_bundle;
+  /// "" leaves the client's default (CURL_CA_BUNDLE, SSL_CERT_FILE, the system's).
+  std::string ca_bundle;
+  /// When the credentials expire (credential_process's Expiration); nullopt: they do not.
+  std::optional<std::chrono::system_clock::time_point> expiration;
+  /// Where the credentials were looked for, for messages: what a refused unsigned request
+  /// reports (no secret in it).
+  std::string searched;
 };
 
-/// The S3 configuration boto3 would use: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
-/// AWS_SESSION_TOKEN, else the profile (AWS_PROFILE, else "default") of the shared credentials
-/// file (AWS_SHARED_CREDENTIALS_FILE, else ~/.aws/credentials), else of the config file
-/// (AWS_CONFIG_FILE, else ~/.aws/config); the region from AWS_REGION, AWS_DEFAULT_REGION, else the
-/// profile's; the endpoint from `endpoint_url`, else AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else
-/// the profile's endpoint_url.
-S3Config s3_config(const std::string& endpoint_url);
+/// The S3 configuration boto3 would use. Credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
+/// / AWS_SESSION_TOKEN, else the profile (AWS_DEFAULT_PROFILE, else AWS_PROFILE, else
+/// "default": botocore reads them in that order) of the shared credentials file (AWS_SHARED_CREDENTIALS_FILE, else
+/// ~/.aws/credentials), else the profile's credential_process (of either file, the credentials
+/// file's value first), else the profile's keys in the config file (AWS_CONFIG_FILE, else
+/// ~/.aws/config). credential_process is run as botocore runs it: the command line split as a
+/// POSIX shell splits words (quotes and backslashes; no expansion), no shell, stdin and the
+/// environment inherited; its stdout is JSON with Version 1, AccessKeyId, SecretAccessKey and
+/// optionally SessionToken and Expiration (ISO 8601). The region from AWS_REGION,
+/// AWS_DEFAULT_REGION, else the profile's; the endpoint from `endpoint_url`, else
+/// AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else the profile's endpoint_url; the CA bundle from
+/// AWS_CA_BUNDLE, else the profile's ca_bundle.
+/// Throws std::invalid_argument for an endpoint that is not an http(s) URL, and RemoteError when
+/// the credential_process fails: exits non-zero (its status and the first line of its stderr),
+/// runs longer than `process_timeout_s` seconds (it is killed), or prints what is not such JSON;
+/// the message names the profile and the command's program (never its arguments or output).
+S3Config s3_config(const std::string& endpoint_url, double process_timeout_s = 60);
 
 /// The HTTP(S) URL an s3:// URL is requested at under `config`. Throws std::invalid_argument for
 /// an s3:// URL without a bucket or key.
@@ -87,6 +114,17 @@ std::string s3_http_url(const std::string& s3_url, const S3Config& config);
 /// std::invalid_argument for a scheme check_url refuses; returns an empty list when `data` names
 /// no URL.
 std::vector<std::string> remote_shard_urls(const std::string& data);
+
+/// What a RemoteShards fetched and what its local cache served, summed over its life (every
+/// loader over it, the open's requests included).
+struct RemoteStats {
+  int64_t requests = 0;                 ///< requests that succeeded (HEADs, index and range GETs)
+  int64_t bytes_fetched = 0;            ///< their body bytes
+  int64_t cache_hits = 0;               ///< samples read from DataOptions::cache_dir
+  int64_t cache_hit_bytes = 0;          ///< their bytes
+  int64_t cache_checksum_failures = 0;  ///< cached samples whose bytes failed their CRC-32C: fetched again
+  int64_t cache_read_errors = 0;        ///< cached samples the disk could not give back: fetched again
+};
 
 /// WebDataset tar shards read over HTTP(S) or S3: the samples, order and labels of TarShards over
 /// the same shards on a local disk (shard order, then archive order).
@@ -110,6 +148,8 @@ class RemoteShards : public Dataset {
   int64_t indexes_beside() const { return beside_; }
   int64_t indexes_cached() const { return cached_; }
   int64_t indexes_built() const { return built_; }
+  /// The requests and the cache's use so far.
+  RemoteStats stats() const;
 
   // For the reader: shard s's URL (as given), ETag, and sample i's shard.
   const std::string& etag(uint32_t shard) const { return etags_[shard]; }

@@ -76,28 +76,56 @@ std::vector<ShardSample> index_shard(const ReadAt& read, int64_t file_size, cons
 /// The name of a shard's index beside it: "train-000000.tar" -> "train-000000.tar.gpufeed-idx".
 inline constexpr const char* kShardIndexSuffix = ".gpufeed-idx";
 
-/// A shard's samples as its index file holds them, with the shard's size (and, in the index
-/// cache of remote shards, the ETag it was made against) to tell a stale index.
+/// A shard's samples as its index file holds them, with what ties the index to one version of
+/// its shard: the shard's size, the SHA-256 of its tar bytes (written by `gpufeed pack`, which
+/// also writes it into the shard's trailer: format_shard_trailer), and, in the index cache of
+/// remote shards, the ETag it was made against.
 struct ShardIndex {
   int64_t shard_size = 0;
-  std::string etag;
-  std::vector<ShardSample> samples;
+  std::string sha256{};  ///< 64 lower-case hex digits, or empty (an index that cannot prove its shard)
+  std::string etag{};
+  std::vector<ShardSample> samples{};
 };
 
-/// The index file's text (version 1, UTF-8, one sample per line; a few bytes per sample beyond
+/// The index file's text (version 2, UTF-8, one sample per line; a few bytes per sample beyond
 /// its name):
-///   gpufeed-shard-index 1
+///   gpufeed-shard-index 2
 ///   shard_size <bytes>
+///   sha256 <64 hex digits>           (only when non-empty: the shard's trailer's digest)
 ///   etag <ETag>                      (only when non-empty)
 ///   samples <count>
 ///   <offset> <size> <label> <member name>      (count lines, archive order)
 /// Throws std::invalid_argument for a member name holding a line break.
 std::string format_shard_index(const ShardIndex& index);
 
-/// Reads format_shard_index's text. Throws ShardError naming `source` and the line for another
-/// format or version, a malformed or missing line, a sample past shard_size, or a label outside
-/// 0..kMaxLabel.
+/// Reads format_shard_index's text, and version 1's (the same without the sha256 line). Throws
+/// ShardError naming `source` and the line for another format or version, a malformed or
+/// missing line, a sample past shard_size, or a label outside 0..kMaxLabel.
 ShardIndex parse_shard_index(std::string_view text, const std::string& source);
+
+/// The trailer `gpufeed pack` writes after a shard's end-of-archive blocks, so that an index can
+/// prove it belongs to the exact shard it describes: kShardTrailerBytes bytes, the text
+///   gpufeed-shard-trailer 1\nsha256 <64 hex digits>\ntar_bytes <N>\n
+/// padded with NUL bytes, where N is the size of the tar before it (the file's size minus the
+/// trailer) and the digest is the SHA-256 of those N bytes (`head -c N shard.tar | sha256sum`).
+/// Tar readers stop at the end-of-archive blocks and never see it (GNU tar, Python's tarfile,
+/// webdataset, index_tar).
+inline constexpr int64_t kShardTrailerBytes = 512;
+
+/// What a shard's trailer says.
+struct ShardTrailer {
+  std::string sha256;  ///< 64 lower-case hex digits
+  int64_t tar_bytes = 0;
+};
+
+/// The trailer's kShardTrailerBytes bytes. Throws std::invalid_argument when `sha256` is not 64
+/// lower-case hex digits.
+std::string format_shard_trailer(const ShardTrailer& trailer);
+
+/// The trailer in `tail`, a file's last bytes (up to kShardTrailerBytes of them), for a file of
+/// `file_size` bytes; nullopt when they are not a trailer or its tar_bytes is not file_size -
+/// kShardTrailerBytes (a shard written by another tool, cut short, or appended to).
+std::optional<ShardTrailer> parse_shard_trailer(std::string_view tail, int64_t file_size);
 
 /// Expands WebDataset's (braceexpand's) notation: "train-{000..002}.tar" -> train-000.tar,
 /// train-001.tar, train-002.tar (numbers keep the first bound's width when it is zero-padded),

@@ -69,6 +69,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -84,7 +85,10 @@ namespace gpufeed::loader {
 /// A POSIX ustar archive written member by member (what pack's shards are made of): deterministic
 /// headers (mode 0644, uid/gid 0, mtime 0, empty uname/gname, typeflag '0'), data padded to 512
 /// bytes, and close() appends the two zero blocks that end the archive (no padding to a 10 KiB
-/// record: readers need none).
+/// record: readers need none), then the shard trailer (shards.h, format_shard_trailer): the
+/// SHA-256 of every byte before it, computed as they are written, which the shard's index records
+/// too, so that an index proves it belongs to this very shard.
+struct TarDigest;
 class TarWriter {
  public:
   /// Creates (truncates) `path`. Throws std::runtime_error naming it and the OS reason.
@@ -99,22 +103,26 @@ class TarWriter {
   /// std::invalid_argument for a name that fits neither or a member of 8 GiB or more (the 11
   /// octal digits of the size field), std::runtime_error naming the file on a write failure.
   void add(std::string_view name, std::span<const uint8_t> data);
-  /// Writes the end-of-archive blocks and closes the file (checking the close). Throws
-  /// std::runtime_error naming the file on failure.
+  /// Writes the end-of-archive blocks and the trailer and closes the file (checking the close).
+  /// Throws std::runtime_error naming the file on failure.
   void close();
-  /// Bytes written so far (after close(): the archive's size).
+  /// Bytes written so far (after close(): the file's size, the trailer included).
   int64_t bytes() const { return bytes_; }
+  /// After close(): the SHA-256 of the tar (the file without its trailer), 64 lower-case hex digits.
+  const std::string& sha256() const { return sha256_; }
 
   /// Bytes a member of `size` data bytes takes: its header plus the data padded to 512.
   static int64_t member_bytes(int64_t size) { return 512 + (size + 511) / 512 * 512; }
-  /// The end-of-archive blocks.
-  static constexpr int64_t kEndBytes = 1024;
+  /// What close() appends: the end-of-archive blocks (1024 bytes) and the trailer (512).
+  static constexpr int64_t kEndBytes = 1024 + 512;
 
  private:
   void write(const void* data, size_t n);
   std::filesystem::path path_;
   std::FILE* file_ = nullptr;
   int64_t bytes_ = 0;
+  std::unique_ptr<TarDigest> digest_;
+  std::string sha256_;
 };
 
 /// Options of pack_dataset (the CLI's flags, from pack_options_schema(): `gpufeed pack --help`).
@@ -168,6 +176,7 @@ struct PackedShard {
   std::string file;     ///< file name inside OUT_DIR
   int64_t samples = 0;
   int64_t bytes = 0;    ///< the file's size
+  std::string sha256{}; ///< the SHA-256 of its tar bytes (its trailer's and its index's)
 };
 
 /// Progress, reported after each chunk is written.
