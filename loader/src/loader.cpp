@@ -396,6 +396,11 @@ void load_sample(const Dataset& dataset, int64_t index, int64_t epoch, const Loa
   transform_into(dataset, nullptr, 0, dataset.at(index), index, epoch, options, out);
 }
 
+void load_sample(const Dataset& dataset, SampleReader& reader, uint64_t tag, int64_t index, int64_t epoch,
+                 const LoaderOptions& options, uint8_t* out) {
+  transform_into(dataset, &reader, tag, dataset.at(index), index, epoch, options, out);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The loader: a oneTBB arena runs one task per scheduled batch (a parallel_for over its samples,
 // written straight into the batch's slot); next() hands batches out in schedule order.

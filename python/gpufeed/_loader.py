@@ -15,6 +15,7 @@ from . import _C
 
 _DTYPES = {torch.uint8: "uint8", torch.float32: "float32", torch.bfloat16: "bfloat16",
            torch.float16: "float16"}
+_DTYPE_NAMED = {name: dtype for dtype, name in _DTYPES.items()}
 # The keywords declared once in C++, beside their options structs (gpufeed/option.h): name, type,
 # help, unit, accepted values and default. The signature, the type checks and the docstring's
 # keyword list come from them; their values are checked by the same code as the CLI's flags.
@@ -327,9 +328,6 @@ class DataLoader:
             root = os.fsdecode(root)
         elif not isinstance(root, (str, os.PathLike)):
             raise TypeError(f"root must be a path (str or os.PathLike), not {type(root).__name__}")
-        # Everything needed to build this loader again (loader.dataset in a spawned worker).
-        self._kwargs = dict(options, root=root, device=device, dtype=dtype, memory_format=memory_format,
-                            shuffle=shuffle, rank=rank, world_size=world_size, extensions=extensions)
         keywords = _schema_keywords(options)
         self.labels_only = bool(labels_only)
         if self.labels_only and keywords.get("on_error") == "skip":
@@ -369,9 +367,17 @@ class DataLoader:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.root = os.fspath(root)
+        extensions = _extensions(extensions)
         self._c = _C._Loader(self.root, keywords, str(self.device), _DTYPES[dtype],
                              memory_format == torch.channels_last, rank, world_size, bool(shuffle),
-                             sampler_drop_last, _sample_only or self.labels_only, _extensions(extensions))
+                             sampler_drop_last, _sample_only or self.labels_only, extensions)
+        # What loader.dataset pickles to load the same samples in another process (a spawned or
+        # forkserver DataLoader worker): plain str, int, float, bool and lists only, the checked
+        # schema keywords (the seed a sampler= gave included) and the dtype by name, so it
+        # unpickles wherever gpufeed imports (a torch.dtype or memory_format pickles as a reference
+        # to whichever module holds torch, which a child of `python -c` or a notebook may lack).
+        self._sample_recipe = {"root": self.root, "keywords": dict(keywords), "extensions": list(extensions),
+                               "dtype": _DTYPES[dtype]}
         # The options in force, read back as the C++ side resolved them.
         resolved = {name: (keywords[name] if name in keywords else _keyword_default(name)) for name in _SPECS}
         self.batch_size = int(resolved["batch_size"])
@@ -421,6 +427,7 @@ class DataLoader:
         self._initial_iter_for_state_dict = False
         self._next_iter_state: Optional[Dict[str, Any]] = None
         self._running: Optional[_Cursor] = None
+        self._held: Optional[Tuple[_Cursor, Any]] = None  # a batch taken by an interrupted next(), for its cursor
         self._epoch_set_while_running = False
         self._closed = False
         self.last_batch: Dict[str, Any] = {}
@@ -527,18 +534,37 @@ class DataLoader:
                                "iter(loader) (one epoch runs at a time)")
         if not it.committed:
             self._commit(it)
-        out = self._next_labels(it) if self.labels_only else self._c.next(self._wait_slice_s, self._stream())
+        out = self._take(it)
         if out is None:
             it.finished = True
             self._running = None
             raise StopIteration
+        return self._deliver(it, out)
+
+    def _take(self, it: "_Cursor") -> Optional[Tuple[Any, torch.Tensor, Dict[str, Any]]]:
+        """The next batch of `it` as (images, labels, info), or None after the last: the one an
+        interrupted call took and kept, else the C++ loader's."""
+        held, self._held = self._held, None
+        if held is not None and held[0] is it:
+            return held[1]
+        del held  # another epoch's: its slots go back now
+        return self._next_labels(it) if self.labels_only else self._c.next(self._wait_slice_s, self._stream())
+
+    def _deliver(self, it: "_Cursor", out: Tuple[Any, torch.Tensor, Dict[str, Any]]) -> Tuple[Any, torch.Tensor]:
+        """Batch `out` as the caller gets it, counted as yielded by `it` only once nothing can
+        interrupt: Ctrl-C (or an error) while the CPU float conversion runs keeps `out` for `it`'s
+        next call, so that call returns this batch."""
         images, labels, info = out
+        try:
+            if self.labels_only:
+                images = None
+            elif self._convert is not None:  # CPU, float: the slot's views become copies (the slot is freed)
+                images, labels = self._convert(images), labels.clone()
+        except BaseException:
+            self._held = (it, out)
+            raise
         it.batches_yielded += 1
         self.last_batch = info
-        if self.labels_only:
-            return None, labels
-        if self._convert is not None:  # CPU, float: the slot's views become copies (the slot is freed)
-            images, labels = self._convert(images), labels.clone()
         return images, labels
 
     def _stream(self) -> int:
@@ -755,7 +781,7 @@ class DataLoader:
         """A map-style ``torch.utils.data.Dataset`` over this loader's samples (see
         ``_SampleDataset``): ``len`` = dataset size, ``dataset[i]`` = ``(image, label)`` with the
         loader's transform, dtype and layout for one sample."""
-        return _SampleDataset(self, self._kwargs)
+        return _SampleDataset(self, self._sample_recipe)
 
     @property
     def sampler(self) -> "torch.utils.data.Sampler":
@@ -804,7 +830,8 @@ class DataLoader:
         """Sample `index` of `epoch` decoded and transformed exactly as the workers do it,
         [S, S, 3] uint8, S = image_size (default: the running epoch's, else the next one's; train
         only, eval keeps its crop). Needs no decode threads: works in a forked process too.
-        Raises IndexError, gpufeed.DecodeError."""
+        Raises IndexError, gpufeed.DecodeError, and KeyboardInterrupt on Ctrl-C while a remote
+        read waits (that read is dropped; the loader and later reads go on)."""
         size = self._current_image_size() if image_size is None else _integer("image_size", image_size, 1)
         return self._c.load_sample(_integer("index", index), epoch, size)
 
@@ -815,6 +842,7 @@ class DataLoader:
         when the loader is garbage-collected). Tensors from earlier batches stay valid."""
         self._closed = True
         self._running = None
+        self._held = None
         self._c.close()
 
     def __enter__(self) -> "DataLoader":
@@ -913,33 +941,36 @@ class _SampleDataset(torch.utils.data.Dataset):
     torch.uint8; on the CPU; label an int. So ``torch.utils.data.Subset(loader.dataset, range(a,
     b))`` fed to a plain torch.utils.data.DataLoader yields what the loader would (PyTorch's
     examples/imagenet/main.py validates the samples its DistributedSampler(drop_last=True) left
-    out that way). It pickles (DataLoader workers under the spawn start method rebuild a
-    one-thread loader over the same data). Raises IndexError out of range, gpufeed.DecodeError
-    for an unreadable sample. ``classes``, ``class_to_idx``, ``samples``, ``targets`` and
-    ``root`` are ImageFolder's."""
+    out that way). It pickles as plain values (the root, the checked keywords, the dtype's
+    name, the epoch and crop side), so DataLoader workers under the spawn and forkserver start
+    methods, also of a program without a main file (``python -c``, a notebook), rebuild a
+    sample-only loader over the same data and load the same pixels. Raises IndexError out of
+    range, gpufeed.DecodeError for an unreadable sample. ``classes``, ``class_to_idx``,
+    ``samples``, ``targets`` and ``root`` are ImageFolder's."""
 
-    def __init__(self, loader: Optional[DataLoader], kwargs: Dict[str, Any]):
+    def __init__(self, loader: Optional[DataLoader], recipe: Dict[str, Any]):
         self._loader = loader
-        self._kwargs = kwargs
+        self._recipe = recipe  # DataLoader._sample_recipe: plain values only
         self._epoch = 0
         self._image_size = 0
         self._rebuilt = False
 
     def _source(self) -> DataLoader:
         if self._loader is None:  # unpickled in another process: samples only, no threads or slots
-            kw = dict(self._kwargs, num_workers=1, prefetch_depth=2, batch_size=1, device="cpu",
-                      dtype=torch.uint8, rank=0, world_size=1, _sample_only=True)
-            self._loader = DataLoader(**kw)
+            r = self._recipe
+            keywords = dict(r["keywords"], num_workers=1, prefetch_depth=2, batch_size=1)
+            self._loader = DataLoader(r["root"], extensions=r["extensions"], device="cpu", dtype=torch.uint8,
+                                      rank=0, world_size=1, _sample_only=True, **keywords)
         return self._loader
 
     def __getstate__(self) -> Dict[str, Any]:
         if self._loader is not None and not self._rebuilt:
-            return {"kwargs": self._kwargs, "epoch": self._loader._current_epoch(),
+            return {"recipe": self._recipe, "epoch": self._loader._current_epoch(),
                     "image_size": self._loader._current_image_size()}
-        return {"kwargs": self._kwargs, "epoch": self._epoch, "image_size": self._image_size}
+        return {"recipe": self._recipe, "epoch": self._epoch, "image_size": self._image_size}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self._loader, self._kwargs = None, state["kwargs"]
+        self._loader, self._recipe = None, state["recipe"]
         self._epoch, self._image_size = state["epoch"], state["image_size"]
         self._rebuilt = True
 
@@ -956,7 +987,7 @@ class _SampleDataset(torch.utils.data.Dataset):
             raise IndexError(f"gpufeed.DataLoader.dataset: index {index} out of range for {n} samples")
         if self._rebuilt:
             image = loader.load_sample(index, self._epoch, self._image_size)
-            dtype = self._kwargs["dtype"]
+            dtype = _DTYPE_NAMED[self._recipe["dtype"]]
         else:
             image = loader.load_sample(index, loader._current_epoch())
             dtype = loader.dtype

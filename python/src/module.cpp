@@ -12,7 +12,9 @@
 //   caller passes (torch.cuda.current_stream().cuda_stream), in device memory from the engine's
 //   stream-ordered pool, freed on that stream when torch frees the tensor.
 // - Waiting for a batch releases the GIL and waits in short slices (Loader::wait_ready), checking
-//   for signals between them (PyErr_CheckSignals), so Ctrl-C raises KeyboardInterrupt promptly.
+//   for signals between them (PyErr_CheckSignals), so Ctrl-C raises KeyboardInterrupt promptly;
+//   a batch taken when Ctrl-C lands is kept for the next call. Opening a dataset and a remote
+//   load_sample run on a helper thread for the same reason (run_interruptibly).
 // - No Python object is touched off the calling thread: the loader's workers run C++ only.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -30,6 +32,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
@@ -245,39 +248,50 @@ KeywordOptions apply_keywords(const std::map<std::string, options::Value>& given
   return k;
 }
 
-// open_dataset on a helper thread while this one, holding the GIL between waits, checks for
-// signals: Ctrl-C while a remote dataset opens (its HEADs and index GETs may stall for
-// request_timeout x max_retries) raises KeyboardInterrupt at once, its requests cancelled
-// (DataOptions::interrupt). Folder listings are waited for the same way.
-std::shared_ptr<loader::Dataset> open_interruptibly(const std::string& path, loader::DataOptions options,
-                                                    const std::vector<std::string>& extensions) {
-  auto interrupt = std::make_shared<std::atomic<bool>>(false);
-  options.interrupt = interrupt;
-  std::packaged_task<std::shared_ptr<loader::Dataset>()> open([&] { return loader::open_dataset(path, options, extensions); });
-  std::future<std::shared_ptr<loader::Dataset>> opened = open.get_future();
-  std::thread worker(std::move(open));
+// `work` on a helper thread while this one, holding the GIL between 100 ms waits, checks for
+// signals. On Ctrl-C (a signal whose handler raised), `cancel` makes the work return at once, its
+// own error ("cancelled") is dropped and the handler's (KeyboardInterrupt) is raised; nothing
+// else is changed, so the caller's object goes on as before the call. Otherwise work's result
+// or exception.
+template <class R>
+R run_interruptibly(std::function<R()> work, const std::function<void()>& cancel) {
+  std::packaged_task<R()> task(std::move(work));
+  std::future<R> result = task.get_future();
+  std::thread worker(std::move(task));
   for (;;) {
     bool ready;
     {
       nb::gil_scoped_release nogil;
-      ready = opened.wait_for(std::chrono::milliseconds(100)) == std::future_status::ready;
+      ready = result.wait_for(std::chrono::milliseconds(100)) == std::future_status::ready;
     }
     if (ready) break;
     if (PyErr_CheckSignals() != 0) {
-      interrupt->store(true);
+      cancel();
       {
         nb::gil_scoped_release nogil;
-        worker.join();  // prompt: the client fails what it has in flight
+        worker.join();  // prompt: the work fails what it waits for
       }
       try {
-        opened.get();
-      } catch (...) {  // the open's own error ("cancelled (interrupted)"): the signal's is raised
+        result.get();
+      } catch (...) {  // the work's own error (cancelled): the signal's is raised
       }
       throw nb::python_error();
     }
   }
   worker.join();
-  return opened.get();
+  return result.get();
+}
+
+// open_dataset, interruptibly: Ctrl-C while a remote dataset opens (its HEADs and index GETs may
+// stall for request_timeout x max_retries) raises KeyboardInterrupt at once, its requests
+// cancelled (DataOptions::interrupt, this open's own: the dataset it would have made is dropped).
+// Folder listings are waited for the same way.
+std::shared_ptr<loader::Dataset> open_interruptibly(const std::string& path, loader::DataOptions options,
+                                                    const std::vector<std::string>& extensions) {
+  auto interrupt = std::make_shared<std::atomic<bool>>(false);
+  options.interrupt = interrupt;
+  return run_interruptibly<std::shared_ptr<loader::Dataset>>(
+      [&] { return loader::open_dataset(path, options, extensions); }, [&] { interrupt->store(true); });
 }
 
 class PyLoader {
@@ -299,6 +313,7 @@ class PyLoader {
     const loader::LoaderOptions& o = k.loader;
     options_ = o;
     dataset_ = open_interruptibly(path, k.cache, extensions);
+    sample_reader_ = dataset_->reader();
     nb::gil_scoped_release nogil;  // allocating slots takes a while
     sampler::DistributedSamplerOptions so;
     so.num_replicas = world_size;
@@ -334,6 +349,8 @@ class PyLoader {
   /// Cancels the epoch's pending work and frees the slots not held by live tensors.
   void close() {
     nb::gil_scoped_release nogil;
+    held_.reset();
+    held_engine_.reset();
     engine_.reset();
     loader_.reset();
   }
@@ -350,6 +367,8 @@ class PyLoader {
 
   void start_epoch(int64_t epoch, int64_t start_batch) {
     loader::Loader& l = loader();
+    held_.reset();  // a batch of the epoch before, taken by an interrupted next()
+    held_engine_.reset();
     nb::gil_scoped_release nogil;
     if (engine_)
       engine_->start_epoch(epoch, start_batch);
@@ -365,6 +384,7 @@ class PyLoader {
     const auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(slice_s));
     const auto t0 = std::chrono::steady_clock::now();
     for (;;) {
+      if (held_ || held_engine_) break;  // taken by a call that was interrupted
       bool ready;
       {
         nb::gil_scoped_release nogil;
@@ -375,27 +395,41 @@ class PyLoader {
     }
     std::pair<nb::object, nb::object> tensors;
     nb::dict info;
+    // Making the tensors runs Python (torch's DLPack import), where a pending Ctrl-C raises: the
+    // batch taken stays held and the next call returns it.
     if (!engine_) {
-      std::optional<loader::Batch> b;
-      {
-        nb::gil_scoped_release nogil;
-        b = l.next();
+      if (!held_) {
+        std::optional<loader::Batch> b;
+        {
+          nb::gil_scoped_release nogil;
+          b = l.next();
+        }
+        if (!b) return nb::none();
+        held_ = std::move(b);
       }
-      if (!b) return nb::none();
-      tensors = lease_tensors(*b);
-      fill_info(info, *b);
+      tensors = lease_tensors(*held_);
+      fill_info(info, *held_);
     } else {
-      std::optional<device::EngineBatch> b;
-      {
-        nb::gil_scoped_release nogil;
-        b = engine_->next(reinterpret_cast<device::StreamHandle>(stream));
+      if (!held_engine_) {
+        std::optional<device::EngineBatch> b;
+        {
+          nb::gil_scoped_release nogil;
+          b = engine_->next(reinterpret_cast<device::StreamHandle>(stream));
+        }
+        if (!b) return nb::none();
+        held_engine_ = std::move(b);
       }
-      if (!b) return nb::none();
-      tensors = device_tensors(*b, device_);
-      fill_info(info, *b);
+      tensors = device_tensors(*held_engine_, device_);
+      fill_info(info, *held_engine_);
     }
     info["wait_ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    return nb::make_tuple(tensors.first, tensors.second, info);
+    nb::object out = nb::make_tuple(tensors.first, tensors.second, info);
+    // A Ctrl-C that came while the tensors were made but ran no Python: raised here, the batch
+    // still held, rather than by the interpreter once this returns, which would drop the batch.
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+    held_.reset();
+    held_engine_.reset();
+    return out;
   }
 
   /// Batches of a whole epoch of this rank (DistributedSampler's, whatever epoch is resumed).
@@ -514,11 +548,19 @@ class PyLoader {
     if (size > 0 && o.transform.kind == loader::TransformOptions::Kind::kTrain) o.transform.rrc.size = size;
     const auto s = static_cast<size_t>(o.transform.output_size());
     auto out = std::make_unique<std::vector<uint8_t>>(s * s * 3);
-    {
-      nb::gil_scoped_release nogil;
-      loader::load_sample(*dataset_, index, epoch, o, out->data());
-    }
     uint8_t* data = out->data();
+    if (!sample_reader_) {
+      nb::gil_scoped_release nogil;
+      loader::load_sample(*dataset_, index, epoch, o, data);
+    } else {
+      // Remote: read through this object's own reader, so Ctrl-C while the read waits (a stalled
+      // server retried for up to request_timeout x max_retries) forgets just this read and raises
+      // KeyboardInterrupt at once; the dataset's client and the loader go on unchanged.
+      const uint64_t tag = ++sample_tags_;
+      sample_reader_->announce(tag, {index});
+      run_interruptibly<void>([&] { loader::load_sample(*dataset_, *sample_reader_, tag, index, epoch, o, data); },
+                              [&] { sample_reader_->forget(tag); });
+    }
     return tensor(data, {s, s, 3}, {}, nb::dtype<uint8_t>(), owner_of(std::move(out)));
   }
 
@@ -535,9 +577,15 @@ class PyLoader {
   loader::LoaderOptions options_;
   device::OutputType dtype_ = device::OutputType::kUInt8;
   std::shared_ptr<loader::Dataset> dataset_;
+  // load_sample's reads of a dataset with a reader of its own (remote), one tag per call; null for
+  // the others. Destroyed before the dataset.
+  std::unique_ptr<loader::SampleReader> sample_reader_;
+  uint64_t sample_tags_ = 0;  // changed with the GIL held
   std::shared_ptr<sampler::ResumedDistributedSampler> sampler_;
   std::shared_ptr<loader::Loader> loader_;
   std::unique_ptr<device::CudaEngine> engine_;  // CUDA only; destroyed before loader_
+  std::optional<loader::Batch> held_;                // taken by an interrupted next(): the next one's
+  std::optional<device::EngineBatch> held_engine_;  // the same, CUDA; both destroyed first
 };
 
 /// Decodes a whole image (file path or bytes) to an [H, W, 3] uint8 capsule.

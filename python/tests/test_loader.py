@@ -404,6 +404,36 @@ def test_keyboard_interrupt_while_waiting(big_folder):
     assert images.shape[0] == 48 and loader.last_batch["batch_index"] == 0
 
 
+def test_ctrl_c_after_a_batch_left_the_loader_keeps_it_for_the_next_call(folder):
+    """A real SIGINT that lands after the C++ loader handed a batch out, while the CPU float
+    conversion runs, raises KeyboardInterrupt, and the next next() returns that batch: the
+    iterator yields exactly the uninterrupted run's batches (indices and pixels)."""
+    kw = dict(batch_size=4, image_size=24, num_workers=2, shuffle=True, seed=3)
+    reference = gpufeed.DataLoader(folder, **kw)
+    expected = [(list(reference.last_batch["indices"]), x.clone()) for x, _ in reference]
+    loader = gpufeed.DataLoader(folder, **kw)
+    convert, calls = loader._convert, []
+
+    def convert_interrupted_once(images):
+        calls.append(len(calls))
+        if len(calls) == 3:  # the third batch's conversion: Ctrl-C arrives now
+            os.kill(os.getpid(), signal.SIGINT)
+        return convert(images)
+
+    loader._convert = convert_interrupted_once
+    it = iter(loader)
+    got = []
+    for _ in range(2):
+        images, _ = next(it)
+        got.append((list(loader.last_batch["indices"]), images))
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    assert loader.state_dict()["batches_yielded"] == 2
+    got += [(list(loader.last_batch["indices"]), x) for x, _ in it]
+    assert [i for i, _ in got] == [i for i, _ in expected]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(got, expected))
+
+
 def test_delete_mid_epoch(big_folder):
     """Deleting a loader mid-epoch cancels its pending work; batches already taken stay valid."""
     loader = gpufeed.DataLoader(big_folder, batch_size=8, num_workers=2, image_size=64, dtype=torch.uint8,

@@ -3,6 +3,7 @@ server and from nginx, S3 from moto's server, all on 127.0.0.1 and started here;
 remote_servers.FaultProxy. Remote batches equal the same shards' batches from the local disk, byte
 for byte; every fault kind is retried or fails naming the URL; secrets stay out of every output."""
 import contextlib
+import faulthandler
 import gc
 import io
 import json
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 
 import pytest
@@ -318,6 +320,79 @@ def test_ctrl_c_while_opening_returns_promptly_while_the_heads_stall(packed):
             gpufeed.DataLoader(proxy.url + "/shards/" + PATTERN, request_timeout=60, **COMMON)
         assert 0.9 < time.monotonic() - started < 20  # the interrupt's time; not the 60 s stall
         assert proxy.stats().get("stall", 0) >= 1  # the opening did wait on a stalled HEAD
+
+
+@contextlib.contextmanager
+def sigint_after(seconds: float, bound_s: float = 120):
+    """A real SIGINT sent to this process `seconds` from now by a timer thread (Python's own
+    handler raises KeyboardInterrupt in the main thread); the body must raise it. The process
+    dumps its threads and exits if the body has not ended `bound_s` from now: a hang fails the run
+    instead of stalling it. Yields the start time."""
+    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+    faulthandler.dump_traceback_later(bound_s, exit=True)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            yield time.monotonic()
+    finally:
+        timer.cancel()
+        timer.join()
+        faulthandler.cancel_dump_traceback_later()
+
+
+@contextlib.contextmanager
+def bounded(bound_s: float = 120):
+    """The process dumps its threads and exits if the body has not ended `bound_s` from now."""
+    faulthandler.dump_traceback_later(bound_s, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def test_ctrl_c_while_a_read_stalls_then_next_returns_the_pending_batch(packed):
+    """A real SIGINT while next() waits on a stalled server raises KeyboardInterrupt; once the server
+    answers again, the same iterator yields exactly the uninterrupted run's batches (indices and
+    pixels), from the pending one on."""
+    local, _ = epoch(str(packed / PATTERN))
+    with RangeHTTPServer(packed.parent) as http, FaultProxy(http.url) as proxy:
+        loader = gpufeed.DataLoader(proxy.url + "/shards/" + PATTERN, shuffle=True, seed=3, request_timeout=1,
+                                    **COMMON)
+        loader.set_epoch(1)
+        proxy.stall_s = 60
+        proxy.inject("stall", count=10**6, match=shard_path(".tar"), methods=("GET",))
+        it = iter(loader)
+        with sigint_after(1.0):
+            next(it)
+        assert proxy.stats()["stall"] >= 1  # the read did wait on a stalled GET
+        proxy.clear_faults()
+        with bounded():
+            rest = [(list(loader.last_batch["indices"]), y.clone(), x.clone()) for x, y in it]
+        assert_same(local, rest)
+
+
+def test_ctrl_c_while_load_sample_stalls_raises_at_once_and_the_loader_goes_on(packed):
+    """A real SIGINT while load_sample (loader.dataset[i]) waits on a stalled server raises
+    KeyboardInterrupt within seconds, not after the stall's retries; once the server answers, the
+    same sample and a whole epoch equal the local disk's."""
+    local, local_loader = epoch(str(packed / PATTERN))
+    with RangeHTTPServer(packed.parent) as http, FaultProxy(http.url) as proxy:
+        loader = gpufeed.DataLoader(proxy.url + "/shards/" + PATTERN, shuffle=True, seed=3, request_timeout=30,
+                                    max_retries=0, **COMMON)
+        loader.set_epoch(1)
+        proxy.stall_s = 60
+        proxy.inject("stall", count=10**6, match=shard_path(".tar"), methods=("GET",))
+        with sigint_after(1.0) as started:
+            loader.load_sample(11, 1)
+        assert time.monotonic() - started < 10  # the stalled GET times out only after 30 s
+        assert proxy.stats()["stall"] == 1
+        proxy.clear_faults()
+        with bounded():
+            assert torch.equal(loader.load_sample(11, 1), local_loader.load_sample(11, 1))
+            local_loader.set_epoch(1)  # both datasets' samples of epoch 1
+            assert torch.equal(loader.dataset[11][0], local_loader.dataset[11][0])
+            remote = [(list(loader.last_batch["indices"]), y.clone(), x.clone()) for x, y in loader]
+        assert_same(local, remote)
 
 
 def test_secrets_stay_out_of_every_output(packed, monkeypatch, capfd, tmp_path, gpufeed_cli):

@@ -65,6 +65,68 @@ def test_subset_of_the_dataset_through_a_torch_dataloader_with_workers(folder):
         assert torch.cat([b[1] for b in got]).tolist() == loader.targets[20:27]
 
 
+# A program without a main file (python -c) whose DataLoader workers load loader.dataset's samples;
+# argv: folder, start method, "notebook" to hold torch in a module the workers cannot import first.
+WORKERS_OF_A_MAIN_WITHOUT_FILE = """
+import sys, types
+if sys.argv[3] == "notebook":
+    # A notebook's cell namespace, registered as a module before torch is imported (pickle looks
+    # objects it pickles by name up in the first module that holds them).
+    cell = sys.modules["notebook_cell"] = types.ModuleType("notebook_cell")
+    exec("import torch", cell.__dict__)
+import torch, gpufeed
+sampler = torch.utils.data.DistributedSampler(range(27), num_replicas=1, rank=0, shuffle=True, seed=9)
+loader = gpufeed.DataLoader(sys.argv[1], batch_size=4, sampler=sampler, image_size=24, num_workers=1,
+                            dtype=torch.bfloat16, memory_format=torch.channels_last, device=torch.device("cpu"))
+sampler.set_epoch(2)
+workers = torch.utils.data.DataLoader(loader.dataset, batch_size=None, num_workers=2,
+                                      multiprocessing_context=sys.argv[2], timeout=60)
+got = list(workers)
+want = [loader.dataset[i] for i in range(27)]
+same = [torch.equal(g[0], w[0]) and g[0].dtype == w[0].dtype and int(g[1]) == w[1] for g, w in zip(got, want)]
+print(len(got), sum(same))
+"""
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+@pytest.mark.parametrize("program", ["plain", "notebook"])
+def test_spawned_workers_of_a_program_without_a_main_file_load_the_datasets_samples(folder, context, program):
+    """torch DataLoader workers (spawn, forkserver) over loader.dataset in a `python -c` program,
+    and in one whose torch is first held by a module no worker can import (a notebook's cell):
+    every sample equals the parent's dataset[i] (a train crop of the sampler's seed and epoch,
+    bfloat16), so what the dataset pickles unpickles in any child."""
+    proc = subprocess.run([sys.executable, "-c", WORKERS_OF_A_MAIN_WITHOUT_FILE, str(folder), context, program],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["27", "27"], proc.stdout + proc.stderr[-3000:]
+
+
+def test_the_dataset_pickles_plain_values_only(folder):
+    """What loader.dataset pickles names no global but its own class: no torch.dtype,
+    memory_format or device (each pickled by reference to a module that must import in the
+    child); its copy loads the same samples."""
+    import io
+    import pickle
+
+    loader = gpufeed.DataLoader(folder, batch_size=4, image_size=24, dtype=torch.float16, num_workers=1,
+                                memory_format=torch.channels_last, extensions=(".jpg",), device=torch.device("cpu"))
+    named = []
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module, name):
+            named.append((module, name))
+            return super().find_class(module, name)
+
+    copy = Recording(io.BytesIO(pickle.dumps(loader.dataset))).load()
+    assert named == [("gpufeed._loader", "_SampleDataset")]
+    for i in (0, 13, 26):
+        image, label = copy[i]
+        assert image.dtype == torch.float16 and torch.equal(image, loader.dataset[i][0]) and label == loader.targets[i]
+    named.clear()  # a copy pickles the same way (a worker's dataset handed on)
+    again = Recording(io.BytesIO(pickle.dumps(copy))).load()
+    assert named == [("gpufeed._loader", "_SampleDataset")] and torch.equal(again[5][0], loader.dataset[5][0])
+
+
 def test_sampler_and_loader_attributes(folder):
     loader = gpufeed.DataLoader(folder, batch_size=4, shuffle=True, seed=5, num_workers=2, image_size=16,
                                 rank=1, world_size=2, dtype=torch.uint8)

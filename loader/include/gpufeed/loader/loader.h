@@ -378,5 +378,10 @@ PlannedSample plan_for(const decode::ImageInfo& info, const LoaderOptions& optio
 /// thread-local decoder. Throws decode::DecodeError.
 void load_sample(const Dataset& dataset, int64_t index, int64_t epoch, const LoaderOptions& options,
                  uint8_t* out);
+/// The same, its bytes read through `reader` (dataset.reader()) as plan `tag`'s (announce the
+/// index first): once the reader forgets `tag`, a read waiting there throws decode::DecodeError
+/// kIo ("cancelled"), so another thread can abandon a stalled remote read.
+void load_sample(const Dataset& dataset, SampleReader& reader, uint64_t tag, int64_t index, int64_t epoch,
+                 const LoaderOptions& options, uint8_t* out);
 
 }  // namespace gpufeed::loader
