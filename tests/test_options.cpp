@@ -50,7 +50,7 @@ TEST(OptionSchema, DefaultsAreTheStructsOwnAsWritten) {
     EXPECT_TRUE(seen.insert(f.spec.name).second) << f.spec.name;
     for (const char c : f.spec.name) EXPECT_TRUE((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_');
   }
-  EXPECT_EQ(seen.size(), 24u);
+  EXPECT_EQ(seen.size(), 25u);
 }
 
 TEST(OptionSchema, ApplySetsTheFieldsAndResolvesDerivedDefaults) {

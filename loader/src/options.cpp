@@ -129,6 +129,12 @@ Schema<TransformOptions> make_transform_schema() {
          .min = 1e-6, .max = 1e6, .sizes = {2}},
         [](TransformOptions& t, const Value& v) { std::tie(t.rrc.ratio_min, t.rrc.ratio_max) = ordered_pair("ratio", v); },
         [](const TransformOptions& t) -> Value { return std::vector<double>{f(t.rrc.ratio_min), f(t.rrc.ratio_max)}; });
+  s.add({.name = "interpolation", .type = Type::kChoice,
+         .help = "the resize filter of RandomResizedCrop (train) and Resize (eval): bilinear (torchvision's "
+                 "default) or bicubic (DINO's crops), as torchvision computes them on PIL images",
+         .words = {"bilinear", "bicubic"}},
+        [](TransformOptions& t, const Value& v) { t.interpolation = parse_resize_filter(std::get<std::string>(v)); },
+        [](const TransformOptions& t) -> Value { return std::string(to_string(t.interpolation)); });
   s.add({.name = "resize_size", .type = Type::kInt,
          .help = "eval transform: Resize's shorter side before CenterCrop(image_size)", .unit = "pixels",
          .min = 1, .max = kMaxSide, .derived_default = "round(image_size x 256 / 224)"},

@@ -112,6 +112,11 @@ std::string_view to_string(InterpolationMode mode);
 /// Parses the names above; throws std::invalid_argument naming the accepted values otherwise.
 InterpolationMode parse_interpolation(std::string_view name);
 
+/// "bilinear", "bicubic": the resize filter's name as torchvision's InterpolationMode spells it.
+std::string_view to_string(ResizeFilter filter);
+/// Parses the names above; throws std::invalid_argument naming the accepted values otherwise.
+ResizeFilter parse_resize_filter(std::string_view name);
+
 /// torchvision.transforms.v2.ColorJitter(brightness, contrast, saturation, hue) with single
 /// numbers: brightness/contrast/saturation factors uniform in [max(0, 1 - v), 1 + v], hue in
 /// [-hue, hue]. 0 switches a factor off (no draw), as in torchvision.
@@ -187,6 +192,9 @@ struct TransformOptions {
   RandomResizedCropOptions rrc{};
   ResizeCenterCropOptions eval{};
   float flip_probability = 0.5f;  ///< train only; torchvision's RandomHorizontalFlip p
+  /// The interpolation of RandomResizedCrop (train) and Resize (eval): bilinear (torchvision's
+  /// default) or bicubic (DINO's crops), PIL's filters (resize.h).
+  ResizeFilter interpolation = ResizeFilter::kBilinear;
   /// Train only: ColorJitter, auto-augment policy, RandomErasing after the flip (augment.h).
   AugmentOptions augment{};
 
@@ -207,8 +215,9 @@ struct TransformOptions {
 };
 
 /// TransformOptions' user-facing fields (gpufeed/option.h): train, image_size, scale, ratio,
-/// resize_size (default round(image_size x 256 / 224), as TransformOptions::imagenet), then
-/// augment_options_schema()'s. Applying them refuses an eval Resize smaller than its crop.
+/// interpolation, resize_size (default round(image_size x 256 / 224), as
+/// TransformOptions::imagenet), then augment_options_schema()'s. Applying them refuses an eval
+/// Resize smaller than its crop.
 const options::Schema<TransformOptions>& transform_options_schema();
 
 /// The crop box RandomResizedCrop.get_params would choose for a width x height image, with the
@@ -243,6 +252,7 @@ struct SamplePlan {
   bool taps_clamped_to_box = true;
   bool flip = false;    ///< mirror left-right after resizing
   int output_size = 0;  ///< output height = width, pixels
+  ResizeFilter filter = ResizeFilter::kBilinear;  ///< TransformOptions::interpolation
   /// Train only: the sample's stream after the crop and flip draws; the augmentations
   /// (augment.h) continue it.
   std::optional<SampleRng> rng;
@@ -254,9 +264,10 @@ SamplePlan plan_sample(const TransformOptions& options, int width, int height, u
 
 /// How to decode a source with header `info` for `plan`: `base`'s limits and error policy, the
 /// DCT scale decode::choose_scale picks for plan.box and the output size, and the crop: plan.box,
-/// widened (eval only) by the resize filter's reach at that scale, ceil(max(region width /
-/// output, 8 / scale.num)) + 1 source pixels per side, clamped to the image, so that output
-/// pixels near the edges see the neighbours torchvision's whole-image resize sees. This is the
+/// widened (eval only) by the resize filter's reach at that scale, ceil(s * max(region width /
+/// output, 8 / scale.num)) + 1 source pixels per side (s = 1 bilinear, 2 bicubic), clamped to the
+/// image, so that output pixels near the edges see the neighbours torchvision's whole-image
+/// resize sees. This is the
 /// whole of the decode work a sample costs; the benchmark's decode floor replays it.
 decode::DecodeOptions decode_options_for(const SamplePlan& plan, const decode::ImageInfo& info,
                                          const decode::DecodeOptions& base);
@@ -268,7 +279,7 @@ decode::DecodeOptions decode_options_for(const SamplePlan& plan, const decode::I
 BoxF decoded_region(const SamplePlan& plan, const decode::DecodeResult& result);
 
 /// Resizes a decoded sample into `out` ([S, S, 3] uint8, S = plan.output_size, rows S * 3 bytes
-/// apart), mirrored when plan.flip: `image` must come from a decode with
+/// apart) with plan.filter, mirrored when plan.flip: `image` must come from a decode with
 /// decode_options_for(plan, ...) whose result is `result`. Throws std::invalid_argument when
 /// the image does not match the result (a caller's mistake).
 void resize_sample(const SamplePlan& plan, const decode::DecodeResult& result,
