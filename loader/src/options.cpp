@@ -71,6 +71,37 @@ Schema<AugmentOptions> make_augment_schema() {
           const auto& j = o.color_jitter;
           return std::vector<double>{f(j.brightness), f(j.contrast), f(j.saturation), f(j.hue)};
         });
+  s.member({.name = "color_jitter_p", .type = Type::kFloat,
+            .help = "RandomApply([ColorJitter], p): the probability color_jitter runs; 1 = always (no draw)",
+            .min = 0, .max = 1},
+           &AugmentOptions::color_jitter_p);
+  s.member({.name = "grayscale_p", .type = Type::kFloat,
+            .help = "RandomGrayscale's probability (3 equal channels); 0 = off", .min = 0, .max = 1},
+           &AugmentOptions::grayscale_p);
+  s.add({.name = "gaussian_blur_p", .type = Type::kFloat,
+         .help = "RandomApply([GaussianBlur(gaussian_blur_kernel, gaussian_blur_sigma)], p): the probability; 0 = off",
+         .min = 0, .max = 1},
+        [](AugmentOptions& o, const Value& v) { o.gaussian_blur.p = static_cast<float>(std::get<double>(v)); },
+        [](const AugmentOptions& o) -> Value { return f(o.gaussian_blur.p); });
+  s.add({.name = "gaussian_blur_kernel", .type = Type::kInt, .help = "GaussianBlur's kernel_size (odd)",
+         .unit = "pixels", .min = 1, .max = 1001},
+        [](AugmentOptions& o, const Value& v) { o.gaussian_blur.kernel_size = static_cast<int>(std::get<int64_t>(v)); },
+        [](const AugmentOptions& o) -> Value { return int64_t{o.gaussian_blur.kernel_size}; });
+  s.add({.name = "gaussian_blur_sigma", .type = Type::kFloats,
+         .help = "GaussianBlur's sigma range (min, max), drawn uniformly per sample", .unit = "pixels",
+         .min = 1e-6, .max = 1e6, .sizes = {2}},
+        [](AugmentOptions& o, const Value& v) {
+          std::tie(o.gaussian_blur.sigma_min, o.gaussian_blur.sigma_max) = ordered_pair("gaussian_blur_sigma", v);
+        },
+        [](const AugmentOptions& o) -> Value {
+          return std::vector<double>{f(o.gaussian_blur.sigma_min), f(o.gaussian_blur.sigma_max)};
+        });
+  s.member({.name = "solarize_p", .type = Type::kFloat, .help = "RandomSolarize's probability; 0 = off",
+            .min = 0, .max = 1},
+           &AugmentOptions::solarize_p);
+  s.member({.name = "solarize_threshold", .type = Type::kFloat,
+            .help = "RandomSolarize's threshold: values >= it are inverted", .min = 0, .max = 255},
+           &AugmentOptions::solarize_threshold);
   s.add({.name = "random_erase", .type = Type::kFloat, .help = "RandomErasing's probability; 0 = off",
          .min = 0, .max = 1},
         [](AugmentOptions& o, const Value& v) { o.random_erasing.p = static_cast<float>(std::get<double>(v)); },

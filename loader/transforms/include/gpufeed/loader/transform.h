@@ -143,15 +143,26 @@ struct RandomErasingOptions {
   float value = 0;             ///< the constant value in normalised units (when !random_value)
 };
 
+/// torchvision.transforms.v2.RandomApply([GaussianBlur(kernel_size, sigma=(sigma_min, sigma_max))],
+/// p): with probability p, a Gaussian blur whose sigma is drawn uniformly from
+/// [sigma_min, sigma_max] (the same sigma on both axes, as GaussianBlur draws it).
+struct GaussianBlurOptions {
+  float p = 0;             ///< probability, [0, 1]; 0 = off
+  int kernel_size = 9;     ///< odd, >= 1, pixels (square kernel); must be below twice the crop side
+  float sigma_min = 0.1f;  ///< 0 < sigma_min <= sigma_max, pixels
+  float sigma_max = 2.0f;
+};
+
 /// ImageNet's per-channel mean and std (R, G, B) of [0, 1] pixels, torchvision's models'
 /// Normalize: the default of the prefetcher's Normalize and of RandomErasing's value mapping.
 inline constexpr std::array<float, 3> kImageNetMean{0.485f, 0.456f, 0.406f};
 inline constexpr std::array<float, 3> kImageNetStd{0.229f, 0.224f, 0.225f};
 
 /// The per-sample augmentations of the train transform, after RandomResizedCrop + flip.
-/// Order: ColorJitter, then the auto-augment policy, then RandomErasing (the references' order:
-/// the policy right after the flip, RandomErasing after Normalize; ColorJitter, absent from the
-/// references' preset, comes before the policy).
+/// Order: ColorJitter (applied with probability color_jitter_p), RandomGrayscale, GaussianBlur,
+/// RandomSolarize (the self-supervised recipes' order: DINO's flip, colour jitter, grayscale,
+/// blur, solarize), then the auto-augment policy, then RandomErasing (the references' order: the
+/// policy right after the flip, RandomErasing after Normalize).
 struct AugmentOptions {
   AutoAugmentPolicy auto_augment = AutoAugmentPolicy::kNone;
   int ra_num_ops = 2;              ///< RandAugment num_ops, >= 0
@@ -160,6 +171,16 @@ struct AugmentOptions {
   /// The policies' `interpolation` (their geometric ops); torchvision's default NEAREST.
   InterpolationMode interpolation = InterpolationMode::kNearest;
   ColorJitterOptions color_jitter{};
+  /// RandomApply([ColorJitter], p): the probability ColorJitter runs, [0, 1]. 1 (the default) is
+  /// a plain ColorJitter, without a draw for it.
+  float color_jitter_p = 1;
+  /// RandomGrayscale(p): the probability the image becomes gray (3 equal channels), [0, 1]; 0 = off.
+  float grayscale_p = 0;
+  GaussianBlurOptions gaussian_blur{};
+  /// RandomSolarize(threshold, p): the probability, [0, 1]; 0 = off.
+  float solarize_p = 0;
+  /// RandomSolarize's threshold: values >= it are inverted; [0, 255].
+  float solarize_threshold = 128;
   RandomErasingOptions random_erasing{};
   /// The Normalize that follows in the prefetcher (ImageNet's by default); only RandomErasing's
   /// value mapping uses it.
@@ -167,14 +188,17 @@ struct AugmentOptions {
   std::array<float, 3> std = kImageNetStd;
 
   bool enabled() const {
-    return auto_augment != AutoAugmentPolicy::kNone || color_jitter.enabled() || random_erasing.p > 0;
+    return auto_augment != AutoAugmentPolicy::kNone || (color_jitter.enabled() && color_jitter_p > 0) ||
+           grayscale_p > 0 || gaussian_blur.p > 0 || solarize_p > 0 || random_erasing.p > 0;
   }
   /// Throws std::invalid_argument naming the option, its value and the accepted range.
   void validate() const;
 };
 
 /// AugmentOptions' user-facing fields (gpufeed/option.h): auto_augment, ra_num_ops, ra_magnitude,
-/// augment_interpolation, color_jitter, random_erase, random_erase_value, mean, std; applying
+/// augment_interpolation, color_jitter, color_jitter_p, grayscale_p, gaussian_blur_p,
+/// gaussian_blur_kernel, gaussian_blur_sigma, solarize_p, solarize_threshold, random_erase,
+/// random_erase_value, mean, std; applying
 /// them ends with validate().
 const options::Schema<AugmentOptions>& augment_options_schema();
 
