@@ -109,6 +109,21 @@ AugmentOptions options_from(const nlohmann::json& j) {
   return o;
 }
 
+// A replay case: its input planned with torchvision's recorded draws (which must all be used)
+// and augmented; `inputs` caches the decoded inputs by name.
+Image replay(const nlohmann::json& c, std::map<std::string, Image>& inputs, AugmentPlan& plan,
+             AugmentScratch& scratch) {
+  const std::string name = c["image"];
+  if (!inputs.count(name)) inputs[name] = input(name);
+  Image img = inputs[name];
+  const AugmentOptions o = options_from(c["options"]);
+  RecordedDraws draws(c["draws"]);
+  plan_augment(o, img.height, img.width, draws, plan);
+  EXPECT_EQ(draws.used(), c["draws"].size()) << c["config"] << " seed " << c["seed"] << ": draws left over";
+  apply_augment(plan, img.pixels.data(), img.height, img.width, scratch);
+  return img;
+}
+
 // validate()'s message, or "" when the options are valid.
 std::string validation_message(const AugmentOptions& o) {
   try {
@@ -181,13 +196,7 @@ TEST(Augment, PlansReplayTorchvisionsDrawsAndOutputs) {
   std::set<std::string> configs;
   for (const auto& c : goldens()["replays"]) {
     const std::string name = c["image"];
-    if (!inputs.count(name)) inputs[name] = input(name);
-    Image img = inputs[name];
-    const AugmentOptions o = options_from(c["options"]);
-    RecordedDraws draws(c["draws"]);
-    plan_augment(o, img.height, img.width, draws, plan);
-    EXPECT_EQ(draws.used(), c["draws"].size()) << c["config"] << " seed " << c["seed"] << ": draws left over";
-    apply_augment(plan, img.pixels.data(), img.height, img.width, scratch);
+    const Image img = replay(c, inputs, plan, scratch);
     EXPECT_EQ(compare(img, img.pixels, read_bytes(c["output"])), "")
         << c["config"] << " seed " << c["seed"] << " on image " << name;
     configs.insert(c["config"]);
@@ -331,13 +340,7 @@ TEST(Augment, SslPlansReplayTorchvisionsDrawsAndOutputs) {
   size_t differing = 0;
   for (const auto& c : goldens()["ssl_replays"]) {
     const std::string name = c["image"];
-    if (!inputs.count(name)) inputs[name] = input(name);
-    Image img = inputs[name];
-    const AugmentOptions o = options_from(c["options"]);
-    RecordedDraws draws(c["draws"]);
-    plan_augment(o, img.height, img.width, draws, plan);
-    EXPECT_EQ(draws.used(), c["draws"].size()) << c["config"] << " seed " << c["seed"] << ": draws left over";
-    apply_augment(plan, img.pixels.data(), img.height, img.width, scratch);
+    const Image img = replay(c, inputs, plan, scratch);
     const std::vector<uint8_t> want = read_bytes(c["output"]);
     if (plan.blur) {
       const Diff d = diff(img.pixels, want);

@@ -146,6 +146,17 @@ def _record(transform, img, seed):
     return out, rec.draws
 
 
+def _replay_into(cases, out, prefix, name, img, configs, seeds):
+    """Appends to `cases` each (config, seed) of `configs` run on `img`, draws recorded."""
+    for cname, options, transform in configs:
+        for seed in range(seeds):
+            res, draws = _record(transform, img, seed)
+            path = out / f"{prefix}{len(cases)}.rgb"
+            path.write_bytes(_hwc(res))
+            cases.append({"config": cname, "options": options, "image": name, "seed": seed,
+                          "draws": draws, "output": str(path)})
+
+
 def _replays(out, images):
     configs = [
         ("ta_wide", {"auto_augment": "ta_wide"}, T.TrivialAugmentWide()),
@@ -161,18 +172,11 @@ def _replays(out, images):
         ("jitter_hue", {"color_jitter": [0.3, 0.0, 0.5, 0.1]}, T.ColorJitter(0.3, 0.0, 0.5, 0.1)),
     ]
     cases = []
-    k = 0
     for name, img in images.items():
         if name == "c":
             continue
-        for cname, options, transform in configs:
-            for seed in range(24 if name == "a" else 4):
-                res, draws = _record(transform, img, seed)
-                path = out / f"replay{k}.rgb"
-                path.write_bytes(_hwc(res))
-                cases.append({"config": cname, "options": options, "image": name, "seed": seed,
-                              "draws": draws, "output": str(path)})
-                k += 1
+        _replay_into(cases, out, "replay", name, img, configs, 24 if name == "a" else 4)
+        k = len(cases)
         # RandomErasing after Normalize, as the references run it; the expected uint8 is the
         # erased normalised value mapped back as gpufeed documents (RandomErasingOptions).
         for value in (0.0, "random"):
@@ -262,15 +266,8 @@ def _ssl_replays(out, images):
     ]
     cases = []
     for name, img in images.items():
-        if name == "c":
-            continue
-        for cname, options, transform in configs:
-            for seed in range(16 if name == "a" else 3):
-                res, draws = _record(transform, img, seed)
-                path = out / f"ssl_replay{len(cases)}.rgb"
-                path.write_bytes(_hwc(res))
-                cases.append({"config": cname, "options": options, "image": name, "seed": seed,
-                              "draws": draws, "output": str(path)})
+        if name != "c":
+            _replay_into(cases, out, "ssl_replay", name, img, configs, 16 if name == "a" else 3)
     return cases
 
 
