@@ -117,6 +117,11 @@ TEST(OptionSchema, InterpolationAndSslOpRowsSetTheirFields) {
             "`gaussian_blur_sigma` must be (min, max) with min <= max, not (2, 0.1)");
   EXPECT_EQ(refusal({{"gaussian_blur_kernel", int64_t{8}}}), "`gaussian_blur_kernel` must be an odd number >= 1, got 8");
   EXPECT_EQ(refusal({{"solarize_threshold", 300.0}}), "`solarize_threshold` must be a number in [0, 255], not 300");
+  // The blur's reflect padding (kernel_size / 2) must be smaller than the crop.
+  EXPECT_EQ(refusal({{"image_size", int64_t{4}}, {"gaussian_blur_p", 0.5}}),
+            "`gaussian_blur_kernel` must be below 2 x `image_size` + 1 (reflect padding of 4 on a 4 pixel crop), "
+            "not 9");
+  EXPECT_EQ(refusal({{"image_size", int64_t{5}}, {"gaussian_blur_p", 0.5}}), "");
 }
 
 TEST(OptionSchema, RefusalsNameTheOptionAndWhatItAccepts) {

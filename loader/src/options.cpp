@@ -174,6 +174,13 @@ Schema<TransformOptions> make_transform_schema() {
   s.mount(augment_options_schema(), [](TransformOptions& t) -> AugmentOptions& { return t.augment; });
   s.finish([](TransformOptions& t, const std::set<std::string>& given) {
     if (given.count("resize_size") == 0) t.eval.resize = static_cast<int>(std::lround(t.eval.crop * 256.0 / 224.0));
+    const GaussianBlurOptions& blur = t.augment.gaussian_blur;
+    if (t.kind == TransformOptions::Kind::kTrain && blur.p > 0 && blur.kernel_size / 2 >= t.rrc.size) {
+      // torch's reflect padding of kernel_size / 2 needs a larger image (gaussian_blur refuses it).
+      throw options::OptionError("gaussian_blur_kernel",
+                                 fmt::format("must be below 2 x `image_size` + 1 (reflect padding of {} on a {} "
+                                             "pixel crop), not {}", blur.kernel_size / 2, t.rrc.size, blur.kernel_size));
+    }
     if (t.kind == TransformOptions::Kind::kEval && t.eval.resize < t.eval.crop) {
       throw options::OptionError("resize_size", fmt::format("must be >= `image_size` (CenterCrop of the Resize), "
                                                             "not {} < {}", t.eval.resize, t.eval.crop));

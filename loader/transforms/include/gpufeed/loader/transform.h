@@ -148,7 +148,7 @@ struct RandomErasingOptions {
 /// [sigma_min, sigma_max] (the same sigma on both axes, as GaussianBlur draws it).
 struct GaussianBlurOptions {
   float p = 0;             ///< probability, [0, 1]; 0 = off
-  int kernel_size = 9;     ///< odd, >= 1, pixels (square kernel); must be below twice the crop side
+  int kernel_size = 9;     ///< odd, >= 1, pixels (square kernel); below 2 x the crop side + 1
   float sigma_min = 0.1f;  ///< 0 < sigma_min <= sigma_max, pixels
   float sigma_max = 2.0f;
 };
