@@ -50,7 +50,7 @@ TEST(OptionSchema, DefaultsAreTheStructsOwnAsWritten) {
     EXPECT_TRUE(seen.insert(f.spec.name).second) << f.spec.name;
     for (const char c : f.spec.name) EXPECT_TRUE((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_');
   }
-  EXPECT_EQ(seen.size(), 24u);
+  EXPECT_EQ(seen.size(), 32u);
 }
 
 TEST(OptionSchema, ApplySetsTheFieldsAndResolvesDerivedDefaults) {
@@ -79,6 +79,49 @@ TEST(OptionSchema, ApplySetsTheFieldsAndResolvesDerivedDefaults) {
   LoaderOptions at_224;
   schema().apply(at_224, {});
   EXPECT_EQ(at_224.transform.eval.resize, 256);
+}
+
+// The self-supervised recipes' rows: the resize interpolation and the per-crop ops (DINO's
+// settings), their defaults (off, bilinear) and their refusals.
+TEST(OptionSchema, InterpolationAndSslOpRowsSetTheirFields) {
+  EXPECT_EQ(std::get<std::string>(default_of("interpolation")), "bilinear");
+  EXPECT_EQ(std::get<double>(default_of("color_jitter_p")), 1.0);
+  EXPECT_EQ(std::get<double>(default_of("grayscale_p")), 0.0);
+  EXPECT_EQ(std::get<double>(default_of("gaussian_blur_p")), 0.0);
+  EXPECT_EQ(std::get<int64_t>(default_of("gaussian_blur_kernel")), 9);
+  EXPECT_EQ(options::format_value(default_of("gaussian_blur_sigma")), "0.1,2");
+  EXPECT_EQ(std::get<double>(default_of("solarize_threshold")), 128.0);
+  LoaderOptions o;
+  schema().apply(o, {{"interpolation", std::string("bicubic")}, {"scale", std::vector<double>{0.32, 1}},
+                     {"color_jitter", std::vector<double>{0.4, 0.4, 0.2, 0.1}}, {"color_jitter_p", 0.8},
+                     {"grayscale_p", 0.2}, {"gaussian_blur_p", 0.1}, {"gaussian_blur_kernel", int64_t{9}},
+                     {"gaussian_blur_sigma", std::vector<double>{0.1, 2.0}}, {"solarize_p", 0.2},
+                     {"solarize_threshold", 128.0}});
+  const auto& a = o.transform.augment;
+  EXPECT_EQ(o.transform.interpolation, gpufeed::loader::ResizeFilter::kBicubic);
+  EXPECT_FLOAT_EQ(a.color_jitter_p, 0.8f);
+  EXPECT_FLOAT_EQ(a.grayscale_p, 0.2f);
+  EXPECT_FLOAT_EQ(a.gaussian_blur.p, 0.1f);
+  EXPECT_EQ(a.gaussian_blur.kernel_size, 9);
+  EXPECT_FLOAT_EQ(a.gaussian_blur.sigma_min, 0.1f);
+  EXPECT_FLOAT_EQ(a.gaussian_blur.sigma_max, 2.0f);
+  EXPECT_FLOAT_EQ(a.solarize_p, 0.2f);
+  EXPECT_FLOAT_EQ(a.solarize_threshold, 128.0f);
+  EXPECT_EQ(gpufeed::loader::to_string(a),
+            "color_jitter=0.4,0.4,0.2,0.1 color_jitter_p=0.8 grayscale_p=0.2 gaussian_blur_p=0.1 (kernel 9, sigma "
+            "0.1..2) solarize_p=0.2 (threshold 128)");
+  EXPECT_EQ(refusal({{"interpolation", std::string("lanczos")}}),
+            "`interpolation` must be bilinear or bicubic, not 'lanczos'");
+  EXPECT_EQ(refusal({{"grayscale_p", 1.5}}), "`grayscale_p` must be a number in [0, 1], not 1.5");
+  EXPECT_EQ(refusal({{"gaussian_blur_sigma", std::vector<double>{2, 0.1}}}),
+            "`gaussian_blur_sigma` must be (min, max) with min <= max, not (2, 0.1)");
+  EXPECT_EQ(refusal({{"gaussian_blur_kernel", int64_t{8}}}), "`gaussian_blur_kernel` must be an odd number >= 1, got 8");
+  EXPECT_EQ(refusal({{"solarize_threshold", 300.0}}), "`solarize_threshold` must be a number in [0, 255], not 300");
+  // The blur's reflect padding (kernel_size / 2) must be smaller than the crop.
+  EXPECT_EQ(refusal({{"image_size", int64_t{4}}, {"gaussian_blur_p", 0.5}}),
+            "`gaussian_blur_kernel` must be below 2 x `image_size` + 1 (reflect padding of 4 on a 4 pixel crop), "
+            "not 9");
+  EXPECT_EQ(refusal({{"image_size", int64_t{5}}, {"gaussian_blur_p", 0.5}}), "");
 }
 
 TEST(OptionSchema, RefusalsNameTheOptionAndWhatItAccepts) {

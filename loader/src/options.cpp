@@ -71,6 +71,37 @@ Schema<AugmentOptions> make_augment_schema() {
           const auto& j = o.color_jitter;
           return std::vector<double>{f(j.brightness), f(j.contrast), f(j.saturation), f(j.hue)};
         });
+  s.member({.name = "color_jitter_p", .type = Type::kFloat,
+            .help = "RandomApply([ColorJitter], p): the probability color_jitter runs; 1 = always (no draw)",
+            .min = 0, .max = 1},
+           &AugmentOptions::color_jitter_p);
+  s.member({.name = "grayscale_p", .type = Type::kFloat,
+            .help = "RandomGrayscale's probability (3 equal channels); 0 = off", .min = 0, .max = 1},
+           &AugmentOptions::grayscale_p);
+  s.add({.name = "gaussian_blur_p", .type = Type::kFloat,
+         .help = "RandomApply([GaussianBlur(gaussian_blur_kernel, gaussian_blur_sigma)], p): the probability; 0 = off",
+         .min = 0, .max = 1},
+        [](AugmentOptions& o, const Value& v) { o.gaussian_blur.p = static_cast<float>(std::get<double>(v)); },
+        [](const AugmentOptions& o) -> Value { return f(o.gaussian_blur.p); });
+  s.add({.name = "gaussian_blur_kernel", .type = Type::kInt, .help = "GaussianBlur's kernel_size (odd)",
+         .unit = "pixels", .min = 1, .max = 1001},
+        [](AugmentOptions& o, const Value& v) { o.gaussian_blur.kernel_size = static_cast<int>(std::get<int64_t>(v)); },
+        [](const AugmentOptions& o) -> Value { return int64_t{o.gaussian_blur.kernel_size}; });
+  s.add({.name = "gaussian_blur_sigma", .type = Type::kFloats,
+         .help = "GaussianBlur's sigma range (min, max), drawn uniformly per sample", .unit = "pixels",
+         .min = 1e-6, .max = 1e6, .sizes = {2}},
+        [](AugmentOptions& o, const Value& v) {
+          std::tie(o.gaussian_blur.sigma_min, o.gaussian_blur.sigma_max) = ordered_pair("gaussian_blur_sigma", v);
+        },
+        [](const AugmentOptions& o) -> Value {
+          return std::vector<double>{f(o.gaussian_blur.sigma_min), f(o.gaussian_blur.sigma_max)};
+        });
+  s.member({.name = "solarize_p", .type = Type::kFloat, .help = "RandomSolarize's probability; 0 = off",
+            .min = 0, .max = 1},
+           &AugmentOptions::solarize_p);
+  s.member({.name = "solarize_threshold", .type = Type::kFloat,
+            .help = "RandomSolarize's threshold: values >= it are inverted", .min = 0, .max = 255},
+           &AugmentOptions::solarize_threshold);
   s.add({.name = "random_erase", .type = Type::kFloat, .help = "RandomErasing's probability; 0 = off",
          .min = 0, .max = 1},
         [](AugmentOptions& o, const Value& v) { o.random_erasing.p = static_cast<float>(std::get<double>(v)); },
@@ -129,6 +160,12 @@ Schema<TransformOptions> make_transform_schema() {
          .min = 1e-6, .max = 1e6, .sizes = {2}},
         [](TransformOptions& t, const Value& v) { std::tie(t.rrc.ratio_min, t.rrc.ratio_max) = ordered_pair("ratio", v); },
         [](const TransformOptions& t) -> Value { return std::vector<double>{f(t.rrc.ratio_min), f(t.rrc.ratio_max)}; });
+  s.add({.name = "interpolation", .type = Type::kChoice,
+         .help = "the resize filter of RandomResizedCrop (train) and Resize (eval): bilinear (torchvision's "
+                 "default) or bicubic (DINO's crops), as torchvision computes them on PIL images",
+         .words = {"bilinear", "bicubic"}},
+        [](TransformOptions& t, const Value& v) { t.interpolation = parse_resize_filter(std::get<std::string>(v)); },
+        [](const TransformOptions& t) -> Value { return std::string(to_string(t.interpolation)); });
   s.add({.name = "resize_size", .type = Type::kInt,
          .help = "eval transform: Resize's shorter side before CenterCrop(image_size)", .unit = "pixels",
          .min = 1, .max = kMaxSide, .derived_default = "round(image_size x 256 / 224)"},
@@ -137,6 +174,13 @@ Schema<TransformOptions> make_transform_schema() {
   s.mount(augment_options_schema(), [](TransformOptions& t) -> AugmentOptions& { return t.augment; });
   s.finish([](TransformOptions& t, const std::set<std::string>& given) {
     if (given.count("resize_size") == 0) t.eval.resize = static_cast<int>(std::lround(t.eval.crop * 256.0 / 224.0));
+    const GaussianBlurOptions& blur = t.augment.gaussian_blur;
+    if (t.kind == TransformOptions::Kind::kTrain && blur.p > 0 && blur.kernel_size / 2 >= t.rrc.size) {
+      // torch's reflect padding of kernel_size / 2 needs a larger image (gaussian_blur refuses it).
+      throw options::OptionError("gaussian_blur_kernel",
+                                 fmt::format("must be below 2 x `image_size` + 1 (reflect padding of {} on a {} "
+                                             "pixel crop), not {}", blur.kernel_size / 2, t.rrc.size, blur.kernel_size));
+    }
     if (t.kind == TransformOptions::Kind::kEval && t.eval.resize < t.eval.crop) {
       throw options::OptionError("resize_size", fmt::format("must be >= `image_size` (CenterCrop of the Resize), "
                                                             "not {} < {}", t.eval.resize, t.eval.crop));

@@ -279,8 +279,9 @@ class DataLoader:
     ranks stay in step); each skip is in ``epoch_summary()``, and more than ``max_skips`` in one
     epoch raises gpufeed.SkipLimitExceeded. CPU uint8 batches are views of their slots and a
     ``for`` loop holds the previous batch while it asks for the next, so they need
-    ``prefetch_depth >= 2``. The augmentations (``auto_augment``, ``color_jitter``,
-    ``random_erase``) run on the train transform after the flip with torchvision.transforms.v2's
+    ``prefetch_depth >= 2``. The augmentations (``auto_augment``, ``color_jitter`` and
+    ``color_jitter_p``, ``grayscale_p``, ``gaussian_blur_p``, ``solarize_p``, ``random_erase``)
+    run on the train transform after the flip with torchvision.transforms.v2's
     semantics and pixels (fill 0); gpufeed erases the uint8 image with the value that normalises
     nearest to ``random_erase_value`` under ``mean``/``std``. A stale or corrupt listing cache
     (``index_cache``) is rebuilt, never trusted; a cache folder that cannot be written means no

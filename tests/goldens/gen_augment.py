@@ -10,6 +10,11 @@
 - replays: TrivialAugmentWide, RandAugment, AutoAugment(IMAGENET), ColorJitter and RandomErasing
   run forward under torch.manual_seed with every random draw recorded (kind, range, value), and
   their outputs; the C++ plan is fed the same draws and must consume exactly them.
+- ssl_ops / ssl_kernels / ssl_replays: the self-supervised recipes' per-crop ops (DINO's):
+  rgb_to_grayscale(num_output_channels=3), gaussian_blur over kernel sizes and sigmas (with
+  torch's 1-D kernels, to compare bit for bit) and solarize; and RandomApply(ColorJitter),
+  RandomGrayscale, RandomApply(GaussianBlur), RandomSolarize and their DINO composition replayed
+  as above.
 """
 import json
 import pathlib
@@ -18,7 +23,8 @@ import numpy as np
 import torch
 import torchvision.transforms.v2 as T
 import torchvision.transforms.v2.functional as F
-from torchvision.transforms.v2 import _augment, _auto_augment, _color, _transform
+from torchvision.transforms.v2 import _augment, _auto_augment, _color, _container, _misc, _transform
+from torchvision.transforms.v2.functional._misc import _get_gaussian_kernel1d
 
 from draw_recorder import DrawRecorder
 
@@ -126,7 +132,7 @@ def _magnitude_tables(images):
 
 
 def _record(transform, img, seed):
-    modules = (_augment, _auto_augment, _color, _transform)
+    modules = (_augment, _auto_augment, _color, _container, _misc, _transform)
     real = torch
     rec = DrawRecorder(real)
     try:
@@ -138,6 +144,17 @@ def _record(transform, img, seed):
         for m in modules:
             m.torch = real
     return out, rec.draws
+
+
+def _replay_into(cases, out, prefix, name, img, configs, seeds):
+    """Appends to `cases` each (config, seed) of `configs` run on `img`, draws recorded."""
+    for cname, options, transform in configs:
+        for seed in range(seeds):
+            res, draws = _record(transform, img, seed)
+            path = out / f"{prefix}{len(cases)}.rgb"
+            path.write_bytes(_hwc(res))
+            cases.append({"config": cname, "options": options, "image": name, "seed": seed,
+                          "draws": draws, "output": str(path)})
 
 
 def _replays(out, images):
@@ -155,18 +172,11 @@ def _replays(out, images):
         ("jitter_hue", {"color_jitter": [0.3, 0.0, 0.5, 0.1]}, T.ColorJitter(0.3, 0.0, 0.5, 0.1)),
     ]
     cases = []
-    k = 0
     for name, img in images.items():
         if name == "c":
             continue
-        for cname, options, transform in configs:
-            for seed in range(24 if name == "a" else 4):
-                res, draws = _record(transform, img, seed)
-                path = out / f"replay{k}.rgb"
-                path.write_bytes(_hwc(res))
-                cases.append({"config": cname, "options": options, "image": name, "seed": seed,
-                              "draws": draws, "output": str(path)})
-                k += 1
+        _replay_into(cases, out, "replay", name, img, configs, 24 if name == "a" else 4)
+        k = len(cases)
         # RandomErasing after Normalize, as the references run it; the expected uint8 is the
         # erased normalised value mapped back as gpufeed documents (RandomErasingOptions).
         for value in (0.0, "random"):
@@ -202,6 +212,65 @@ def _replays(out, images):
     return cases
 
 
+BLUR_SIGMAS = (0.1, 0.3337, 0.5, 0.8, 1.0, 1.4142, 2.0, 3.7)
+
+
+def _ssl_ops(out, images):
+    cases = []
+    for name, img in images.items():
+        h, w = img.shape[-2:]
+
+        def add(fn, result, **params):
+            path = out / f"ssl_op{len(cases)}.rgb"
+            path.write_bytes(_hwc(result))
+            cases.append({"image": name, "fn": fn, "output": str(path), **params})
+
+        add("grayscale", F.rgb_to_grayscale(img, num_output_channels=3))
+        for t in (0.0, 1.0, 64.0, 128.0, 200.5, 255.0):
+            add("solarize", F.solarize(img, t), threshold=t)
+        for k in (1, 3, 9, 23):
+            if k // 2 >= min(h, w):
+                continue
+            for sigma in BLUR_SIGMAS:
+                add("gaussian_blur", F.gaussian_blur(img, [k, k], [sigma, sigma]), kernel_size=k, sigma=sigma)
+    return cases
+
+
+def _ssl_kernels():
+    rng = np.random.default_rng(21)
+    sigmas = list(BLUR_SIGMAS) + [float(np.float32(v)) for v in rng.uniform(0.1, 2.0, 40)]
+    return [{"kernel_size": k, "sigma": s,
+             "weights": [float(v) for v in _get_gaussian_kernel1d(k, s, torch.float32, "cpu")]}
+            for k in (3, 9, 23) for s in sigmas]
+
+
+def _ssl_replays(out, images):
+    jitter = (0.4, 0.4, 0.2, 0.1)
+    blur = T.GaussianBlur(9, (0.1, 2.0))
+    configs = [
+        ("jitter_p", {"color_jitter": list(jitter), "color_jitter_p": 0.8},
+         T.RandomApply([T.ColorJitter(*jitter)], p=0.8)),
+        ("grayscale", {"grayscale_p": 0.5}, T.RandomGrayscale(p=0.5)),
+        ("blur", {"gaussian_blur_p": 0.5}, T.RandomApply([blur], p=0.5)),
+        ("solarize", {"solarize_p": 0.5, "solarize_threshold": 128.0}, T.RandomSolarize(128, p=0.5)),
+        # DINO's second global crop after the flip: colour jitter 0.8, grayscale 0.2, blur 0.1,
+        # solarize 0.2 (blur with p=1 in the first global crop, 0.5 in the local ones).
+        ("dino_global2", {"color_jitter": list(jitter), "color_jitter_p": 0.8, "grayscale_p": 0.2,
+                          "gaussian_blur_p": 0.1, "solarize_p": 0.2, "solarize_threshold": 128.0},
+         T.Compose([T.RandomApply([T.ColorJitter(*jitter)], p=0.8), T.RandomGrayscale(p=0.2),
+                    T.RandomApply([blur], p=0.1), T.RandomSolarize(128, p=0.2)])),
+        ("dino_global1", {"color_jitter": list(jitter), "color_jitter_p": 0.8, "grayscale_p": 0.2,
+                          "gaussian_blur_p": 1.0},
+         T.Compose([T.RandomApply([T.ColorJitter(*jitter)], p=0.8), T.RandomGrayscale(p=0.2),
+                    T.RandomApply([blur], p=1.0)])),
+    ]
+    cases = []
+    for name, img in images.items():
+        if name != "c":
+            _replay_into(cases, out, "ssl_replay", name, img, configs, 16 if name == "a" else 3)
+    return cases
+
+
 def make(out: pathlib.Path) -> None:
     folder = out / "augment"
     folder.mkdir(exist_ok=True)
@@ -216,5 +285,8 @@ def make(out: pathlib.Path) -> None:
         "ops": _op_cases(folder, images),
         "magnitudes": _magnitude_tables(images),
         "replays": _replays(folder, images),
+        "ssl_ops": _ssl_ops(folder, images),
+        "ssl_kernels": _ssl_kernels(),
+        "ssl_replays": _ssl_replays(folder, images),
         "mean": MEAN, "std": STD,
     }))

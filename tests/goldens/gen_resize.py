@@ -3,6 +3,8 @@
 - resize.json "resize": random RGB images (noise and smooth patterns) resized by PIL's
   Image.resize(BILINEAR, box=...) to random sizes, with fractional boxes, up- and downscaling,
   optionally mirrored: the C++ Resizer must agree within two levels (see test_resize.cpp).
+- resize.json "resize_bicubic": the same kind of cases (other random draws) resized with
+  Image.BICUBIC, the filter of torchvision's InterpolationMode.BICUBIC on PIL images.
 - resize.json "files": a few real JPEGs of ../shared/data/imagenet-sample (when present): the
   largest ones (so the decoder's DCT scaling is exercised), grayscale ones and ordinary ones, with
   torchvision's eval transform output (Resize(256) + CenterCrop(224), as ImageFolder + DataLoader
@@ -19,8 +21,8 @@ import torchvision.transforms.functional as F
 from PIL import Image
 
 
-def _resize_cases(folder: pathlib.Path):
-    rng = np.random.default_rng(3)
+def _resize_cases(folder: pathlib.Path, resample=Image.BILINEAR, seed=3, prefix=""):
+    rng = np.random.default_rng(seed)
     cases = []
     for k in range(40):
         w, h = (int(v) for v in rng.integers(1, 600, 2))
@@ -40,11 +42,11 @@ def _resize_cases(folder: pathlib.Path):
         box = tuple(float(np.float32(v)) for v in box)
         ow, oh = (int(v) for v in rng.integers(1, 300, 2))
         flip = bool(k % 3 == 1)
-        ref = np.asarray(Image.fromarray(img).resize((ow, oh), Image.BILINEAR, box=box))
+        ref = np.asarray(Image.fromarray(img).resize((ow, oh), resample, box=box))
         if flip:
             ref = ref[:, ::-1]
-        src = folder / f"src{k}.{'noise' if k % 2 == 0 else 'smooth'}.rgb"
-        dst = folder / f"ref{k}.rgb"
+        src = folder / f"{prefix}src{k}.{'noise' if k % 2 == 0 else 'smooth'}.rgb"
+        dst = folder / f"{prefix}ref{k}.rgb"
         src.write_bytes(img.tobytes())
         dst.write_bytes(np.ascontiguousarray(ref).tobytes())
         cases.append({"source": str(src), "width": w, "height": h, "box": list(box),
@@ -101,5 +103,6 @@ def make(out: pathlib.Path) -> None:
     folder.mkdir(exist_ok=True)
     (out / "resize.json").write_text(json.dumps({
         "resize": _resize_cases(folder),
+        "resize_bicubic": _resize_cases(folder, Image.BICUBIC, seed=4, prefix="bicubic_"),
         "files": _file_cases(folder),
     }))

@@ -437,9 +437,17 @@ uint8_t erase_value(float v, float mean, float std) {
   return static_cast<uint8_t>(std::clamp(std::nearbyint(255.0f * (mean + std * v)), 0.0f, 255.0f));
 }
 
-void plan_color_jitter(const ColorJitterOptions& o, DrawSource& draws, AugmentPlan& plan) {
-  plan.color_jitter = o.enabled();
+// RandomApply / _RandomApplyTransform: torch.rand(1) >= p skips. p = 0 is off without a draw.
+bool applies(float p, DrawSource& draws) { return p > 0 && !(uniform01(draws) >= p); }
+
+void plan_color_jitter(const ColorJitterOptions& o, float p, DrawSource& draws, AugmentPlan& plan) {
+  plan.color_jitter = o.enabled() && p > 0;
   if (!plan.color_jitter) return;
+  // RandomApply([ColorJitter], p); p = 1 is the plain ColorJitter, without that draw.
+  if (p < 1 && !applies(p, draws)) {
+    plan.color_jitter = false;
+    return;
+  }
   draws.randperm(4, plan.jitter_order.data());
   // torchvision's _check_input: [max(0, 1 - v), 1 + v]; hue [-v, v]; 0 = off (no draw).
   const std::array<float, 4> v = {o.brightness, o.contrast, o.saturation, o.hue};
@@ -600,7 +608,16 @@ std::string to_string(const AugmentOptions& o) {
     add(fmt::format("interpolation={}", to_string(o.interpolation)));
   }
   const ColorJitterOptions& j = o.color_jitter;
-  if (j.enabled()) add(fmt::format("color_jitter={},{},{},{}", j.brightness, j.contrast, j.saturation, j.hue));
+  if (j.enabled() && o.color_jitter_p > 0) {
+    add(fmt::format("color_jitter={},{},{},{}", j.brightness, j.contrast, j.saturation, j.hue));
+    if (o.color_jitter_p < 1) add(fmt::format("color_jitter_p={}", o.color_jitter_p));
+  }
+  if (o.grayscale_p > 0) add(fmt::format("grayscale_p={}", o.grayscale_p));
+  const GaussianBlurOptions& b = o.gaussian_blur;
+  if (b.p > 0) {
+    add(fmt::format("gaussian_blur_p={} (kernel {}, sigma {}..{})", b.p, b.kernel_size, b.sigma_min, b.sigma_max));
+  }
+  if (o.solarize_p > 0) add(fmt::format("solarize_p={} (threshold {})", o.solarize_p, o.solarize_threshold));
   const RandomErasingOptions& e = o.random_erasing;
   if (e.p > 0) {
     add(e.random_value ? fmt::format("random_erase={} (value random)", e.p)
@@ -623,6 +640,20 @@ void AugmentOptions::validate() const {
     if (!(v >= 0) || !std::isfinite(v)) fail(fmt::format("`color_jitter` {} must be a finite number >= 0, got {}", name, v));
   }
   if (!(j.hue >= 0 && j.hue <= 0.5f)) fail(fmt::format("`color_jitter` hue must be in [0, 0.5], got {}", j.hue));
+  for (auto [name, p] : {std::pair{"color_jitter_p", color_jitter_p}, {"grayscale_p", grayscale_p},
+                         {"gaussian_blur_p", gaussian_blur.p}, {"solarize_p", solarize_p}}) {
+    if (!(p >= 0 && p <= 1)) fail(fmt::format("`{}` probability must be in [0, 1], got {}", name, p));
+  }
+  const GaussianBlurOptions& b = gaussian_blur;
+  if (b.kernel_size < 1 || b.kernel_size % 2 == 0) {
+    fail(fmt::format("`gaussian_blur_kernel` must be an odd number >= 1, got {}", b.kernel_size));
+  }
+  if (!(b.sigma_min > 0 && b.sigma_min <= b.sigma_max && std::isfinite(b.sigma_max))) {
+    fail(fmt::format("`gaussian_blur_sigma` must satisfy 0 < min <= max, got ({}, {})", b.sigma_min, b.sigma_max));
+  }
+  if (!(solarize_threshold >= 0 && solarize_threshold <= 255)) {
+    fail(fmt::format("`solarize_threshold` must be in [0, 255], got {}", solarize_threshold));
+  }
   const RandomErasingOptions& e = random_erasing;
   if (!(e.p >= 0 && e.p <= 1)) fail(fmt::format("`random_erase` probability must be in [0, 1], got {}", e.p));
   if (!(e.scale_min >= 0 && e.scale_min <= e.scale_max && e.scale_max <= 1)) {
@@ -855,6 +886,137 @@ void solarize(uint8_t* image, int height, int width, double threshold) {
   apply_lut(image, height, width, lut);
 }
 
+void rgb_to_grayscale(uint8_t* image, int height, int width) {
+  const GrayTables& t = gray_tables();
+  const size_t n = pixel_count(height, width);
+  for (size_t p = 0; p < n; ++p, image += 3) {
+    // .to(torch.uint8) truncates; the gray value is >= 0, so its floor is the same.
+    const auto g = static_cast<uint8_t>(t.gray_floor(image[0], image[1], image[2]));
+    image[0] = image[1] = image[2] = g;
+  }
+}
+
+std::vector<float> gaussian_kernel1d(int k, double sigma) {
+  // _get_gaussian_kernel1d: linspace(-lim, lim, k) in float32, .div(sigma) (the scalar as
+  // float32), .pow(2).neg(), softmax: exp(x - max) / sum, here correctly rounded (augment.h).
+  const double lim = (k - 1) / (2.0 * std::sqrt(2.0));
+  const float s = static_cast<float>(sigma);
+  std::vector<float> q(static_cast<size_t>(k));
+  for (int i = 0; i < k; ++i) {
+    const float x = k == 1 ? static_cast<float>(-lim) : linspace_at(static_cast<float>(-lim), static_cast<float>(lim), k, i);
+    const float d = x / s;
+    q[static_cast<size_t>(i)] = -(d * d);
+  }
+  const float top = *std::max_element(q.begin(), q.end());
+  std::vector<double> e(q.size());
+  double sum = 0;
+  for (size_t i = 0; i < q.size(); ++i) sum += e[i] = std::exp(static_cast<double>(q[i] - top));
+  std::vector<float> out(q.size());
+  for (size_t i = 0; i < q.size(); ++i) out[i] = static_cast<float>(e[i] / sum);
+  return out;
+}
+
+namespace {
+
+// One output row of the depthwise convolution: row[n] = sum over taps (i, j), row-major, of
+// kernel[i * k + j] * padded[(y + i) * padded_row + j * 3 + n], each a float32 fused multiply-add
+// from 0 (torch's CPU conv2d order), for n < n_values. The AVX2+FMA version does 8 values at once
+// with the same per-value order, so both give the same bits.
+void blur_row_scalar(const float* padded, size_t padded_row, const float* kernel, int k, size_t n_values,
+                     float* row) {
+  std::fill(row, row + n_values, 0.0f);
+  for (int i = 0; i < k; ++i) {
+    const float* in = padded + static_cast<size_t>(i) * padded_row;
+    for (int j = 0; j < k; ++j, in += 3) {
+      const float w = kernel[i * k + j];
+      for (size_t n = 0; n < n_values; ++n) row[n] = std::fma(w, in[n], row[n]);
+    }
+  }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2,fma"))) void blur_row_fma(const float* padded, size_t padded_row, const float* kernel,
+                                                      int k, size_t n_values, float* row) {
+  std::fill(row, row + n_values, 0.0f);
+  const size_t vec_end = n_values / 8 * 8;
+  for (int i = 0; i < k; ++i) {
+    const float* in = padded + static_cast<size_t>(i) * padded_row;
+    for (int j = 0; j < k; ++j, in += 3) {
+      const float w = kernel[i * k + j];
+      const __m256 wv = _mm256_set1_ps(w);
+      size_t n = 0;
+      for (; n < vec_end; n += 8) {
+        _mm256_storeu_ps(row + n, _mm256_fmadd_ps(wv, _mm256_loadu_ps(in + n), _mm256_loadu_ps(row + n)));
+      }
+      for (; n < n_values; ++n) row[n] = __builtin_fmaf(w, in[n], row[n]);
+    }
+  }
+}
+
+bool cpu_has_fma() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
+  }();
+  return has;
+}
+#endif
+
+// torch's reflect padding: -1 -> 1, n -> n - 2.
+inline int reflect(int i, int n) { return i < 0 ? -i : (i >= n ? 2 * n - 2 - i : i); }
+
+}  // namespace
+
+void gaussian_blur(uint8_t* image, int height, int width, int k, double sigma, AugmentScratch& scratch) {
+  if (k < 1 || k % 2 == 0) {
+    throw std::invalid_argument(fmt::format("gaussian_blur: kernel_size should be an odd positive integer, got {}", k));
+  }
+  if (!(sigma > 0)) throw std::invalid_argument(fmt::format("gaussian_blur: sigma should be positive, got {}", sigma));
+  const int pad = k / 2;
+  if (pad >= height || pad >= width) {
+    throw std::invalid_argument(fmt::format(
+        "gaussian_blur: kernel_size {} needs an image larger than {} pixels on each side (reflect padding), got {}x{}",
+        k, pad, width, height));
+  }
+  const std::vector<float> k1 = gaussian_kernel1d(k, sigma);
+  // _get_gaussian_kernel2d: kernel1d_y.unsqueeze(-1) * kernel1d_x, float32 products.
+  thread_local std::vector<float> kernel;
+  kernel.resize(static_cast<size_t>(k) * static_cast<size_t>(k));
+  for (int i = 0; i < k; ++i)
+    for (int j = 0; j < k; ++j) kernel[static_cast<size_t>(i * k + j)] = k1[static_cast<size_t>(i)] * k1[static_cast<size_t>(j)];
+  const int pw = width + 2 * pad, ph = height + 2 * pad;
+  const size_t padded_row = static_cast<size_t>(pw) * 3;
+  scratch.padded.resize(padded_row * static_cast<size_t>(ph));
+  for (int y = 0; y < ph; ++y) {
+    const uint8_t* in = image + static_cast<size_t>(reflect(y - pad, height)) * width * 3;
+    float* out = scratch.padded.data() + static_cast<size_t>(y) * padded_row;
+    for (int x = 0; x < pw; ++x) {
+      const uint8_t* px = in + static_cast<size_t>(reflect(x - pad, width)) * 3;
+      out[x * 3 + 0] = px[0];
+      out[x * 3 + 1] = px[1];
+      out[x * 3 + 2] = px[2];
+    }
+  }
+  const size_t n_values = static_cast<size_t>(width) * 3;
+  scratch.row.resize(n_values);
+  float* row = scratch.row.data();
+  for (int y = 0; y < height; ++y) {
+    const float* top = scratch.padded.data() + static_cast<size_t>(y) * padded_row;
+#if defined(__x86_64__) || defined(__i386__)
+    if (cpu_has_fma()) {
+      blur_row_fma(top, padded_row, kernel.data(), k, n_values, row);
+    } else {
+      blur_row_scalar(top, padded_row, kernel.data(), k, n_values, row);
+    }
+#else
+    blur_row_scalar(top, padded_row, kernel.data(), k, n_values, row);
+#endif
+    // .round_() (half to even) then .to(torch.uint8); the weights sum to one, so 0..255.
+    uint8_t* out = image + static_cast<size_t>(y) * n_values;
+    for (size_t n = 0; n < n_values; ++n) out[n] = static_cast<uint8_t>(std::clamp(round_to_int(row[n]), 0, 255));
+  }
+}
+
 void autocontrast(uint8_t* image, int height, int width) {
   const size_t n = pixel_count(height, width);
   uint8_t lo0 = 255, lo1 = 255, lo2 = 255, hi0 = 0, hi1 = 0, hi2 = 0;
@@ -981,7 +1143,16 @@ void apply_augment_op(AugmentOp op, double m, uint8_t* image, int height, int wi
 void plan_augment(const AugmentOptions& options, int height, int width, DrawSource& draws,
                   AugmentPlan& plan) {
   plan.interpolation = options.interpolation;
-  plan_color_jitter(options.color_jitter, draws, plan);
+  plan_color_jitter(options.color_jitter, options.color_jitter_p, draws, plan);
+  plan.grayscale = applies(options.grayscale_p, draws);
+  const GaussianBlurOptions& blur = options.gaussian_blur;
+  plan.blur = applies(blur.p, draws);
+  if (plan.blur) {
+    plan.blur_kernel_size = blur.kernel_size;
+    plan.blur_sigma = draws.uniform(blur.sigma_min, blur.sigma_max);  // GaussianBlur.make_params
+  }
+  plan.solarize = applies(options.solarize_p, draws);
+  plan.solarize_threshold = options.solarize_threshold;
   plan_policy(options, height, width, draws, plan);
   plan_erasing(options, height, width, draws, plan);
   if (plan.erase && !options.random_erasing.random_value) {
@@ -1007,6 +1178,9 @@ void apply_augment(const AugmentPlan& plan, uint8_t* image, int height, int widt
       }
     }
   }
+  if (plan.grayscale) rgb_to_grayscale(image, height, width);
+  if (plan.blur) gaussian_blur(image, height, width, plan.blur_kernel_size, plan.blur_sigma, scratch);
+  if (plan.solarize) solarize(image, height, width, plan.solarize_threshold);
   for (const AugmentStep& s : plan.steps) {
     apply_augment_op(s.op, s.magnitude, image, height, width, plan.interpolation, scratch);
   }

@@ -1,12 +1,15 @@
-// PIL's antialiased bilinear resample (Pillow's libImaging/Resample.c: precompute_coeffs,
-// normalize_coeffs_8bpc, ImagingResampleHorizontal/Vertical_8bpc), for packed RGB, with AVX2 and
-// AVX-512 paths that process four output pixels (horizontal pass; two or four per vector) or 32
-// or 64 bytes (vertical pass) per step.
+// PIL's antialiased bilinear and bicubic resample (Pillow's libImaging/Resample.c:
+// precompute_coeffs, normalize_coeffs_8bpc, ImagingResampleHorizontal/Vertical_8bpc), for packed
+// RGB, with AVX2 and AVX-512 paths that process four output pixels (horizontal pass; two or four
+// per vector) or 32 or 64 bytes (vertical pass) per step.
 //
 // Fixed point: weights are int16 with 14 fractional bits, so pmaddwd can multiply-add pairs of
-// them with pixels widened to 16 bits; the largest weight (1.0) is 16384 and a sum of 255 * weights
-// stays far inside int32. All kernels compute exactly the same integer sums with one rounding per
-// pass, so their outputs are identical bytes (tests/test_resize.cpp).
+// them with pixels widened to 16 bits; the largest weight (under 1.2: a bicubic output whose
+// negative lobe the image edge cuts off) is below 2^15 and a sum of 255 * weights stays far inside
+// int32. Bicubic weights can be negative, so a sum can fall below 0 or above 255 << 14: every
+// kernel clips it to [0, 255] (PIL's clip8) after the arithmetic shift. All kernels compute
+// exactly the same integer sums with one rounding per pass, so their outputs are identical bytes
+// (tests/test_resize.cpp).
 
 #include "gpufeed/loader/resize.h"
 
@@ -379,7 +382,9 @@ GPUFEED_AVX512 void horizontal_avx512(const uint8_t* row, const int* offsets,
       acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_shuffle_epi8(v, mask23),
                                                     _mm512_load_si512(w + 1)));
     }
-    acc = _mm512_srai_epi32(acc, kPrecisionBits);  // >= 0: the weights are
+    // Clipped to [0, 255] like clip8: negative sums (bicubic's negative lobes) to 0 first, as
+    // the unsigned saturating narrowing would turn them into 255.
+    acc = _mm512_max_epi32(_mm512_srai_epi32(acc, kPrecisionBits), _mm512_setzero_si512());
     const __m128i px = _mm_shuffle_epi8(_mm512_cvtusepi32_epi8(acc), compact);
     uint8_t* d = out + static_cast<size_t>(j0) * 3;
     if (j0 + 6 <= width) {
@@ -407,14 +412,29 @@ Resizer::Resizer(ResizeKernel kernel)
                                 kernel_name(kernel_) + " kernel");
 }
 
-// Pillow's precompute_coeffs + normalize_coeffs_8bpc for the bilinear filter, except that the
-// weights are 14-bit and each output's taps are stored `taps` apart, zero-padded. With `reverse`
-// the table is stored in mirrored output order (entry j describes output pixel n - 1 - j).
-void Resizer::compute_axis(int in_size, double in0, double in1, int out_size, int pad_to,
-                           bool reverse, Axis& axis) {
+namespace {
+
+// Pillow's bilinear_filter and bicubic_filter (a = -0.5) of Resample.c.
+inline double filter_weight(ResizeFilter filter, double x) {
+  x = std::abs(x);
+  if (filter == ResizeFilter::kBilinear) return x < 1.0 ? 1.0 - x : 0.0;
+  constexpr double a = -0.5;
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
+}
+
+}  // namespace
+
+// Pillow's precompute_coeffs + normalize_coeffs_8bpc, except that the weights are 14-bit and each
+// output's taps are stored `taps` apart, zero-padded. With `reverse` the table is stored in
+// mirrored output order (entry j describes output pixel n - 1 - j).
+void Resizer::compute_axis(ResizeFilter filter, int in_size, double in0, double in1, int out_size,
+                           int pad_to, bool reverse, Axis& axis) {
   const double scale = (in1 - in0) / out_size;
   const double filterscale = std::max(scale, 1.0);
-  const double support = filterscale;  // the bilinear filter's support is 1
+  // The filter's support (bilinear 1, bicubic 2) stretched by the downscale.
+  const double support = (filter == ResizeFilter::kBicubic ? 2.0 : 1.0) * filterscale;
   const double ss = 1.0 / filterscale;
   axis.first.resize(static_cast<size_t>(out_size));
   axis.count.resize(static_cast<size_t>(out_size));
@@ -440,16 +460,18 @@ void Resizer::compute_axis(int in_size, double in0, double in1, int out_size, in
     const int n = axis.count[static_cast<size_t>(j)];
     double ww = 0.0;
     for (int x = 0; x < n; ++x) {
-      const double d = std::abs((x + xmin - center + 0.5) * ss);
-      const double w = d < 1.0 ? 1.0 - d : 0.0;
+      const double w = filter_weight(filter, (x + xmin - center + 0.5) * ss);
       weights_[static_cast<size_t>(x)] = w;
       ww += w;
     }
-    // Normalised to sum to one (PIL divides each weight by the sum), then fixed point.
+    // Normalised to sum to one (PIL divides each weight by the sum), then fixed point, rounded
+    // half away from zero as normalize_coeffs_8bpc rounds (bicubic weights can be negative).
     const double to_fixed = ww != 0.0 ? (1 << kPrecisionBits) / ww : 0.0;
     int16_t* c = &axis.coeffs[static_cast<size_t>(j) * axis.taps];
-    for (int x = 0; x < n; ++x)
-      c[x] = static_cast<int16_t>(0.5 + weights_[static_cast<size_t>(x)] * to_fixed);  // >= 0
+    for (int x = 0; x < n; ++x) {
+      const double v = weights_[static_cast<size_t>(x)] * to_fixed;
+      c[x] = static_cast<int16_t>(v < 0 ? -0.5 + v : 0.5 + v);
+    }
   }
 }
 
@@ -478,21 +500,85 @@ void check_resize_arguments(const uint8_t* src, int src_width, int src_height, s
 
 void Resizer::resize(const uint8_t* src, int src_width, int src_height, size_t src_stride,
                      const BoxF& box, uint8_t* dst, int dst_width, int dst_height,
-                     size_t dst_stride, bool flip) {
+                     size_t dst_stride, bool flip, ResizeFilter filter) {
   check_resize_arguments(src, src_width, src_height, src_stride, box, dst, dst_width, dst_height,
                          dst_stride);
   // Horizontal taps padded to four (two pmaddwd pairs per 16-byte load), or to two for the AVX2
   // kernel, which has a last-pair step (an upscale's two taps would otherwise be half zeros).
-  compute_axis(src_width, box.x0, box.x1, dst_width, kernel_ == ResizeKernel::kAvx2 ? 2 : 4, flip,
-               horizontal_);
-  compute_axis(src_height, box.y0, box.y1, dst_height, 1, false, vertical_);
+  compute_axis(filter, src_width, box.x0, box.x1, dst_width,
+               kernel_ == ResizeKernel::kAvx2 ? 2 : 4, flip, horizontal_);
+  compute_axis(filter, src_height, box.y0, box.y1, dst_height, 1, false, vertical_);
   if (rows_.size() < static_cast<size_t>(vertical_.taps)) {
     rows_.resize(static_cast<size_t>(vertical_.taps));
     pairs_.resize(static_cast<size_t>(vertical_.taps + 1) / 2);
   }
   const Columns columns = prepare_columns(src_width, dst_width);
   const int16_t* lane_coeffs = prepare_lane_coeffs(dst_width);
-  resize_rows(src, src_stride, columns, lane_coeffs, dst, dst_width, dst_height, dst_stride);
+  if (filter == ResizeFilter::kBicubic) {
+    resize_rows_horizontal_first(src, src_stride, columns, lane_coeffs, dst, dst_width, dst_height,
+                                 dst_stride);
+  } else {
+    resize_rows(src, src_stride, columns, lane_coeffs, dst, dst_width, dst_height, dst_stride);
+  }
+}
+
+// The horizontal pass of one source row: its columns copied into the padded row buffer (the
+// kernels read whole groups of taps past the last column), then filtered into `out`.
+void Resizer::horizontal_row(const uint8_t* src_row, Columns columns, const int16_t* lane_coeffs,
+                             int dst_width, uint8_t* out) {
+  std::memcpy(row_.data(), src_row + static_cast<size_t>(columns.x_begin) * 3, columns.row_bytes);
+#if GPUFEED_RESIZE_X86
+  if (kernel_ == ResizeKernel::kAvx512)
+    return horizontal_avx512(row_.data(), offsets_.data(), lane_coeffs, horizontal_.taps, dst_width, out);
+  if (kernel_ == ResizeKernel::kAvx2)
+    return horizontal_avx2(row_.data(), offsets_.data(), lane_coeffs, horizontal_.taps, dst_width, out);
+#else
+  (void)lane_coeffs;
+#endif
+  horizontal_scalar(row_.data(), horizontal_.first.data(), horizontal_.coeffs.data(), horizontal_.taps,
+                    dst_width, out);
+}
+
+// PIL's order (horizontal pass first, its 8-bit intermediate clipped, then the vertical pass):
+// the bicubic filter's overshoots are clipped where PIL clips them. Every source row the output
+// needs is filtered once into intermediate_.
+void Resizer::resize_rows_horizontal_first(const uint8_t* src, size_t src_stride, Columns columns,
+                                           const int16_t* lane_coeffs, uint8_t* dst, int dst_width,
+                                           int dst_height, size_t dst_stride) {
+  int y_begin = vertical_.first[0], y_end = 0;
+  for (int v = 0; v < dst_height; ++v) {
+    y_begin = std::min(y_begin, vertical_.first[static_cast<size_t>(v)]);
+    y_end = std::max(y_end, vertical_.first[static_cast<size_t>(v)] + vertical_.count[static_cast<size_t>(v)]);
+  }
+  const size_t out_bytes = static_cast<size_t>(dst_width) * 3;
+  // + 16: the horizontal kernels' last 16-byte store may spill past a row's end.
+  const size_t rows = static_cast<size_t>(std::max(y_end - y_begin, 0));
+  if (intermediate_.size() < rows * out_bytes + 16) intermediate_.resize(rows * out_bytes + 16);
+  for (int y = y_begin; y < y_end; ++y)
+    horizontal_row(src + static_cast<size_t>(y) * src_stride, columns, lane_coeffs, dst_width,
+                   intermediate_.data() + static_cast<size_t>(y - y_begin) * out_bytes);
+  if (acc_.size() < out_bytes) acc_.resize(out_bytes);
+  const uint8_t** row_ptrs = rows_.data();
+  for (int v = 0; v < dst_height; ++v) {
+    const int first = vertical_.first[static_cast<size_t>(v)];
+    const int count = vertical_.count[static_cast<size_t>(v)];
+    const int16_t* c = &vertical_.coeffs[static_cast<size_t>(v) * vertical_.taps];
+    for (int k = 0; k < count; ++k)
+      row_ptrs[k] = intermediate_.data() + static_cast<size_t>(first + k - y_begin) * out_bytes;
+    uint8_t* out = dst + static_cast<size_t>(v) * dst_stride;
+#if GPUFEED_RESIZE_X86
+    if (kernel_ == ResizeKernel::kAvx512 || kernel_ == ResizeKernel::kAvx2) {
+      pair_weights(c, count, pairs_.data());
+      if (kernel_ == ResizeKernel::kAvx512) {
+        vertical_avx512(row_ptrs, c, count, out_bytes, out, acc_.data(), pairs_.data());
+      } else {
+        vertical_avx2(row_ptrs, c, count, out_bytes, out, acc_.data(), pairs_.data());
+      }
+      continue;
+    }
+#endif
+    vertical_scalar(row_ptrs, c, count, out_bytes, out, acc_.data());
+  }
 }
 
 Resizer::Columns Resizer::prepare_columns(int src_width, int dst_width) {

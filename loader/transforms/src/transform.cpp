@@ -154,10 +154,23 @@ BoxF center_crop_region(int width, int height, const ResizeCenterCropOptions& o)
   return r;
 }
 
+std::string_view to_string(ResizeFilter filter) {
+  return filter == ResizeFilter::kBicubic ? "bicubic" : "bilinear";
+}
+
+ResizeFilter parse_resize_filter(std::string_view name) {
+  for (auto f : {ResizeFilter::kBilinear, ResizeFilter::kBicubic}) {
+    if (name == to_string(f)) return f;
+  }
+  throw std::invalid_argument("interpolation: unknown mode '" + std::string(name) +
+                              "' (expected bilinear or bicubic)");
+}
+
 SamplePlan plan_sample(const TransformOptions& options, int width, int height, uint64_t seed,
                        int64_t epoch, int64_t index) {
   SamplePlan plan;
   plan.output_size = options.output_size();
+  plan.filter = options.interpolation;
   if (options.kind == TransformOptions::Kind::kEval) {
     plan.region = center_crop_region(width, height, options.eval);
     const int x0 = static_cast<int>(std::floor(plan.region.x0));
@@ -187,12 +200,14 @@ decode::DecodeOptions decode_options_for(const SamplePlan& plan, const decode::I
   d.scale = decode::choose_scale(info, plan.box, plan.output_size, plan.output_size);
   d.crop = plan.box;
   if (!plan.taps_clamped_to_box) {
-    // The filter reaches max(scale, 1) decoded pixels from an output pixel's centre: in source
-    // pixels, max(region / output, 8 / num). One more pixel covers the rounding of the tap range.
+    // The filter reaches support * max(scale, 1) decoded pixels from an output pixel's centre
+    // (support: bilinear 1, bicubic 2): in source pixels, support * max(region / output, 8 / num).
+    // One more pixel covers the rounding of the tap range.
     const double out = plan.output_size;
     const double unit = 8.0 / d.scale.num;
-    const int mx = static_cast<int>(std::ceil(std::max(plan.region.width() / out, unit))) + 1;
-    const int my = static_cast<int>(std::ceil(std::max(plan.region.height() / out, unit))) + 1;
+    const double support = plan.filter == ResizeFilter::kBicubic ? 2.0 : 1.0;
+    const int mx = static_cast<int>(std::ceil(support * std::max(plan.region.width() / out, unit))) + 1;
+    const int my = static_cast<int>(std::ceil(support * std::max(plan.region.height() / out, unit))) + 1;
     const int x0 = std::max(plan.box.x - mx, 0);
     const int y0 = std::max(plan.box.y - my, 0);
     const int x1 = std::min(plan.box.x + plan.box.width + mx, info.width);
@@ -221,7 +236,7 @@ void resize_sample(const SamplePlan& plan, const decode::DecodeResult& result,
   const int s = plan.output_size;
   resizer.resize(image.pixels.data(), image.width, image.height,
                  static_cast<size_t>(image.width) * 3, decoded_region(plan, result), out, s, s,
-                 static_cast<size_t>(s) * 3, plan.flip);
+                 static_cast<size_t>(s) * 3, plan.flip, plan.filter);
 }
 
 }  // namespace gpufeed::loader

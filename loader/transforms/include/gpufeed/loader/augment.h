@@ -1,6 +1,7 @@
 #pragma once
 // Per-sample augmentations on the loader's pool: TrivialAugmentWide, RandAugment, AutoAugment's
-// ImageNet policy, ColorJitter and RandomErasing, with torchvision.transforms.v2's semantics, run
+// ImageNet policy, ColorJitter (optionally under RandomApply), RandomGrayscale, GaussianBlur under
+// RandomApply, RandomSolarize and RandomErasing, with torchvision.transforms.v2's semantics, run
 // on the uint8 output of RandomResizedCrop + flip in the batch slot.
 //
 // Images here are [H, W, 3] uint8, rows W * 3 bytes apart (the slot's layout); torchvision's
@@ -13,7 +14,15 @@
 // (tests/test_augment.cpp, goldens made at test time by tests/goldens/gen_augment.py) holds every
 // op to torchvision's output with no tolerance, every pixel, over a grid of magnitudes and images
 // (non-square, 224x224, low-contrast), and the whole transforms replayed on torchvision's draws.
-// Known limits of exactness: Contrast's mean is exact while H * W * 255 < 2^24 (up to 256x256;
+// Known limits of exactness: gaussian_blur's 1-D kernel comes from torch.softmax, whose exp is
+// ATen's vectorised polynomial (exp_u20), not reproduced here: the kernel here is the correctly
+// rounded softmax, which can differ from torch's in the last bits of a weight, and a blurred value
+// whose float32 sum lies within about 1e-5 of a .5 then rounds the other way: one level, in
+// 34 of 5.7 million golden values (tests/test_augment.cpp; the kernel weights are within 3
+// units in the last place of torch's, 26 of 144 kernels equal); the convolution itself reproduces
+// torch's CPU conv2d as it runs on the x86 CPUs the goldens ran on (float32, taps in row-major
+// order, each a fused multiply-add; another ATen or oneDNN path could sum in another order).
+// Contrast's mean is exact while H * W * 255 < 2^24 (up to 256x256;
 // beyond, torch's float32 sum rounds and a LUT entry may move by one); the geometric ops and hue
 // follow torch's float32 rounding as computed on AVX2 CPUs (another ATen CPU capability could
 // round a pixel at an exact nearest-neighbour tie differently; the test would show it).
@@ -21,11 +30,17 @@
 // Draw order (a sample's stream is loader::SampleRng(seed, epoch, index); RandomResizedCrop's
 // draws and the flip draw come first, see transform.h). Each "uniform" is one uniform(0, 1) draw
 // unless stated, each "randint(n)" one randint(0, n) draw:
-//   1. ColorJitter, when any of its factors is on: the order of the four adjustments
+//   1. ColorJitter, when any of its factors is on and color_jitter_p > 0: when color_jitter_p < 1,
+//      one uniform >= color_jitter_p skips it (RandomApply; no more draws for it); then the order
+//      of the four adjustments
 //      (randperm(4): Fisher-Yates, randint(i, 4) for i = 0, 1, 2, swapping i and the draw), then
 //      one uniform(lo, hi) per enabled factor in the order brightness, contrast, saturation, hue.
 //      Then the adjustments in that order (torchvision's ColorJitter.make_params/transform).
-//   2. the auto-augment policy:
+//   2. RandomGrayscale, when grayscale_p > 0: uniform >= grayscale_p skips it.
+//   3. GaussianBlur, when gaussian_blur.p > 0: uniform >= p skips it (RandomApply); otherwise
+//      uniform(sigma_min, sigma_max) is sigma (GaussianBlur.make_params).
+//   4. RandomSolarize, when solarize_p > 0: uniform >= solarize_p skips it.
+//   5. the auto-augment policy:
 //      TrivialAugmentWide: randint(14) op; when the op has magnitudes, randint(num_magnitude_bins)
 //        bin; when the op is signed, uniform <= 0.5 negates the magnitude.
 //      RandAugment: num_ops times: randint(14) op; when it has magnitudes and is signed,
@@ -33,7 +48,7 @@
 //      AutoAugment (ImageNet): randint(25) sub-policy; for each of its two ops: uniform <= p
 //        applies it (else no more draws for it); when applied with a signed magnitude,
 //        uniform <= 0.5 negates.
-//   3. RandomErasing: uniform >= p skips it; otherwise up to 10 attempts of
+//   6. RandomErasing: uniform >= p skips it; otherwise up to 10 attempts of
 //      (uniform(scale) area fraction, exp(uniform(log ratio)) aspect); the first box that fits
 //      (h < H and w < W, h = round(sqrt(area * aspect)), w = round(sqrt(area / aspect))) then draws,
 //      for value "random", 3 * h * w normals (channel-major, Box-Muller over two uniforms each),
@@ -98,6 +113,12 @@ struct AugmentPlan {
   std::array<int, 4> jitter_order{0, 1, 2, 3};  ///< 0 brightness, 1 contrast, 2 saturation, 3 hue
   std::array<double, 4> jitter_factor{};         ///< per adjustment; unused when switched off
   std::array<bool, 4> jitter_on{};
+  bool grayscale = false;                        ///< RandomGrayscale applies
+  bool blur = false;                             ///< GaussianBlur applies
+  int blur_kernel_size = 0;
+  double blur_sigma = 0;                         ///< the drawn sigma (a float32 value)
+  bool solarize = false;                         ///< RandomSolarize applies
+  double solarize_threshold = 0;
   std::vector<AugmentStep> steps;                ///< the policy's ops, in order
   bool erase = false;
   int erase_top = 0, erase_left = 0, erase_height = 0, erase_width = 0;
@@ -112,9 +133,10 @@ struct AugmentPlan {
 void plan_augment(const AugmentOptions& options, int height, int width, DrawSource& draws,
                   AugmentPlan& plan);
 
-/// Scratch memory for the ops that need a copy of the input (sharpness, geometry), reused.
+/// Scratch memory for the ops that need a copy of the input (sharpness, geometry, blur), reused.
 struct AugmentScratch {
   std::vector<uint8_t> copy;
+  std::vector<float> padded, row;  ///< gaussian_blur's padded float image and accumulator row
 };
 
 /// Applies `plan` in place to `image` ([height, width, 3] uint8, contiguous).
@@ -141,6 +163,18 @@ void adjust_hue(uint8_t* image, int height, int width, double factor);
 void posterize(uint8_t* image, int height, int width, int bits);
 /// solarize: x >= threshold (compared in float32) becomes 255 - x; threshold <= 255.
 void solarize(uint8_t* image, int height, int width, double threshold);
+/// rgb_to_grayscale(image, num_output_channels=3): every channel becomes
+/// trunc(0.2989 r + 0.587 g + 0.114 b) in float32 (as adjust_saturation's gray).
+void rgb_to_grayscale(uint8_t* image, int height, int width);
+/// gaussian_blur(image, [k, k], [sigma, sigma]): the float32 1-D kernel softmax(-(x / sigma)^2)
+/// over x = linspace(-(k - 1) / (2 sqrt 2), (k - 1) / (2 sqrt 2), k), its float32 outer product,
+/// reflect padding by k / 2, a float32 depthwise convolution, rounded half to even. k odd >= 1,
+/// k / 2 below height and width (torch's reflect padding), sigma > 0; otherwise
+/// std::invalid_argument as torchvision raises. Exact up to the kernel's last bit (see above).
+void gaussian_blur(uint8_t* image, int height, int width, int kernel_size, double sigma,
+                   AugmentScratch& scratch);
+/// The 1-D kernel gaussian_blur uses (k float32 weights), for tests.
+std::vector<float> gaussian_kernel1d(int kernel_size, double sigma);
 /// autocontrast: per channel, (x - min) / ((max - min) / 255) truncated (float32).
 void autocontrast(uint8_t* image, int height, int width);
 /// equalize: per channel, PIL's histogram equalisation LUT (as torchvision's equalize_image).

@@ -112,6 +112,11 @@ std::string_view to_string(InterpolationMode mode);
 /// Parses the names above; throws std::invalid_argument naming the accepted values otherwise.
 InterpolationMode parse_interpolation(std::string_view name);
 
+/// "bilinear", "bicubic": the resize filter's name as torchvision's InterpolationMode spells it.
+std::string_view to_string(ResizeFilter filter);
+/// Parses the names above; throws std::invalid_argument naming the accepted values otherwise.
+ResizeFilter parse_resize_filter(std::string_view name);
+
 /// torchvision.transforms.v2.ColorJitter(brightness, contrast, saturation, hue) with single
 /// numbers: brightness/contrast/saturation factors uniform in [max(0, 1 - v), 1 + v], hue in
 /// [-hue, hue]. 0 switches a factor off (no draw), as in torchvision.
@@ -138,15 +143,26 @@ struct RandomErasingOptions {
   float value = 0;             ///< the constant value in normalised units (when !random_value)
 };
 
+/// torchvision.transforms.v2.RandomApply([GaussianBlur(kernel_size, sigma=(sigma_min, sigma_max))],
+/// p): with probability p, a Gaussian blur whose sigma is drawn uniformly from
+/// [sigma_min, sigma_max] (the same sigma on both axes, as GaussianBlur draws it).
+struct GaussianBlurOptions {
+  float p = 0;             ///< probability, [0, 1]; 0 = off
+  int kernel_size = 9;     ///< odd, >= 1, pixels (square kernel); below 2 x the crop side + 1
+  float sigma_min = 0.1f;  ///< 0 < sigma_min <= sigma_max, pixels
+  float sigma_max = 2.0f;
+};
+
 /// ImageNet's per-channel mean and std (R, G, B) of [0, 1] pixels, torchvision's models'
 /// Normalize: the default of the prefetcher's Normalize and of RandomErasing's value mapping.
 inline constexpr std::array<float, 3> kImageNetMean{0.485f, 0.456f, 0.406f};
 inline constexpr std::array<float, 3> kImageNetStd{0.229f, 0.224f, 0.225f};
 
 /// The per-sample augmentations of the train transform, after RandomResizedCrop + flip.
-/// Order: ColorJitter, then the auto-augment policy, then RandomErasing (the references' order:
-/// the policy right after the flip, RandomErasing after Normalize; ColorJitter, absent from the
-/// references' preset, comes before the policy).
+/// Order: ColorJitter (applied with probability color_jitter_p), RandomGrayscale, GaussianBlur,
+/// RandomSolarize (the self-supervised recipes' order: DINO's flip, colour jitter, grayscale,
+/// blur, solarize), then the auto-augment policy, then RandomErasing (the references' order: the
+/// policy right after the flip, RandomErasing after Normalize).
 struct AugmentOptions {
   AutoAugmentPolicy auto_augment = AutoAugmentPolicy::kNone;
   int ra_num_ops = 2;              ///< RandAugment num_ops, >= 0
@@ -155,6 +171,16 @@ struct AugmentOptions {
   /// The policies' `interpolation` (their geometric ops); torchvision's default NEAREST.
   InterpolationMode interpolation = InterpolationMode::kNearest;
   ColorJitterOptions color_jitter{};
+  /// RandomApply([ColorJitter], p): the probability ColorJitter runs, [0, 1]. 1 (the default) is
+  /// a plain ColorJitter, without a draw for it.
+  float color_jitter_p = 1;
+  /// RandomGrayscale(p): the probability the image becomes gray (3 equal channels), [0, 1]; 0 = off.
+  float grayscale_p = 0;
+  GaussianBlurOptions gaussian_blur{};
+  /// RandomSolarize(threshold, p): the probability, [0, 1]; 0 = off.
+  float solarize_p = 0;
+  /// RandomSolarize's threshold: values >= it are inverted; [0, 255].
+  float solarize_threshold = 128;
   RandomErasingOptions random_erasing{};
   /// The Normalize that follows in the prefetcher (ImageNet's by default); only RandomErasing's
   /// value mapping uses it.
@@ -162,14 +188,17 @@ struct AugmentOptions {
   std::array<float, 3> std = kImageNetStd;
 
   bool enabled() const {
-    return auto_augment != AutoAugmentPolicy::kNone || color_jitter.enabled() || random_erasing.p > 0;
+    return auto_augment != AutoAugmentPolicy::kNone || (color_jitter.enabled() && color_jitter_p > 0) ||
+           grayscale_p > 0 || gaussian_blur.p > 0 || solarize_p > 0 || random_erasing.p > 0;
   }
   /// Throws std::invalid_argument naming the option, its value and the accepted range.
   void validate() const;
 };
 
 /// AugmentOptions' user-facing fields (gpufeed/option.h): auto_augment, ra_num_ops, ra_magnitude,
-/// augment_interpolation, color_jitter, random_erase, random_erase_value, mean, std; applying
+/// augment_interpolation, color_jitter, color_jitter_p, grayscale_p, gaussian_blur_p,
+/// gaussian_blur_kernel, gaussian_blur_sigma, solarize_p, solarize_threshold, random_erase,
+/// random_erase_value, mean, std; applying
 /// them ends with validate().
 const options::Schema<AugmentOptions>& augment_options_schema();
 
@@ -187,6 +216,9 @@ struct TransformOptions {
   RandomResizedCropOptions rrc{};
   ResizeCenterCropOptions eval{};
   float flip_probability = 0.5f;  ///< train only; torchvision's RandomHorizontalFlip p
+  /// The interpolation of RandomResizedCrop (train) and Resize (eval): bilinear (torchvision's
+  /// default) or bicubic (DINO's crops), PIL's filters (resize.h).
+  ResizeFilter interpolation = ResizeFilter::kBilinear;
   /// Train only: ColorJitter, auto-augment policy, RandomErasing after the flip (augment.h).
   AugmentOptions augment{};
 
@@ -207,8 +239,9 @@ struct TransformOptions {
 };
 
 /// TransformOptions' user-facing fields (gpufeed/option.h): train, image_size, scale, ratio,
-/// resize_size (default round(image_size x 256 / 224), as TransformOptions::imagenet), then
-/// augment_options_schema()'s. Applying them refuses an eval Resize smaller than its crop.
+/// interpolation, resize_size (default round(image_size x 256 / 224), as
+/// TransformOptions::imagenet), then augment_options_schema()'s. Applying them refuses an eval
+/// Resize smaller than its crop.
 const options::Schema<TransformOptions>& transform_options_schema();
 
 /// The crop box RandomResizedCrop.get_params would choose for a width x height image, with the
@@ -243,6 +276,7 @@ struct SamplePlan {
   bool taps_clamped_to_box = true;
   bool flip = false;    ///< mirror left-right after resizing
   int output_size = 0;  ///< output height = width, pixels
+  ResizeFilter filter = ResizeFilter::kBilinear;  ///< TransformOptions::interpolation
   /// Train only: the sample's stream after the crop and flip draws; the augmentations
   /// (augment.h) continue it.
   std::optional<SampleRng> rng;
@@ -254,9 +288,10 @@ SamplePlan plan_sample(const TransformOptions& options, int width, int height, u
 
 /// How to decode a source with header `info` for `plan`: `base`'s limits and error policy, the
 /// DCT scale decode::choose_scale picks for plan.box and the output size, and the crop: plan.box,
-/// widened (eval only) by the resize filter's reach at that scale, ceil(max(region width /
-/// output, 8 / scale.num)) + 1 source pixels per side, clamped to the image, so that output
-/// pixels near the edges see the neighbours torchvision's whole-image resize sees. This is the
+/// widened (eval only) by the resize filter's reach at that scale, ceil(s * max(region width /
+/// output, 8 / scale.num)) + 1 source pixels per side (s = 1 bilinear, 2 bicubic), clamped to the
+/// image, so that output pixels near the edges see the neighbours torchvision's whole-image
+/// resize sees. This is the
 /// whole of the decode work a sample costs; the benchmark's decode floor replays it.
 decode::DecodeOptions decode_options_for(const SamplePlan& plan, const decode::ImageInfo& info,
                                          const decode::DecodeOptions& base);
@@ -268,7 +303,7 @@ decode::DecodeOptions decode_options_for(const SamplePlan& plan, const decode::I
 BoxF decoded_region(const SamplePlan& plan, const decode::DecodeResult& result);
 
 /// Resizes a decoded sample into `out` ([S, S, 3] uint8, S = plan.output_size, rows S * 3 bytes
-/// apart), mirrored when plan.flip: `image` must come from a decode with
+/// apart) with plan.filter, mirrored when plan.flip: `image` must come from a decode with
 /// decode_options_for(plan, ...) whose result is `result`. Throws std::invalid_argument when
 /// the image does not match the result (a caller's mistake).
 void resize_sample(const SamplePlan& plan, const decode::DecodeResult& result,
