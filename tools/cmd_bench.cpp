@@ -66,7 +66,7 @@ int resolve_threads(int workers) {
 
 struct Args {
   std::string data;
-  loader::DataOptions cache;  // --index-cache (the schema's)
+  loader::DataOptions data_options;  // --index-cache, --endpoint-url, ... (the data set's rows)
   loader::LoaderOptions loader;     // the loader's schema flags (--batch-size, --image-size, ...)
   std::vector<int> workers{0};      // --num-workers as a list: one run per count (kAutoNumWorkers: auto)
   std::vector<std::string> worker_texts;  // as given
@@ -457,7 +457,7 @@ Run add_bench(CLI::App& app) {
                  "ImageFolder root, flat image folder, file list, or WebDataset tar shards "
                  "('dir/train-{000000..000146}.tar', a folder of .tar files, a list of .tar paths)")
       ->required();
-  const SchemaFlags cache = add_schema_options(app, loader::data_options_schema(), a->cache);
+  const SchemaFlags data_flags = add_schema_options(app, loader::data_options_schema(), a->data_options);
   const options::Spec& workers = loader::loader_options_schema().find("num_workers")->spec;
   app.add_option("--num-workers", a->worker_texts,
                  schema_help(workers, "0") + "; a list such as 1,2,4,auto runs once per count: a thread-scaling "
@@ -488,15 +488,15 @@ Run add_bench(CLI::App& app) {
                  "--mode loader: write the first pass's samples ([N, S, S, 3] uint8, sampler order) "
                  "to this file and their plans to FILE.json (first --num-workers count only)");
   app.add_flag("--json", a->json, "print one JSON object instead of text");
-  return [a, cache, flags, transform, transform_opt, workers] {
-    cache.apply();
+  return [a, data_flags, flags, transform, transform_opt, workers] {
+    data_flags.apply();
     if (transform_opt->count() > 0) {
       a->loader.transform.kind = *transform == "train" ? loader::TransformOptions::Kind::kTrain
                                                        : loader::TransformOptions::Kind::kEval;
     }
     flags.apply();
     parse_workers(*a, workers);
-    std::shared_ptr<const loader::Dataset> ds = loader::open_dataset(a->data, a->cache);
+    std::shared_ptr<const loader::Dataset> ds = loader::open_dataset(a->data, a->data_options);
     std::vector<std::vector<uint8_t>> files;
     std::vector<std::string> names;
     if (a->mode != "loader") preload(*ds, files, names);

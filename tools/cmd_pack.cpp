@@ -47,7 +47,7 @@ Run add_pack(CLI::App& app) {
   struct Args {
     std::string src, out, progress = "lines";
     loader::PackOptions o;
-    loader::DataOptions cache;
+    loader::DataOptions data;
   };
   auto a = std::make_shared<Args>();
   app.add_option("src", a->src, "ImageFolder root, flat image folder or file list (what --data takes; shards too)")
@@ -55,13 +55,13 @@ Run add_pack(CLI::App& app) {
   app.add_option("out_dir", a->out, "folder for <prefix>-000000.tar, ... and manifest.json (created)")->required();
   // PackOptions' flags (--shard-size, --max-side, --num-workers, ...) from its schema (gpufeed/loader/pack.h).
   const SchemaFlags flags = add_schema_options(app, loader::pack_options_schema(), a->o);
-  const SchemaFlags cache = add_schema_options(app, loader::data_options_schema(), a->cache);
+  const SchemaFlags data_flags = add_schema_options(app, loader::data_options_schema(), a->data);
   app.add_option("--progress", a->progress, "lines: a progress line on stderr every 2 s; off")
       ->capture_default_str()->check(CLI::IsMember({"lines", "off"}));
-  return [a, flags, cache] {
+  return [a, flags, data_flags] {
     flags.apply();
-    cache.apply();
-    const std::shared_ptr<loader::Dataset> ds = loader::open_dataset(a->src, a->cache);
+    data_flags.apply();
+    const std::shared_ptr<loader::Dataset> ds = loader::open_dataset(a->src, a->data);
     auto last = std::chrono::steady_clock::now();
     std::function<void(const loader::PackProgress&)> progress = [&last, lines = a->progress == "lines"](const loader::PackProgress& p) {
         if (const int sig = g_pack_signal.load()) throw PackInterrupted{sig};

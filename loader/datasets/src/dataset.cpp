@@ -624,7 +624,7 @@ void check_listed_files(const SampleTable& table, const std::vector<int64_t>& li
 
 }  // namespace
 
-FileList::FileList(const fs::path& list_file, const fs::path& root, const DataOptions& cache_options,
+FileList::FileList(const fs::path& list_file, const fs::path& root, const DataOptions& data_options,
                    FileListOptions options) {
   const UniqueFd fd(::open(list_file.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) throw std::runtime_error("FileList: cannot open " + list_file.string());
@@ -636,7 +636,7 @@ FileList::FileList(const fs::path& list_file, const fs::path& root, const DataOp
   const detail::CacheKey key{"FileList", detail::canonical_source(list_file), detail::canonical_source(root)};
   const std::string root_text = root.string();
   const std::string prefix = root_text.empty() ? std::string() : root_text + "/";
-  const auto cache = detail::cache_file(cache_options.index_cache, key.kind, list_file);
+  const auto cache = detail::cache_file(data_options.index_cache, key.kind, list_file);
   if ((from_cache_ = read_cached_list(cache, key, prefix, classes_, table_))) return;
 
   int64_t samples = 0, path_bytes = 0, max_label = -1;
@@ -697,20 +697,20 @@ FlatFolder::FlatFolder(const fs::path& root, ImageFolderOptions options) {
   table_.shrink_to_fit();
 }
 
-std::shared_ptr<Dataset> open_dataset(const fs::path& path, const DataOptions& cache) {
-  return open_dataset(path, cache, default_image_extensions());
+std::shared_ptr<Dataset> open_dataset(const fs::path& path, const DataOptions& data_options) {
+  return open_dataset(path, data_options, default_image_extensions());
 }
 
-std::shared_ptr<Dataset> open_dataset(const fs::path& path, const DataOptions& cache,
+std::shared_ptr<Dataset> open_dataset(const fs::path& path, const DataOptions& data_options,
                                       const std::vector<std::string>& extensions) {
   if (is_url(path.native())) check_url(path.native());
   if (std::vector<std::string> urls = remote_shard_urls(path.native()); !urls.empty()) {
-    return std::make_shared<RemoteShards>(std::move(urls), path.native(), cache);
+    return std::make_shared<RemoteShards>(std::move(urls), path.native(), data_options);
   }
-  if (auto shards = shard_paths(path)) return std::make_shared<TarShards>(std::move(*shards), path, cache);
+  if (auto shards = shard_paths(path)) return std::make_shared<TarShards>(std::move(*shards), path, data_options);
   std::error_code ec;
   if (fs::is_regular_file(path, ec)) {
-    return std::make_shared<FileList>(path, path.parent_path(), cache);
+    return std::make_shared<FileList>(path, path.parent_path(), data_options);
   }
   if (!fs::is_directory(path, ec)) {
     throw std::runtime_error("open_dataset: " + path.string() + " is neither a file list nor a folder");
@@ -719,7 +719,7 @@ std::shared_ptr<Dataset> open_dataset(const fs::path& path, const DataOptions& c
     std::error_code sec;
     if (entry.is_directory(sec)) {
       ImageFolderOptions o;
-      o.index_cache = cache.index_cache;
+      o.index_cache = data_options.index_cache;
       o.extensions = extensions;
       return std::make_shared<ImageFolder>(path, o);
     }

@@ -453,7 +453,7 @@ std::vector<ShardSample> index_shard_file(const std::string& path) {
 
 }  // namespace
 
-TarShards::TarShards(std::vector<std::string> shards, const fs::path& source, const DataOptions& cache_options)
+TarShards::TarShards(std::vector<std::string> shards, const fs::path& source, const DataOptions& data_options)
     : shards_(std::move(shards)) {
   if (shards_.empty()) throw std::runtime_error("shards: " + source.string() + " names no shard");
   const int64_t started = detail::wall_clock_ns();
@@ -462,7 +462,7 @@ TarShards::TarShards(std::vector<std::string> shards, const fs::path& source, co
   std::string shard_list;
   for (const std::string& s : shards_) shard_list += detail::canonical_source(s) + '\n';
   const detail::CacheKey key{"TarShards", detail::canonical_source(source), shard_list};
-  const auto cache = detail::cache_file(cache_options.index_cache, key.kind, source);
+  const auto cache = detail::cache_file(data_options.index_cache, key.kind, source);
   const auto read = [&](detail::CacheReader& in) {
     classes_ = in.strings();
     in.section(shard_);

@@ -270,7 +270,7 @@ struct FileListOptions {
 class FileList : public SampleList {
  public:
   FileList(const std::filesystem::path& list_file, const std::filesystem::path& root,
-           const DataOptions& cache = {}, FileListOptions options = {});
+           const DataOptions& data_options = {}, FileListOptions options = {});
   bool from_cache() const { return from_cache_; }
 
  private:
@@ -287,21 +287,21 @@ class FlatFolder : public SampleList {
 };
 
 /// Opens `path` as the dataset it looks like: remote shards (an http://, https:// or s3:// URL or
-/// brace pattern of URLs, or a list file of URLs: RemoteShards in remote.h, read as `cache`'s
+/// brace pattern of URLs, or a list file of URLs: RemoteShards in remote.h, read as `data_options`'
 /// remote fields say; any other scheme is refused with std::invalid_argument); WebDataset tar
 /// shards (a brace pattern such as
 /// "shards/train-{000000..000146}.tar", a .tar file, a folder of .tar files only, or a list of
 /// .tar paths: TarShards in shards.h); otherwise a regular file is a FileList (paths relative to
 /// the file's folder); a folder with class subfolders is an ImageFolder; a folder of images
-/// only is a FlatFolder. ImageFolders and file lists use the index cache as `cache` says
+/// only is a FlatFolder. ImageFolders and file lists use the index cache as `data_options` says
 /// (default: the user's cache folder, DataOptions). Throws std::runtime_error naming the path when
 /// it is none of these.
-std::shared_ptr<Dataset> open_dataset(const std::filesystem::path& path, const DataOptions& cache = {});
+std::shared_ptr<Dataset> open_dataset(const std::filesystem::path& path, const DataOptions& data_options = {});
 
 /// open_dataset listing folders (ImageFolder, FlatFolder) with these `extensions` (with the dot,
 /// compared case-insensitively) instead of default_image_extensions(); file lists and shards are
 /// unaffected. gpufeed.DataLoader passes torchvision's IMG_EXTENSIONS this way.
-std::shared_ptr<Dataset> open_dataset(const std::filesystem::path& path, const DataOptions& cache,
+std::shared_ptr<Dataset> open_dataset(const std::filesystem::path& path, const DataOptions& data_options,
                                       const std::vector<std::string>& extensions);
 
 }  // namespace gpufeed::loader

@@ -149,7 +149,7 @@ class TarShards : public Dataset {
   /// `source`: what the user gave (pattern, folder, list file), for the cache's name and key.
   /// Throws ShardError (see index_shard) or std::runtime_error when a shard cannot be opened or
   /// the set holds no sample.
-  TarShards(std::vector<std::string> shards, const std::filesystem::path& source, const DataOptions& cache = {});
+  TarShards(std::vector<std::string> shards, const std::filesystem::path& source, const DataOptions& data_options = {});
   int64_t size() const override { return members_.size(); }
   /// Throws std::out_of_range naming the index and the size.
   SampleRef at(int64_t i) const override;
