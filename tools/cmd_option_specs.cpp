@@ -1,7 +1,7 @@
-// gpufeed option-specs (hidden): every option schema the CLI's commands are built from, as JSON,
-// one list of rows per schema: the loader's and the index cache's (`gpufeed bench`, `gpufeed
-// train` and gpufeed.DataLoader), the training schedule's (`gpufeed train`) and pack's (`gpufeed
-// pack`). tools/gen_options_doc.py writes docs/OPTIONS.md from it; python/tests/test_options.py
+// gpufeed option-specs (hidden): every option set the CLI's commands are built from, as JSON, one
+// list of rows per set (gpufeed/option_sets.h): loader::dataloader_option_sets()' "loader" and
+// "data" (`gpufeed bench`, `gpufeed train` and gpufeed.DataLoader), the training schedule's
+// (`gpufeed train`) and pack's (`gpufeed pack`). tools/gen_options_doc.py writes docs/OPTIONS.md from it; python/tests/test_options.py
 // checks that the Python package's rows (_C.option_specs()) are the same.
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -9,9 +9,9 @@
 #include "commands.h"
 #include "gpufeed/harness/schedule_options.h"
 #include "gpufeed/json_text.h"
-#include "gpufeed/loader/loader.h"
+#include "gpufeed/loader/option_sets.h"
 #include "gpufeed/loader/pack.h"
-#include "gpufeed/option.h"
+#include "gpufeed/option_sets.h"
 
 namespace gpufeed::tools {
 namespace {
@@ -27,14 +27,12 @@ nlohmann::json to_json(const options::Value& v) {
   return std::visit(visit, v);
 }
 
-// The rows of one schema, with the fields _C.option_specs() gives each (gpufeed.DataLoader's
+// The rows of one set, with the fields _C.option_specs() gives each (gpufeed.DataLoader's
 // signature and docstring come from those).
-template <class T>
-nlohmann::json rows(const options::Schema<T>& schema) {
+nlohmann::json rows(const options::OptionSet& set) {
   nlohmann::json out = nlohmann::json::array();
-  for (const auto& f : schema.fields()) {
-    const options::Spec& s = f.spec;
-    const std::optional<options::Value> def = schema.default_value(f);
+  for (const options::Row& row : set.rows) {
+    const options::Spec& s = row.spec;
     out.push_back({{"name", s.name},
                    {"type", options::type_name(s.type)},
                    {"help", s.help},
@@ -44,8 +42,10 @@ nlohmann::json rows(const options::Schema<T>& schema) {
                    {"words", s.words},
                    {"sizes", s.sizes},
                    {"accepted", options::accepted(s)},
-                   {"default", def ? to_json(*def) : nlohmann::json()},
-                   {"derived_default", s.derived_default}});
+                   {"default", row.default_value ? to_json(*row.default_value) : nlohmann::json()},
+                   {"derived_default", s.derived_default},
+                   {"python_default", s.python_default ? to_json(*s.python_default) : nlohmann::json()},
+                   {"seed_range", s.seed_range}});
   }
   return out;
 }
@@ -55,10 +55,13 @@ nlohmann::json rows(const options::Schema<T>& schema) {
 Run add_option_specs(CLI::App& app) {
   app.group("");  // tooling, not a user's command: hidden from `gpufeed --help`
   return [] {
-    const nlohmann::json all = {{"loader", rows(loader::loader_options_schema())},
-                                {"data", rows(loader::data_options_schema())},
-                                {"schedule", rows(harness::schedule_options_schema())},
-                                {"pack", rows(loader::pack_options_schema())}};
+    // The DataLoader's sets (`gpufeed bench`'s and `gpufeed train`'s loader flags too), then the
+    // trainer's and pack's own.
+    std::vector<options::OptionSet> sets = loader::dataloader_option_sets();
+    sets.push_back(options::option_set("schedule", harness::schedule_options_schema()));
+    sets.push_back(options::option_set("pack", loader::pack_options_schema()));
+    nlohmann::json all = nlohmann::json::object();
+    for (const options::OptionSet& set : sets) all[set.name] = rows(set);
     std::cout << json_text(all, 1) << "\n";
     return 0;
   };

@@ -48,13 +48,15 @@ def table(specs, keyword: bool):
 
 
 def render(schemas) -> str:
-    """schemas: `gpufeed option-specs`' JSON (loader, index_cache, schedule, pack: lists of rows)."""
+    """schemas: `gpufeed option-specs`' JSON (loader, data, schedule, pack: lists of rows)."""
     lines = [
         "# Options",
         "",
         "Every option is declared once in C++, as a row of its struct's schema (`gpufeed/option.h`;",
-        "the loader's in `loader/src/options.cpp`, the schedule's in `harness/src/schedule_options.cpp`,",
-        "pack's in `loader/pack/src/pack_options.cpp`). The CLI's flags and `gpufeed.DataLoader`'s",
+        "the loader's in `loader/src/options.cpp`, the transform's and augmentations' in",
+        "`loader/transforms/src/transform_options.cpp`, the data's in `loader/datasets/src/data_options.cpp`,",
+        "the schedule's in `harness/src/schedule_options.cpp`, pack's in `loader/pack/src/pack_options.cpp`).",
+        "The CLI's flags and `gpufeed.DataLoader`'s",
         "keyword arguments are generated from the rows, and the same code checks a value on every front.",
         "An error names the option the way its front spells it (`num_workers=` in Python,",
         "`--num-workers` on the command line).",

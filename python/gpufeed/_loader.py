@@ -23,9 +23,11 @@ _SPECS: Dict[str, Dict[str, Any]] = {s["name"]: s for s in _C.option_specs()}
 # gpufeed.DataLoader's own keywords (torch's: where batches go, their layout, the sampler's shard).
 _FRONT_KEYWORDS = ("device", "dtype", "memory_format", "shuffle", "rank", "world_size", "sampler", "extensions",
                    "labels_only")
-# Where gpufeed.DataLoader's default is not the C++ struct's: torch.utils.data.DataLoader's
-# batch_size=1 (the CLI's bench uses LoaderOptions' 256).
-_PYTHON_DEFAULTS: Dict[str, Any] = {"batch_size": 1}
+# Where gpufeed.DataLoader's default is not the C++ struct's, as the rows declare it
+# (Spec::python_default): torch.utils.data.DataLoader's batch_size=1 (the CLI's bench uses
+# LoaderOptions' 256).
+_PYTHON_DEFAULTS: Dict[str, Any] = {n: s["python_default"] for n, s in _SPECS.items()
+                                    if s["python_default"] is not None}
 IMAGENET_MEAN = tuple(_SPECS["mean"]["default"])
 IMAGENET_STD = tuple(_SPECS["std"]["default"])
 _STATE_VERSION = 3
@@ -96,7 +98,7 @@ def _keyword_value(name: str, value: Any) -> Any:
     if kind == "int":
         if isinstance(value, str) and spec["words"]:
             return value  # num_workers="auto"; another word is refused in C++ (ValueError)
-        if name == "seed":  # torch.manual_seed's range; seed s orders as s mod 2**64 (as torch's)
+        if spec["seed_range"]:  # torch.manual_seed's range; seed s orders as s mod 2**64 (as torch's)
             value = _integer(name, value, -2**63, 2**64 - 1)
             return value - 2**64 if value > _INT64_MAX else value
         value = _integer(name, value)
@@ -345,7 +347,7 @@ class DataLoader:
             raise ValueError(f"memory_format must be torch.contiguous_format or torch.channels_last, "
                              f"not {memory_format}")
         device = torch.device(device)
-        depth = keywords.get("prefetch_depth", 3)
+        depth = keywords.get("prefetch_depth", _keyword_default("prefetch_depth"))
         if isinstance(depth, int) and depth < 2 and dtype == torch.uint8 and device.type == "cpu":
             raise ValueError(
                 "prefetch_depth=1 with dtype=torch.uint8 on the CPU: those batches are views of the "

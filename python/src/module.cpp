@@ -48,6 +48,7 @@
 #include "gpufeed/loader/dataset.h"
 #include "gpufeed/loader/inspect.h"
 #include "gpufeed/loader/loader.h"
+#include "gpufeed/loader/option_sets.h"
 #include "gpufeed/loader/remote.h"
 #include "gpufeed/option.h"
 #include "gpufeed/sampler/resume.h"
@@ -201,50 +202,47 @@ nb::object to_python(const options::Value& v) {
 }
 
 /// gpufeed.DataLoader's schema keywords as dicts (name, type, help, unit, min, max, words,
-/// sizes, default, derived_default), in the schemas' order: the package builds its signature,
-/// its checks of Python types and its docstring from them.
-template <class T>
-void append_specs(nb::list& out, const options::Schema<T>& schema) {
-  for (const auto& f : schema.fields()) {
-    const options::Spec& s = f.spec;
-    nb::dict d;
-    d["name"] = s.name;
-    d["type"] = options::type_name(s.type);
-    d["help"] = s.help;
-    d["unit"] = s.unit;
-    d["min"] = s.min ? nb::object(nb::float_(*s.min)) : nb::none();
-    d["max"] = s.max ? nb::object(nb::float_(*s.max)) : nb::none();
-    d["words"] = s.words;
-    d["sizes"] = s.sizes;
-    d["accepted"] = options::accepted(s);
-    const std::optional<options::Value> def = schema.default_value(f);
-    d["default"] = def ? to_python(*def) : nb::none();
-    d["derived_default"] = s.derived_default;
-    out.append(d);
-  }
-}
-
+/// sizes, default, derived_default), in the order of its sets (loader::dataloader_option_sets()):
+/// the package builds its signature, its checks of Python types and its docstring from them.
 nb::list option_specs() {
   nb::list out;
-  append_specs(out, loader::loader_options_schema());
-  append_specs(out, loader::data_options_schema());
+  for (const options::OptionSet& set : loader::dataloader_option_sets()) {
+    for (const options::Row& row : set.rows) {
+      const options::Spec& s = row.spec;
+      nb::dict d;
+      d["name"] = s.name;
+      d["type"] = options::type_name(s.type);
+      d["help"] = s.help;
+      d["unit"] = s.unit;
+      d["min"] = s.min ? nb::object(nb::float_(*s.min)) : nb::none();
+      d["max"] = s.max ? nb::object(nb::float_(*s.max)) : nb::none();
+      d["words"] = s.words;
+      d["sizes"] = s.sizes;
+      d["accepted"] = options::accepted(s);
+      d["default"] = row.default_value ? to_python(*row.default_value) : nb::none();
+      d["derived_default"] = s.derived_default;
+      d["python_default"] = s.python_default ? to_python(*s.python_default) : nb::none();
+      d["seed_range"] = s.seed_range;
+      out.append(d);
+    }
+  }
   return out;
 }
 
-/// The given keywords of each schema, applied: unknown names and refused values raise ValueError
+/// The given keywords of each set, applied: unknown names and refused values raise ValueError
 /// naming the keyword.
 struct KeywordOptions {
   loader::LoaderOptions loader;
-  loader::DataOptions cache;
+  loader::DataOptions data;
 };
 
 KeywordOptions apply_keywords(const std::map<std::string, options::Value>& given) {
-  std::map<std::string, options::Value> for_loader, for_cache;
-  const auto& cache_schema = loader::data_options_schema();
-  for (const auto& [name, value] : given) (cache_schema.find(name) ? for_cache : for_loader)[name] = value;
+  std::map<std::string, options::Value> for_loader, for_data;
+  const options::OptionSet& data_set = options::set_named(loader::dataloader_option_sets(), "data");
+  for (const auto& [name, value] : given) (data_set.has(name) ? for_data : for_loader)[name] = value;
   KeywordOptions k;
   loader::loader_options_schema().apply(k.loader, for_loader);
-  cache_schema.apply(k.cache, for_cache);
+  loader::data_options_schema().apply(k.data, for_data);
   return k;
 }
 
@@ -312,7 +310,7 @@ class PyLoader {
     const KeywordOptions k = apply_keywords(keywords);
     const loader::LoaderOptions& o = k.loader;
     options_ = o;
-    dataset_ = open_interruptibly(path, k.cache, extensions);
+    dataset_ = open_interruptibly(path, k.data, extensions);
     sample_reader_ = dataset_->reader();
     nb::gil_scoped_release nogil;  // allocating slots takes a while
     sampler::DistributedSamplerOptions so;

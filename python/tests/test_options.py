@@ -171,3 +171,11 @@ def test_docs_options_table_is_generated_from_the_schema(cli_specs):
     spec.loader.exec_module(gen)
     assert (root / "docs" / "OPTIONS.md").read_text() == gen.render(cli_specs), \
         "docs/OPTIONS.md is stale: run tools/gen_options_doc.py"
+
+
+def test_the_python_fronts_own_defaults_and_ranges_are_declared_in_the_rows():
+    # gpufeed.DataLoader's departures from the C++ struct are rows' fields, not per-name code:
+    # batch_size=1 (torch's DataLoader's) and the seed's torch.manual_seed range.
+    assert {s["name"]: s["python_default"] for s in SPECS if s["python_default"] is not None} == {"batch_size": 1}
+    assert [s["name"] for s in SPECS if s["seed_range"]] == ["seed"]
+    assert inspect.signature(gpufeed.DataLoader).parameters["batch_size"].default == 1

@@ -76,6 +76,12 @@ struct Spec {
   /// default then.
   std::string derived_default;
   std::vector<std::string> cli_aliases;  ///< other CLI spellings ("--workers"), hidden from --help
+  /// gpufeed.DataLoader's default where the Python front's convention is not the struct's
+  /// (batch_size: 1, torch.utils.data.DataLoader's); unset: the struct's default.
+  std::optional<Value> python_default;
+  /// kInt: a 64-bit seed. gpufeed.DataLoader takes torch.manual_seed's range, [-2^63, 2^64 - 1],
+  /// and reads a value above 2^63 - 1 modulo 2^64 (seed s orders as s mod 2^64, as torch's).
+  bool seed_range = false;
 };
 
 /// "num_workers" -> "num-workers".

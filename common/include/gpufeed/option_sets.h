@@ -1,0 +1,57 @@
+#pragma once
+// Option schemas seen without their structs' types: what the fronts that list options read
+// (`gpufeed option-specs`, gpufeed._C.option_specs(), the keyword routing of gpufeed.DataLoader).
+// Each room that owns a front's options names that front's sets once, in the order the front
+// lists them (loader::dataloader_option_sets(): the loader's and the data's), and every front
+// iterates that list instead of naming the schemas itself.
+//
+// Header-only on the standard library, like gpufeed/option.h.
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpufeed/option.h"
+
+namespace gpufeed::options {
+
+/// One row of a set: its spec and the default the fronts show (nullopt: a derived default).
+struct Row {
+  Spec spec;
+  std::optional<Value> default_value;
+};
+
+/// One schema's rows under the set's name ("loader", "data", "schedule", "pack"): the key of
+/// `gpufeed option-specs`' JSON and the table docs/OPTIONS.md gives it.
+struct OptionSet {
+  std::string name;
+  std::vector<Row> rows;
+
+  /// Whether `option` is one of the rows.
+  bool has(const std::string& option) const {
+    for (const Row& r : rows) {
+      if (r.spec.name == option) return true;
+    }
+    return false;
+  }
+};
+
+/// The set named `name` among `sets`; std::out_of_range when none is.
+inline const OptionSet& set_named(const std::vector<OptionSet>& sets, const std::string& name) {
+  for (const OptionSet& set : sets) {
+    if (set.name == name) return set;
+  }
+  throw std::out_of_range("no option set named " + name);
+}
+
+/// The rows of `schema`, with the defaults read off a default-constructed struct.
+template <class T>
+OptionSet option_set(std::string name, const Schema<T>& schema) {
+  OptionSet set{std::move(name), {}};
+  for (const Field<T>& f : schema.fields()) set.rows.push_back({f.spec, schema.default_value(f)});
+  return set;
+}
+
+}  // namespace gpufeed::options
