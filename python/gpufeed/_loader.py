@@ -1,36 +1,24 @@
-"""gpufeed.DataLoader: the C++ loader in torch.utils.data.DataLoader's vocabulary."""
+"""gpufeed.DataLoader: the C++ loader in torch.utils.data.DataLoader's vocabulary.
+
+A façade over three modules: _keywords (the keyword schema, its checks, the signature and
+docstring), _epochs (the iteration state machine: iterators, epochs, state_dict) and _views
+(loader.sampler, loader.dataset, the shard from a DistributedSampler or torch.distributed)."""
 from __future__ import annotations
 
 import atexit
-import math
-import numbers
-import operator
 import os
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from . import _C
-
-_DTYPES = {torch.uint8: "uint8", torch.float32: "float32", torch.bfloat16: "bfloat16",
-           torch.float16: "float16"}
-_DTYPE_NAMED = {name: dtype for dtype, name in _DTYPES.items()}
-# The keywords declared once in C++, beside their options structs (gpufeed/option.h): name, type,
-# help, unit, accepted values and default. The signature, the type checks and the docstring's
-# keyword list come from them; their values are checked by the same code as the CLI's flags.
-_SPECS: Dict[str, Dict[str, Any]] = {s["name"]: s for s in _C.option_specs()}
-# gpufeed.DataLoader's own keywords (torch's: where batches go, their layout, the sampler's shard).
-_FRONT_KEYWORDS = ("device", "dtype", "memory_format", "shuffle", "rank", "world_size", "sampler", "extensions",
-                   "labels_only")
-# Where gpufeed.DataLoader's default is not the C++ struct's, as the rows declare it
-# (Spec::python_default): torch.utils.data.DataLoader's batch_size=1 (the CLI's bench uses
-# LoaderOptions' 256).
-_PYTHON_DEFAULTS: Dict[str, Any] = {n: s["python_default"] for n, s in _SPECS.items()
-                                    if s["python_default"] is not None}
-IMAGENET_MEAN = tuple(_SPECS["mean"]["default"])
-IMAGENET_STD = tuple(_SPECS["std"]["default"])
-_STATE_VERSION = 3
+from ._epochs import _EpochState, _Iterator
+from ._keywords import (  # noqa: F401 (IMAGENET_MEAN/STD, TORCHVISION_IMG_EXTENSIONS: gpufeed._loader's names)
+    _DTYPES, IMAGENET_MEAN, IMAGENET_STD, TORCHVISION_IMG_EXTENSIONS, Keywords, _integer, document_schema_keywords,
+    resolve_keywords)
+# distributed_rank_world_size: gpufeed's; _SampleDataset: pickled as gpufeed._loader._SampleDataset
+from ._views import _RankSampler, _SampleDataset, distributed_rank_world_size  # noqa: F401
 
 
 class _CpuConvert:
@@ -53,126 +41,6 @@ class _CpuConvert:
         out.copy_(nchw)
         out.mul_(self.scale).sub_(self.shift)
         return out if self.dtype == torch.float32 else out.to(self.dtype)
-# torchvision.datasets.folder.IMG_EXTENSIONS: the files torchvision's ImageFolder lists.
-TORCHVISION_IMG_EXTENSIONS = tuple(_C.TORCHVISION_IMG_EXTENSIONS)
-
-
-def distributed_rank_world_size() -> Tuple[int, int]:
-    """(rank, world_size) as a DistributedSampler would default them: the initialised
-    torch.distributed process group, else torchrun's environment (RANK, WORLD_SIZE), else (0, 1)."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    if "WORLD_SIZE" in os.environ:
-        return int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
-    return 0, 1
-
-
-def _integer(name: str, value: Any, low: Optional[int] = None, high: Optional[int] = None) -> int:
-    """`value` as an int (bool refused), else TypeError; outside [low, high] ValueError; both naming
-    the keyword."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{name} must be an integer, not {type(value).__name__} {value!r}")
-    value = operator.index(value)
-    if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be {bounds}, not {value}")
-    return value
-
-
-_INT64_MAX = 2**63 - 1
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
-
-
-def _keyword_value(name: str, value: Any) -> Any:
-    """A schema keyword's Python value as the C++ check takes it (bool, int, float, str or a list
-    of floats): TypeError naming the keyword for a value of the wrong type; the C++ side raises
-    ValueError for a refused value."""
-    spec = _SPECS[name]
-    kind = spec["type"]
-    if kind == "bool":
-        return bool(value)
-    if kind == "int":
-        if isinstance(value, str) and spec["words"]:
-            return value  # num_workers="auto"; another word is refused in C++ (ValueError)
-        if spec["seed_range"]:  # torch.manual_seed's range; seed s orders as s mod 2**64 (as torch's)
-            value = _integer(name, value, -2**63, 2**64 - 1)
-            return value - 2**64 if value > _INT64_MAX else value
-        value = _integer(name, value)
-        if not -2**63 <= value <= _INT64_MAX:
-            raise ValueError(f"{name}={value} is out of range ({spec['accepted']})")
-        return value
-    if kind in ("choice", "str"):
-        if kind == "str" and isinstance(value, os.PathLike):
-            return os.fspath(value)
-        if not isinstance(value, str):
-            raise TypeError(f"{name} must be {spec['accepted']}, not {type(value).__name__} {value!r}")
-        return value
-    if kind == "float":
-        if isinstance(value, str):
-            return value  # one of the words (random_erase_value="random"), checked in C++
-        if not _is_number(value):
-            raise TypeError(f"{name} must be {spec['accepted']}, not {type(value).__name__} {value!r}")
-        return float(value)
-    # floats: a number or a sequence of numbers
-    if _is_number(value):
-        return [float(value)]
-    try:
-        return [float(v) for v in value]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be {spec['accepted']}, not {value!r}") from None
-
-
-def _schema_keywords(options: Dict[str, Any]) -> Dict[str, Any]:
-    """The schema keywords given (None: the default), checked for type; TypeError for an unknown
-    keyword, as a Python function raises, with the nearest name."""
-    out = {}
-    for name, value in options.items():
-        if name not in _SPECS:
-            import difflib
-            near = difflib.get_close_matches(name, list(_SPECS) + list(_FRONT_KEYWORDS), n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise TypeError(f"gpufeed.DataLoader() got an unexpected keyword argument {name!r}{hint}")
-        if value is None:
-            if name == "batch_size":
-                raise TypeError("batch_size=None (unbatched samples, as torch's DataLoader) is not supported: "
-                                "gpufeed.DataLoader yields batches; use loader.dataset for single samples")
-            continue
-        out[name] = _keyword_value(name, value)
-    for name, default in _PYTHON_DEFAULTS.items():
-        out.setdefault(name, default)
-    return out
-
-
-def _keyword_default(name: str) -> Any:
-    """The default gpufeed.DataLoader shows for a schema keyword (None: derived from others)."""
-    if name in _PYTHON_DEFAULTS:
-        return _PYTHON_DEFAULTS[name]
-    return _SPECS[name]["default"]
-
-
-def _keyword_doc(spec: Dict[str, Any]) -> str:
-    """One docstring entry, from the schema."""
-    default = spec["derived_default"] or repr(_keyword_default(spec["name"]))
-    unit = f", {spec['unit']}" if spec["unit"] else ""
-    return f"        {spec['name']}: {spec['help']} ({spec['accepted']}{unit}; default {default})."
-
-
-def _extensions(value: Optional[Sequence[str]]) -> List[str]:
-    """The file extensions folders are listed with (None: torchvision's IMG_EXTENSIONS)."""
-    if value is None:
-        return list(TORCHVISION_IMG_EXTENSIONS)
-    if isinstance(value, str):
-        value = (value,)
-    out = []
-    for e in value:
-        if not isinstance(e, str) or not e.startswith(".") or len(e) < 2:
-            raise ValueError(f"extensions must be names such as '.jpg' (with the dot), not {e!r}")
-        out.append(e.lower())
-    return out
 
 
 _LIVE: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
@@ -327,82 +195,47 @@ class DataLoader:
                  sampler: "Optional[torch.utils.data.distributed.DistributedSampler]" = None,
                  extensions: Optional[Sequence[str]] = None, labels_only: bool = False,
                  _sample_only: bool = False, **options: Any):
-        if isinstance(root, bytes):
-            root = os.fsdecode(root)
-        elif not isinstance(root, (str, os.PathLike)):
-            raise TypeError(f"root must be a path (str or os.PathLike), not {type(root).__name__}")
-        keywords = _schema_keywords(options)
-        self.labels_only = bool(labels_only)
-        if self.labels_only and keywords.get("on_error") == "skip":
-            raise ValueError("labels_only=True with on_error='skip': a skipped sample is replaced by another, "
-                             "which only decoding finds out, so labels read off the listing would not match "
-                             "the image loader's; send the image loader's labels instead")
-        if rank is not None:
-            rank = _integer("rank", rank, 0)
-        if world_size is not None:
-            world_size = _integer("world_size", world_size, 1)
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {list(_DTYPES)}, not {dtype}")
-        if memory_format not in (torch.contiguous_format, torch.channels_last):
-            raise ValueError(f"memory_format must be torch.contiguous_format or torch.channels_last, "
-                             f"not {memory_format}")
-        device = torch.device(device)
-        depth = keywords.get("prefetch_depth", _keyword_default("prefetch_depth"))
-        if isinstance(depth, int) and depth < 2 and dtype == torch.uint8 and device.type == "cpu":
-            raise ValueError(
-                "prefetch_depth=1 with dtype=torch.uint8 on the CPU: those batches are views of the "
-                "loader's slots, and a `for images, labels in loader` loop still holds the previous "
-                "batch when it asks for the next, so one slot can never be refilled; use "
-                "prefetch_depth >= 2 (or a float dtype, whose batches are copies)")
-        seed = 0 if options.get("seed") is None else _integer("seed", options["seed"])
-        sampler_drop_last = False
-        if sampler is not None:
-            shuffle, seed, sampler_drop_last, rank, world_size = _from_distributed_sampler(
-                sampler, shuffle, seed, rank, world_size)
-            keywords["seed"] = _keyword_value("seed", seed)
-        if rank is None or world_size is None:
-            env_rank, env_world = distributed_rank_world_size()
-            rank = env_rank if rank is None else rank
-            world_size = env_world if world_size is None else world_size
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
-        self.device = device
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        self.root = os.fspath(root)
-        extensions = _extensions(extensions)
-        self._c = _C._Loader(self.root, keywords, str(self.device), _DTYPES[dtype],
-                             memory_format == torch.channels_last, rank, world_size, bool(shuffle),
-                             sampler_drop_last, _sample_only or self.labels_only, extensions)
+        kw = resolve_keywords(root, options, device=device, dtype=dtype, memory_format=memory_format,
+                              shuffle=shuffle, rank=rank, world_size=world_size, sampler=sampler,
+                              extensions=extensions, labels_only=labels_only)
+        self.labels_only = kw.labels_only
+        self.device = kw.device
+        self.root = kw.root
+        self._c = _C._Loader(self.root, kw.schema, str(self.device), _DTYPES[kw.dtype],
+                             kw.memory_format == torch.channels_last, kw.rank, kw.world_size, kw.shuffle,
+                             kw.sampler_drop_last, _sample_only or self.labels_only, kw.extensions)
         # What loader.dataset pickles to load the same samples in another process (a spawned or
         # forkserver DataLoader worker): plain str, int, float, bool and lists only, the checked
         # schema keywords (the seed a sampler= gave included) and the dtype by name, so it
         # unpickles wherever gpufeed imports (a torch.dtype or memory_format pickles as a reference
         # to whichever module holds torch, which a child of `python -c` or a notebook may lack).
-        self._sample_recipe = {"root": self.root, "keywords": dict(keywords), "extensions": list(extensions),
-                               "dtype": _DTYPES[dtype]}
-        # The options in force, read back as the C++ side resolved them.
-        resolved = {name: (keywords[name] if name in keywords else _keyword_default(name)) for name in _SPECS}
-        self.batch_size = int(resolved["batch_size"])
-        # prefetch_depth="auto": the slots it starts with (stats()["prefetch_depth"]: now).
-        self.prefetch_depth = 3 if resolved["prefetch_depth"] == "auto" else int(resolved["prefetch_depth"])
-        self.drop_last = bool(resolved["drop_last"])
-        self.seed = int(seed)
-        self.train = bool(resolved["train"])
-        self.image_size = int(resolved["image_size"])
-        self.mean = tuple(float(m) for m in resolved["mean"])
-        self.std = tuple(float(v) for v in resolved["std"])
-        self.shuffle = bool(shuffle)
-        self._sampler_drop_last = bool(sampler_drop_last)
-        self.dtype = dtype
-        self.memory_format = memory_format
-        self._convert = (_CpuConvert(self.mean, self.std, dtype, memory_format == torch.channels_last)
-                         if self.device.type == "cpu" and dtype != torch.uint8 else None)
-        self.rank = rank
-        self.world_size = world_size
+        self._sample_recipe = {"root": self.root, "keywords": dict(kw.schema), "extensions": list(kw.extensions),
+                               "dtype": _DTYPES[kw.dtype]}
+        self._init_options(kw)
         self._init_torch_attributes(sampler, _sample_only or self.labels_only)
-        self._init_iteration_state()
+        self._epochs = _EpochState(self)
         _LIVE.add(self)
+
+    def _init_options(self, kw: Keywords) -> None:
+        """The options in force as attributes, the schema's read back as the C++ side resolved them."""
+        self.batch_size = int(kw.in_force("batch_size"))
+        # prefetch_depth="auto": the slots it starts with (stats()["prefetch_depth"]: now).
+        depth = kw.in_force("prefetch_depth")
+        self.prefetch_depth = 3 if depth == "auto" else int(depth)
+        self.drop_last = bool(kw.in_force("drop_last"))
+        self.seed = kw.seed
+        self.train = bool(kw.in_force("train"))
+        self.image_size = int(kw.in_force("image_size"))
+        self.mean = tuple(float(m) for m in kw.in_force("mean"))
+        self.std = tuple(float(v) for v in kw.in_force("std"))
+        self.shuffle = kw.shuffle
+        self._sampler_drop_last = kw.sampler_drop_last
+        self.dtype = kw.dtype
+        self.memory_format = kw.memory_format
+        self._convert = (_CpuConvert(self.mean, self.std, kw.dtype, kw.memory_format == torch.channels_last)
+                         if self.device.type == "cpu" and kw.dtype != torch.uint8 else None)
+        self.rank = kw.rank
+        self.world_size = kw.world_size
 
     def _init_torch_attributes(self, sampler: Any, sample_only: bool) -> None:
         """torch.utils.data.DataLoader's attributes, as scripts and frameworks read them."""
@@ -420,22 +253,6 @@ class DataLoader:
             raise ValueError(f"sampler: len(sampler) is {len(sampler)} but this rank gets "
                              f"{self._c.sampler_size()} of the {len(self.samples)} samples of {self.root!r}: "
                              f"the sampler was built over another dataset")
-
-    def _init_iteration_state(self) -> None:
-        """The iteration state machine, torchdata.stateful_dataloader.StatefulDataLoader's: the
-        current iterator (made by iter() or by a state_dict() before any iter()), the state a
-        load_state_dict() left for the next iterator, and the iterator whose epoch runs in C++."""
-        self._next_epoch = 0
-        self._iterator: Optional[_Cursor] = None
-        self._initial_iter_for_state_dict = False
-        self._next_iter_state: Optional[Dict[str, Any]] = None
-        self._running: Optional[_Cursor] = None
-        self._held: Optional[Tuple[_Cursor, Any]] = None  # a batch taken by an interrupted next(), for its cursor
-        self._epoch_set_while_running = False
-        self._closed = False
-        self.last_batch: Dict[str, Any] = {}
-        self._wait_slice_s = 0.05
-        self._epoch_indices: List[int] = []  # labels_only: the running epoch's indices
 
     # ---- iteration --------------------------------------------------------------------------------
 
@@ -464,129 +281,17 @@ class DataLoader:
         """The epoch the next fresh iteration runs (DistributedSampler.set_epoch): its order and
         its augmentation draws. A state loaded mid-epoch resumes its own epoch first; with
         ``sampler=`` the sampler's set_epoch is called too."""
-        epoch = _integer("epoch", epoch, -2**63, _INT64_MAX)
-        self._next_epoch = epoch
-        self._epoch_set_while_running = self._running is not None
-        if self._torch_sampler is not None:
-            self._torch_sampler.set_epoch(epoch)
-
-    def _fresh_epoch(self) -> int:
-        """The epoch an iterator that starts from the beginning runs now."""
-        if self._torch_sampler is not None:
-            return int(getattr(self._torch_sampler, "epoch", self._next_epoch))
-        return self._next_epoch
-
-    def _pending_start(self) -> Tuple[int, int, Optional[Tuple[int, int]]]:
-        """(epoch, batches already yielded, resume) where an iterator whose first next() came now
-        would start: the state a load_state_dict() left (kept until an iterator yields, so an
-        iterator that never yields consumes it no more than an epoch), else a fresh epoch."""
-        state = self._next_iter_state
-        if state is not None and not state["finished"]:
-            return int(state["epoch"]), int(state["batches_yielded"]), state["_resume"]
-        return self._fresh_epoch(), 0, None
+        self._epochs.set_epoch(epoch)
 
     def __iter__(self) -> "_Iterator":
-        if self._closed:
-            raise RuntimeError("gpufeed.DataLoader: the loader was closed")
-        if self._initial_iter_for_state_dict:  # the iterator a state_dict() before any iter() described
-            self._initial_iter_for_state_dict = False
-            it = self._iterator
-        else:
-            it = _Cursor()
-        self._iterator = it
-        self._plan(it, self._pending_start())
-        return _Iterator(self, it)
+        return _Iterator(self, self._epochs.start_iterator())
 
-    def _plan(self, it: "_Cursor", start: Tuple[int, int, Optional[Tuple[int, int]]]) -> None:
-        """Starts decoding from `start` = (epoch, batches yielded, resume) for `it`, which
-        supersedes the running iterator. Nothing is consumed: an iterator that never yields uses up
-        no epoch, and its first next() re-plans if a set_epoch or load_state_dict moved its start."""
-        epoch, batches, resume = start
-        self._c.set_resume(None if resume is None else (epoch, *resume))  # labels_only's indices too
-        if not self.labels_only:
-            self._c.start_epoch(epoch, batches)
-        it.planned = (epoch, batches, resume, self.image_size)
-        it.image_size = self.image_size
-        self._running = it
-
-    def _commit(self, it: "_Cursor") -> None:
-        """An iterator's first next(): its start is the one set_epoch or a loaded state names now
-        (a DistributedSampler's iterator reads its epoch at its first next()); it consumes the
-        loaded state, and the next fresh iterator runs the epoch after it."""
-        start = self._pending_start()
-        self._next_iter_state = None
-        it.epoch, it.batches_yielded, it.resume = start
-        if it.planned != (*start, self.image_size):
-            self._plan(it, start)
-        if self.labels_only:
-            self._epoch_indices = self._c.sampler_indices(it.epoch)
-        self._epoch_set_while_running = False
-        self._next_epoch = it.epoch + 1
-        it.committed = True
-
-    def _next_batch(self, it: "_Cursor") -> Tuple[torch.Tensor, torch.Tensor]:
-        if it.finished:
-            raise StopIteration  # an exhausted iterator stays exhausted (Python's iterator protocol)
-        if self._closed:
-            raise RuntimeError("gpufeed.DataLoader: the loader was closed")
-        if it.superseded_by_load:
-            raise RuntimeError("gpufeed.DataLoader: this iterator was superseded by load_state_dict() (it had "
-                               "yielded batches of its own epoch; iter(loader) resumes the loaded state)")
-        if it is not self._running:
-            raise RuntimeError("gpufeed.DataLoader: this iterator was superseded by a newer "
-                               "iter(loader) (one epoch runs at a time)")
-        if not it.committed:
-            self._commit(it)
-        out = self._take(it)
-        if out is None:
-            it.finished = True
-            self._running = None
-            raise StopIteration
-        return self._deliver(it, out)
-
-    def _take(self, it: "_Cursor") -> Optional[Tuple[Any, torch.Tensor, Dict[str, Any]]]:
-        """The next batch of `it` as (images, labels, info), or None after the last: the one an
-        interrupted call took and kept, else the C++ loader's."""
-        held, self._held = self._held, None
-        if held is not None and held[0] is it:
-            return held[1]
-        del held  # another epoch's: its slots go back now
-        return self._next_labels(it) if self.labels_only else self._c.next(self._wait_slice_s, self._stream())
-
-    def _deliver(self, it: "_Cursor", out: Tuple[Any, torch.Tensor, Dict[str, Any]]) -> Tuple[Any, torch.Tensor]:
-        """Batch `out` as the caller gets it, counted as yielded by `it` only once nothing can
-        interrupt: Ctrl-C (or an error) while the CPU float conversion runs keeps `out` for `it`'s
-        next call, so that call returns this batch."""
-        images, labels, info = out
-        try:
-            if self.labels_only:
-                images = None
-            elif self._convert is not None:  # CPU, float: the slot's views become copies (the slot is freed)
-                images, labels = self._convert(images), labels.clone()
-        except BaseException:
-            self._held = (it, out)
-            raise
-        it.batches_yielded += 1
-        self.last_batch = info
-        return images, labels
-
-    def _stream(self) -> int:
-        """The caller's current CUDA stream (the batch is made ready on it), 0 on the CPU."""
-        return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
-
-    def _next_labels(self, it: "_Cursor") -> Optional[Tuple[None, torch.Tensor, Dict[str, Any]]]:
-        """labels_only: batch ``it.batches_yielded`` of the running epoch as (None, [N] int64
-        labels on ``device``, last_batch info), or None after the last one."""
-        k = it.batches_yielded
-        n = len(self._epoch_indices)  # a resumed epoch's share may be shorter than len(self)'s
-        if k >= (n // self.batch_size if self.drop_last else -(-n // self.batch_size)):
-            return None
-        indices = self._epoch_indices[k * self.batch_size:(k + 1) * self.batch_size]
-        if not hasattr(self, "_targets"):
-            self._targets = torch.tensor(self.targets, dtype=torch.int64)
-        labels = self._targets[torch.tensor(indices, dtype=torch.int64)].to(self.device)
-        return None, labels, {"epoch": it.epoch, "batch_index": k, "indices": list(indices), "skipped": [],
-                              "wait_ms": 0.0}
+    @property
+    def last_batch(self) -> Dict[str, Any]:
+        """The account of the batch the last next() returned ({} before any): epoch, batch_index,
+        indices (its dataset indices, in order), skipped (the samples on_error="skip" replaced in
+        it) and wait_ms."""
+        return self._epochs.last_batch
 
     # ---- checkpointing (torchdata.stateful_dataloader.StatefulDataLoader's semantics) -------------
 
@@ -605,38 +310,7 @@ class DataLoader:
         and 0 unless the epoch was resumed from another number of ranks), and the options it was
         taken with (dataset_size, batch_size, shuffle, drop_last, seed, which resuming must match;
         rank and world_size, which it need not: see load_state_dict)."""
-        if self._iterator is None:
-            self._iterator = _Cursor()
-            self._initial_iter_for_state_dict = True
-        it, state = self._iterator, self._next_iter_state
-        if it.committed:
-            epoch, batches, finished, resume, next_epoch = (it.epoch, it.batches_yielded, it.finished, it.resume,
-                                                            self._next_epoch)
-        elif state is not None:  # loaded, not yet consumed: the loaded position
-            epoch, batches, finished, resume = (int(state["epoch"]), int(state["batches_yielded"]),
-                                                bool(state["finished"]), state["_resume"])
-            next_epoch = self._next_epoch
-        else:
-            epoch, batches, finished, resume = self._fresh_epoch(), 0, False, None
-            next_epoch = epoch + 1
-        epoch_world_size, epoch_start = (self.world_size, 0) if resume is None else resume
-        return {
-            "version": _STATE_VERSION,
-            "epoch": epoch,
-            "batches_yielded": batches,
-            "finished": finished,
-            "next_epoch": next_epoch,
-            "num_batches": len(self),
-            "epoch_world_size": epoch_world_size,
-            "epoch_start": epoch_start,
-            **self._identity(),
-        }
-
-    def _identity(self) -> Dict[str, Any]:
-        """The options a state_dict can only be resumed with."""
-        return {"dataset_size": len(self.samples), "batch_size": self.batch_size, "shuffle": self.shuffle,
-                "drop_last": self.drop_last, "sampler_drop_last": self._sampler_drop_last, "seed": self.seed,
-                "rank": self.rank, "world_size": self.world_size}
+        return self._epochs.state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores a state_dict(): the next ``iter(loader)`` resumes from it, and so does an
@@ -666,69 +340,7 @@ class DataLoader:
         gpufeed state, is a version-2 state (no sampler drop_last) of another world_size, or is
         the state of a rank whose share of a resumed epoch ran out while rank 0 may still have had
         a batch (take rank 0's state); TypeError for a value of the wrong type."""
-        if not isinstance(state, dict):
-            raise TypeError(f"gpufeed.DataLoader.load_state_dict: a state_dict() dict, not {type(state).__name__}")
-        if state == {}:
-            self._iterator, self._initial_iter_for_state_dict = None, False
-            return
-        state = _upgrade_state(state)
-        mine = self._identity()
-        for key in ("dataset_size", "batch_size", "shuffle", "drop_last", "seed"):
-            if state[key] != mine[key]:
-                raise ValueError(f"gpufeed.DataLoader.load_state_dict: the state has {key}={state[key]!r}, "
-                                 f"this loader {mine[key]!r}: resuming would yield other batches")
-        if state["sampler_drop_last"] not in (None, mine["sampler_drop_last"]):
-            raise ValueError(f"gpufeed.DataLoader.load_state_dict: the state has the sampler's drop_last="
-                             f"{state['sampler_drop_last']!r}, this loader {mine['sampler_drop_last']!r}: "
-                             f"resuming would yield other batches")
-        _integer("state['epoch']", state["epoch"], -2**63, _INT64_MAX)
-        _integer("state['next_epoch']", state["next_epoch"], -2**63, _INT64_MAX)
-        if not isinstance(state["finished"], bool):
-            raise TypeError(f"gpufeed.DataLoader.load_state_dict: state['finished'] must be a bool, "
-                            f"not {state['finished']!r}")
-        world_size = _integer("state['world_size']", state["world_size"], 1)
-        epoch_world_size = _integer("state['epoch_world_size']", state["epoch_world_size"], 1)
-        epoch_start = _integer("state['epoch_start']", state["epoch_start"], 0)
-        if epoch_start == 0 and epoch_world_size != world_size:
-            raise ValueError(f"gpufeed.DataLoader.load_state_dict: the state's epoch_world_size={epoch_world_size} "
-                             f"with epoch_start=0 contradicts its world_size={world_size} (a resumed epoch "
-                             f"has positions consumed)")
-        resume = None if epoch_start == 0 else (epoch_world_size, epoch_start)
-        batches = state["batches_yielded"]
-        if world_size == self.world_size:
-            # Another rank's state is this rank's too: the ranks of a job stand at the same position.
-            _integer("state['batches_yielded']", batches, 0, len(self))
-        elif state["finished"]:  # the epoch ran to its end: the next one starts on this world size
-            _integer("state['batches_yielded']", batches, 0)
-        elif state["sampler_drop_last"] is None:
-            raise ValueError(f"gpufeed.DataLoader.load_state_dict: a version-2 state does not record the "
-                             f"sampler's drop_last, which resuming on world_size={self.world_size} instead of "
-                             f"{world_size} needs; resume it with world_size={world_size}")
-        else:
-            batches = _integer("state['batches_yielded']", batches, 0)
-            consumed = self._c.consumed_after_batches(epoch_world_size, epoch_start, world_size,
-                                                      _integer("state['rank']", state["rank"], 0, world_size - 1),
-                                                      batches)
-            resume, batches = (None if consumed == 0 else (epoch_world_size, consumed)), 0
-        self._next_epoch = int(state["next_epoch"])
-        self._next_iter_state = dict(state, batches_yielded=batches, _resume=None if state["finished"] else resume)
-        self._supersede_for_load()
-
-    def _supersede_for_load(self) -> None:
-        """After load_state_dict: the current iterator resumes the loaded state at its first next()
-        if it has not yielded yet; one that has yielded batches of its own epoch raises
-        RuntimeError from then on (torchdata's StatefulDataLoader would go on with the old epoch,
-        silently ignoring the loaded state)."""
-        it = self._iterator
-        if it is not None and not it.committed:
-            if it is self._running:
-                self._plan(it, self._pending_start())  # decode the resumed batches now
-            return
-        if it is not None:
-            it.superseded_by_load = True
-            if it is self._running:
-                self._running = None
-        self._iterator, self._initial_iter_for_state_dict = None, False
+        self._epochs.load_state_dict(state)
 
     # ---- the dataset, as torchvision.datasets.ImageFolder names it --------------------------------
 
@@ -758,24 +370,7 @@ class DataLoader:
         """This rank's dataset indices of `epoch` (default: the current one), in order: what
         DistributedSampler(...).set_epoch(epoch) yields; batch k holds
         indices[k * batch_size:(k + 1) * batch_size]."""
-        return self._c.sampler_indices(self._current_epoch() if epoch is None else epoch)
-
-    def _current_epoch(self) -> int:
-        """The epoch running now (or resumed next), else the one the next iteration starts."""
-        it = self._iterator
-        if it is not None and it.committed and not it.finished and not self._epoch_set_while_running:
-            return it.epoch
-        return self._epoch_of_next_iter()
-
-    def _epoch_of_next_iter(self) -> int:
-        """The epoch the next ``iter(loader)`` will run (if set_epoch is not called before its
-        first next())."""
-        return self._pending_start()[0]
-
-    def _current_image_size(self) -> int:
-        """The train crop side of the running epoch, else of the next one."""
-        it = self._running
-        return it.image_size if it is not None and not it.finished else self.image_size
+        return self._c.sampler_indices(self._epochs.current_epoch() if epoch is None else epoch)
 
     # ---- what scripts read off a torch.utils.data.DataLoader ------------------------------------
 
@@ -835,7 +430,7 @@ class DataLoader:
         only, eval keeps its crop). Needs no decode threads: works in a forked process too.
         Raises IndexError, gpufeed.DecodeError, and KeyboardInterrupt on Ctrl-C while a remote
         read waits (that read is dropped; the loader and later reads go on)."""
-        size = self._current_image_size() if image_size is None else _integer("image_size", image_size, 1)
+        size = self._epochs.current_image_size() if image_size is None else _integer("image_size", image_size, 1)
         return self._c.load_sample(_integer("index", index), epoch, size)
 
     # ---- life -------------------------------------------------------------------------------------
@@ -843,9 +438,7 @@ class DataLoader:
     def close(self) -> None:
         """Cancels the epoch's pending work and frees the slots no live tensor holds (also done
         when the loader is garbage-collected). Tensors from earlier batches stay valid."""
-        self._closed = True
-        self._running = None
-        self._held = None
+        self._epochs.close()
         self._c.close()
 
     def __enter__(self) -> "DataLoader":
@@ -860,234 +453,4 @@ class DataLoader:
                 f"dtype={self.dtype}, rank={self.rank}, world_size={self.world_size})")
 
 
-class _Cursor:
-    """Where one iterator stands; the loader keeps its current one (without a reference back,
-    so a loader nobody refers to is freed at once). An iterator is planned at iter() (decoding
-    starts) and committed at its first next(), when its start (epoch, position) is fixed."""
-
-    __slots__ = ("epoch", "batches_yielded", "finished", "committed", "planned", "image_size", "resume",
-                 "superseded_by_load")
-
-    def __init__(self):
-        self.epoch: Optional[int] = None  # fixed at the first next()
-        self.batches_yielded = 0
-        self.finished = False
-        self.committed = False  # its first next() happened: its epoch is fixed and counted
-        self.planned: Optional[Tuple[Any, ...]] = None  # (epoch, batches, resume, image_size) decoding now
-        self.image_size = 0  # the train crop side of its epoch, once planned
-        # (world size of the epoch's list, its positions consumed before this run's ranks were dealt
-        # the rest): the epoch resumes one begun on another number of ranks; None: DistributedSampler's
-        self.resume: Optional[Tuple[int, int]] = None
-        self.superseded_by_load = False  # it had yielded when load_state_dict() was called
-
-
-class _Iterator:
-    """One epoch of a DataLoader. Unlike a generator it survives an exception: after
-    KeyboardInterrupt the pending batch is the next one returned, after a DecodeError
-    (on_error="raise") the batch following the failed one. Once it has raised StopIteration it
-    keeps raising it; after a newer ``iter(loader)`` started, it raises RuntimeError (one epoch
-    runs at a time)."""
-
-    def __init__(self, loader: DataLoader, cursor: _Cursor):
-        self._loader = loader
-        self._cursor = cursor
-
-    def __iter__(self) -> "_Iterator":
-        return self
-
-    def __next__(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        return self._loader._next_batch(self._cursor)
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    @property
-    def finished(self) -> bool:
-        """It has raised StopIteration."""
-        return self._cursor.finished
-
-
-class _RankSampler(torch.utils.data.Sampler):
-    """``loader.sampler``: this rank's dataset indices, as the DistributedSampler a
-    torch.utils.data.DataLoader would hold (``len`` = samples per epoch for this rank, padding
-    included; iteration = the indices of the loader's current epoch; ``set_epoch``)."""
-
-    def __init__(self, loader: DataLoader):
-        self._loader = loader
-        self.num_replicas = loader.world_size
-        self.rank = loader.rank
-        self.shuffle = loader.shuffle
-        self.seed = loader.seed
-
-    @property
-    def epoch(self) -> int:
-        """The epoch iteration describes: the running (or resumed) epoch, else the next one."""
-        return self._loader._current_epoch()
-
-    def set_epoch(self, epoch: int) -> None:
-        self._loader.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return self._loader._c.sampler_size()
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._loader.indices())
-
-
-class _SampleDataset(torch.utils.data.Dataset):
-    """``loader.dataset``: a map-style torch Dataset over the loader's samples, in dataset order.
-
-    ``dataset[i]`` is ``(image, label)``: sample i decoded and transformed exactly as the
-    loader's workers do it for the loader's current epoch (eval transforms do not depend on the
-    epoch), in the loader's dtype and layout for one sample: ``[3, S, S]`` normalised for the
-    float dtypes (contiguous; a 3-d tensor has no channels_last), ``[S, S, 3]`` uint8 for
-    torch.uint8; on the CPU; label an int. So ``torch.utils.data.Subset(loader.dataset, range(a,
-    b))`` fed to a plain torch.utils.data.DataLoader yields what the loader would (PyTorch's
-    examples/imagenet/main.py validates the samples its DistributedSampler(drop_last=True) left
-    out that way). It pickles as plain values (the root, the checked keywords, the dtype's
-    name, the epoch and crop side), so DataLoader workers under the spawn and forkserver start
-    methods, also of a program without a main file (``python -c``, a notebook), rebuild a
-    sample-only loader over the same data and load the same pixels. Raises IndexError out of
-    range, gpufeed.DecodeError for an unreadable sample. ``classes``, ``class_to_idx``,
-    ``samples``, ``targets`` and ``root`` are ImageFolder's."""
-
-    def __init__(self, loader: Optional[DataLoader], recipe: Dict[str, Any]):
-        self._loader = loader
-        self._recipe = recipe  # DataLoader._sample_recipe: plain values only
-        self._epoch = 0
-        self._image_size = 0
-        self._rebuilt = False
-
-    def _source(self) -> DataLoader:
-        if self._loader is None:  # unpickled in another process: samples only, no threads or slots
-            r = self._recipe
-            keywords = dict(r["keywords"], num_workers=1, prefetch_depth=2, batch_size=1)
-            self._loader = DataLoader(r["root"], extensions=r["extensions"], device="cpu", dtype=torch.uint8,
-                                      rank=0, world_size=1, _sample_only=True, **keywords)
-        return self._loader
-
-    def __getstate__(self) -> Dict[str, Any]:
-        if self._loader is not None and not self._rebuilt:
-            return {"recipe": self._recipe, "epoch": self._loader._current_epoch(),
-                    "image_size": self._loader._current_image_size()}
-        return {"recipe": self._recipe, "epoch": self._epoch, "image_size": self._image_size}
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        self._loader, self._recipe = None, state["recipe"]
-        self._epoch, self._image_size = state["epoch"], state["image_size"]
-        self._rebuilt = True
-
-    def __len__(self) -> int:
-        return len(self._source().samples)
-
-    def __getitem__(self, index: int) -> Tuple[torch.Tensor, int]:
-        loader = self._source()
-        n = len(loader.samples)
-        index = operator.index(index)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(f"gpufeed.DataLoader.dataset: index {index} out of range for {n} samples")
-        if self._rebuilt:
-            image = loader.load_sample(index, self._epoch, self._image_size)
-            dtype = _DTYPE_NAMED[self._recipe["dtype"]]
-        else:
-            image = loader.load_sample(index, loader._current_epoch())
-            dtype = loader.dtype
-        return _normalise_sample(image, dtype, loader.mean, loader.std), loader.samples[index][1]
-
-    @property
-    def root(self) -> str:
-        return self._source().root
-
-    @property
-    def classes(self) -> List[str]:
-        return self._source().classes
-
-    @property
-    def class_to_idx(self) -> Dict[str, int]:
-        return self._source().class_to_idx
-
-    @property
-    def samples(self) -> List[Tuple[str, int]]:
-        return self._source().samples
-
-    @property
-    def targets(self) -> List[int]:
-        return self._source().targets
-
-
-def _normalise_sample(image: torch.Tensor, dtype: torch.dtype, mean: Sequence[float],
-                      std: Sequence[float]) -> torch.Tensor:
-    """One [S, S, 3] uint8 sample as the loader's batches carry it: itself for uint8, else
-    [3, S, S] (x * 1/(255 std) - mean/std) in float32 (a multiply, then a subtract: the CPU
-    prefetcher's operations and roundings), then cast to `dtype`."""
-    if dtype == torch.uint8:
-        return image
-    std_t = torch.tensor(std, dtype=torch.float32)
-    scale = (1.0 / (255.0 * std_t)).view(3, 1, 1)
-    shift = (torch.tensor(mean, dtype=torch.float32) / std_t).view(3, 1, 1)
-    out = image.permute(2, 0, 1).to(torch.float32)
-    out.mul_(scale).sub_(shift)
-    return out if dtype == torch.float32 else out.to(dtype)
-
-
-def _from_distributed_sampler(sampler: Any, shuffle: bool, seed: int, rank: Optional[int],
-                              world_size: Optional[int]) -> Tuple[bool, int, bool, int, int]:
-    """(shuffle, seed, drop_last, rank, world_size) of a torch DistributedSampler passed as
-    ``sampler=``; ValueError for any other sampler or for keywords that contradict it."""
-    if not isinstance(sampler, torch.utils.data.distributed.DistributedSampler):
-        raise ValueError(f"sampler must be a torch.utils.data.distributed.DistributedSampler (gpufeed "
-                         f"follows its num_replicas, rank, shuffle, seed, drop_last and epoch), not "
-                         f"{type(sampler).__name__}")
-    if shuffle:
-        raise ValueError("sampler option is mutually exclusive with shuffle (as in torch.utils.data.DataLoader): "
-                         "the sampler's own shuffle is used")
-    for name, given, theirs in (("rank", rank, sampler.rank), ("world_size", world_size, sampler.num_replicas)):
-        if given is not None and given != theirs:
-            raise ValueError(f"{name}={given} contradicts the sampler's {theirs}")
-    if seed not in (0, sampler.seed):
-        raise ValueError(f"seed={seed} contradicts the sampler's seed {sampler.seed} (with sampler=, the "
-                         f"sampler's seed seeds the order and the augmentation)")
-    return bool(sampler.shuffle), int(sampler.seed), bool(sampler.drop_last), int(sampler.rank), \
-        int(sampler.num_replicas)
-
-
-_STATE_KEYS = ("epoch", "batches_yielded", "finished", "next_epoch", "dataset_size", "batch_size", "shuffle",
-               "drop_last", "sampler_drop_last", "seed", "rank", "world_size", "epoch_world_size", "epoch_start")
-
-
-def _upgrade_state(state: Dict[str, Any]) -> Dict[str, Any]:
-    """A state_dict of this or an earlier version, in this version's keys; ValueError naming what
-    is missing or unknown."""
-    version = state.get("version")
-    if version == 1 and "in_epoch" in state:  # in_epoch instead of finished
-        state = dict(state, version=2, finished=not state["in_epoch"])
-        del state["in_epoch"]
-        version = 2
-    if version == 2:  # the epoch's own DistributedSampler list; the sampler's drop_last unrecorded
-        state = dict(state, version=_STATE_VERSION, sampler_drop_last=None,
-                     epoch_world_size=state.get("world_size"), epoch_start=0)
-    elif version != _STATE_VERSION:
-        raise ValueError(f"gpufeed.DataLoader.load_state_dict: not a gpufeed.DataLoader state_dict "
-                         f"(version {version!r}; this gpufeed writes {_STATE_VERSION})")
-    missing = [k for k in _STATE_KEYS if k not in state]
-    if missing:
-        raise ValueError(f"gpufeed.DataLoader.load_state_dict: the state lacks {', '.join(missing)}")
-    return state
-
-
-def _document_schema_keywords() -> None:
-    """DataLoader's signature and docstring: its own keywords, then the schema's, keyword-only,
-    with the defaults gpufeed.DataLoader applies (inspect.signature and help() show them)."""
-    import inspect
-    own = inspect.signature(DataLoader.__init__)
-    params = [p for p in own.parameters.values() if p.kind != p.VAR_KEYWORD and p.name != "_sample_only"]
-    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=_keyword_default(name))
-               for name in _SPECS]
-    DataLoader.__init__.__signature__ = own.replace(parameters=params)
-    DataLoader.__doc__ = DataLoader.__doc__.replace(
-        "{keywords}", "\n".join(_keyword_doc(spec) for spec in _SPECS.values()))
-
-
-_document_schema_keywords()
+document_schema_keywords(DataLoader)

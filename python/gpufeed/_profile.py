@@ -128,7 +128,7 @@ class profile:
     def __iter__(self):
         if self.result is not None:
             raise RuntimeError("gpufeed.profile: this run has finished; profile a new run")
-        epoch = self.loader._epoch_of_next_iter() if self._ours else self._epoch
+        epoch = self.loader._epochs.epoch_of_next_iter() if self._ours else self._epoch
         self._p.begin_epoch(epoch)
         it = iter(self.loader)
         self._open = False

@@ -446,6 +446,30 @@ def test_delete_mid_epoch(big_folder):
     assert torch.equal(images[0], expected)
 
 
+def test_a_loader_nobody_refers_to_is_freed_at_once_without_the_garbage_collector(folder):
+    """A loader mid-epoch, with a state_dict() taken, a state loaded and its sampler and dataset
+    views used, is freed when its last reference (an iterator's included) goes, with the garbage
+    collector off: nothing it owns (its epoch state) refers back to it."""
+    import weakref
+
+    gc.collect()
+    gc.disable()
+    try:
+        loader = gpufeed.DataLoader(folder, batch_size=4, image_size=16, num_workers=1, shuffle=True)
+        freed = weakref.ref(loader)
+        state = loader.state_dict()
+        it = iter(loader)
+        next(it)
+        loader.load_state_dict(state)
+        assert len(loader.sampler) == 27 and len(loader.dataset) == 27 and loader.state_dict()["epoch"] == 0
+        del loader
+        assert freed() is not None  # the iterator holds it
+        del it
+        assert freed() is None
+    finally:
+        gc.enable()
+
+
 def test_python_dev_mode_is_clean(folder, bad_folder):
     """The whole API under `python -X dev -W error`: no warning, no leak report, exit 0."""
     code = f"""

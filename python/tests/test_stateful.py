@@ -71,7 +71,7 @@ def run_sequence(folder, rng, config, steps=60):
                 # one, gpufeed one epoch at a time (only an iterator a newer iter() replaced
                 # raises); and torchdata's iterator made before load_state_dict goes on with its
                 # own epoch, gpufeed's raises if it had yielded.
-                assert not newest or (before_load and had_yielded) or pair.g._running is not g_it._cursor, log
+                assert not newest or (before_load and had_yielded) or pair.g._epochs._running is not g_it._cursor, log
                 continue
             if before_load and had_yielded:  # exhausted before the load: it stays exhausted
                 assert got == "stop", log
