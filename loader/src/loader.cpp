@@ -19,15 +19,21 @@
 #include <fmt/format.h>
 
 #include "gpufeed/loader/augment.h"
-#include "gpufeed/loader/thread_tuner.h"
 #include "gpufeed/cpu_budget.h"
 #include "gpufeed/log.h"
+#include "epoch_schedule.h"
 #include "fork_guard.h"
+#include "read_ahead.h"
+#include "worker_tuning.h"
 #include "gpufeed/loader/tbb_tsan.h"
 
 namespace gpufeed::loader {
 namespace {
 
+using detail::EpochPlan;
+using detail::EpochSchedule;
+using detail::InFlight;
+using detail::Slot;
 using Clock = std::chrono::steady_clock;
 
 // ThreadSanitizer and oneTBB: Debian's libtbb is not instrumented, so TSan cannot see the ordering
@@ -118,144 +124,6 @@ SampleCost transform_into(const Dataset& dataset, SampleReader* reader, uint64_t
 int worker_count(int requested) {
   return requested > 0 ? requested : gpufeed::cpu_budget();
 }
-
-// ---------------------------------------------------------------------------------------------
-// The slot ring: exactly prefetch_depth batch slots, allocated up front by the HostAllocator, and
-// the free list. A slot is taken when its batch is scheduled and comes back when the consumer's
-// last Batch copy (its lease) is gone, or when an unfinished batch is cancelled. Not locked
-// itself: the loader's mutex guards acquire/release.
-
-struct Slot {
-  void* base = nullptr;
-  size_t bytes = 0;
-  uint8_t* images = nullptr;  // [batch_size, S, S, 3] uint8, S <= the ring's side
-  int64_t* labels = nullptr;  // [batch_size] int64, 64-byte aligned after the images
-};
-
-class SlotRing {
- public:
-  SlotRing(HostAllocator& allocator, int depth, int64_t batch_size, int64_t side)
-      : allocator_(allocator),
-        label_offset_((static_cast<size_t>(side * side * 3 * batch_size) + 63) / 64 * 64),
-        bytes_(label_offset_ + static_cast<size_t>(batch_size) * sizeof(int64_t)) {
-    for (int k = 0; k < depth; ++k) {
-      if (!grow()) {
-        deallocate_all();
-        throw std::runtime_error(fmt::format(
-            "Loader: cannot allocate {} batch slot(s) of {:.1f} MiB (batch_size {} x {}x{}x3 "
-            "uint8): lower batch_size, the image size or prefetch_depth",
-            depth, static_cast<double>(bytes_) / (1 << 20), batch_size, side, side));
-      }
-    }
-  }
-  /// One slot more (prefetch_depth auto), free at once; false when the allocator refuses it.
-  /// Slots live in a deque: a slot's address never moves while batches point into it.
-  bool grow() {
-    Slot slot;
-    try {
-      slot.base = allocator_.allocate(bytes_);
-    } catch (const std::bad_alloc&) {
-      return false;
-    }
-    slot.bytes = bytes_;
-    slot.images = static_cast<uint8_t*>(slot.base);
-    slot.labels = reinterpret_cast<int64_t*>(static_cast<uint8_t*>(slot.base) + label_offset_);
-    slots_.push_back(slot);
-    free_.push_back(&slots_.back());
-    return true;
-  }
-  size_t slot_bytes() const { return bytes_; }
-  ~SlotRing() { deallocate_all(); }
-  SlotRing(const SlotRing&) = delete;
-  SlotRing& operator=(const SlotRing&) = delete;
-
-  /// A free slot, or nullptr when every slot is busy.
-  Slot* acquire() {
-    if (free_.empty()) return nullptr;
-    Slot* s = free_.back();
-    free_.pop_back();
-    return s;
-  }
-  void release(Slot* slot) { free_.push_back(slot); }
-  int free_count() const { return static_cast<int>(free_.size()); }
-  int size() const { return static_cast<int>(slots_.size()); }
-
- private:
-  void deallocate_all() {
-    for (Slot& s : slots_)
-      if (s.base) allocator_.deallocate(s.base, s.bytes);
-  }
-  HostAllocator& allocator_;
-  size_t label_offset_, bytes_;
-  std::deque<Slot> slots_;
-  std::vector<Slot*> free_;
-};
-
-// ---------------------------------------------------------------------------------------------
-// One batch being assembled in one slot, from scheduling until next() hands it out.
-
-struct EpochPlan;
-
-struct InFlight {
-  std::shared_ptr<const EpochPlan> plan;  // the epoch it belongs to
-  int64_t batch_index = 0;
-  Slot* slot = nullptr;
-  std::vector<int64_t> indices;
-  bool done = false;                 // guarded by the loader's mutex
-  std::mutex mu;                     // guards error, error_k and skipped
-  std::exception_ptr error;          // of the failing sample first in sampler order (error_k)
-  size_t error_k = SIZE_MAX;
-  std::vector<SkippedSample> skipped;
-
-  // Keeps the error of the sample earliest in the batch, so which error next() throws does not
-  // depend on which thread finished first.
-  void fail(size_t k, std::exception_ptr e) {
-    std::lock_guard<std::mutex> g(mu);
-    if (k < error_k) {
-      error_k = k;
-      error = std::move(e);
-    }
-  }
-  void add_skip(SkippedSample skip) {
-    std::lock_guard<std::mutex> g(mu);
-    skipped.push_back(std::move(skip));
-  }
-};
-
-// One epoch as planned when it is started (or planned ahead, see Loader::Impl::plan_ahead): fixed
-// once made, read by its tasks without the loader's lock. `cancelled` stops its queued samples.
-struct EpochPlan {
-  int64_t epoch = 0;
-  // The epoch's options: the loader's, with rrc.size = the epoch's image size.
-  LoaderOptions options;
-  int64_t sample_bytes = 0;                   // S * S * 3
-  std::vector<std::vector<int64_t>> batches;  // this rank's, sampler order
-  std::vector<int64_t> order;                 // the batches, flattened
-  uint64_t tag = 0;                           // the plan's name for the dataset's SampleReader
-  mutable std::atomic<bool> cancelled{false};
-
-  int64_t total() const { return static_cast<int64_t>(batches.size()); }
-  int side() const { return options.transform.output_size(); }
-};
-
-// The in-order hand-out of one epoch: its plan, the batches scheduled and not yet handed out
-// (front = the next one next() returns, whatever order their samples finish in), and the two
-// cursors a checkpoint needs. Guarded by the loader's mutex.
-struct EpochSchedule {
-  std::shared_ptr<const EpochPlan> plan;  // null before the first start_epoch
-  std::deque<std::shared_ptr<InFlight>> pending;
-  int64_t next_submit = 0;  // next batch to schedule
-  int64_t consumed = 0;     // batches handed out (or dropped by a raise), resume point included
-  // Batches whose samples the dataset's reader was told (announce), counted from next_submit's
-  // start: the whole rest of a started epoch; of an epoch planned ahead, only the batches
-  // scheduled into free slots, so a remote reader never fetches ahead into an epoch that may
-  // never start beyond what the slots decode.
-  int64_t announced = 0;
-
-  int64_t epoch() const { return plan ? plan->epoch : 0; }
-  int64_t total() const { return plan ? plan->total() : 0; }
-  bool more_to_schedule() const { return next_submit < total(); }
-};
 
 // ---------------------------------------------------------------------------------------------
 // The skip policy, both halves: the worker's replacement search (replace_failed) and the
@@ -407,10 +275,8 @@ void load_sample(const Dataset& dataset, SampleReader& reader, uint64_t tag, int
 
 struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   std::shared_ptr<const Dataset> dataset;
-  // The dataset's reader (remote data: fetches ahead in the announced order), or null. Destroyed
-  // before the dataset (declared after it).
-  std::unique_ptr<SampleReader> reader;
-  uint64_t plan_tags = 0;  // the last EpochPlan::tag given
+  // The dataset's reader and the plans' tags. Destroyed before the dataset (declared after it).
+  detail::ReadAhead read_ahead;
   std::shared_ptr<sampler::Sampler> sampler;
   LoaderOptions options;
   std::shared_ptr<HostAllocator> allocator;
@@ -422,36 +288,18 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   // worker per loader thread. The effective limit is the minimum over live global_controls.
   tbb::global_control parallelism;
   tbb::task_arena arena;
-  // The thread count in force. Under num_workers = auto the arena keeps the whole budget and
-  // `threads` lanes gate it: a worker takes a lane for each sample it decodes and waits (asleep,
-  // using no CPU) while all are taken, so at most `threads` samples are decoded at once and a
-  // decision takes effect at the next sample. (One arena per count, switched between batches,
-  // left the new arena without a worker for tens of milliseconds after each switch.)
-  std::atomic<int> threads;
-  std::mutex lanes_mu;
-  std::condition_variable lanes_cv;
-  int lanes_taken = 0;  // guarded by lanes_mu
-  std::optional<ThreadTuner> tuner;  // num_workers = auto only
-  std::vector<ThreadDecision> decisions;  // its changes, oldest first (the last kMaxDecisions)
-  // The consumer as the tuner measures it: when next() last returned, and the data wait since
+  // The consumer as the tuners measure it: when next() last returned, and the data wait since
   // then spent in blocking wait_ready() calls (the Python binding waits in those slices).
   Clock::time_point last_return{};
   bool have_return = false;
   double pending_wait_s = 0;
-  int64_t cost_ns_seen = 0, cost_samples_seen = 0;  // counters when the tuner's last window ended
-  int64_t tuned_batches = 0;
-  int window = 4;  // batches per tuning window: max(4, the slots at construction)
-  // prefetch_depth auto: the most slots, and this window's consumer wait, steps and whether the
-  // loader found every slot full while it had batches to schedule (guarded by mu).
-  int depth_max = 0;
-  double depth_wait_s = 0, depth_step_s = 0;
-  bool slots_were_full = false, slots_were_full_before = false;
-  int64_t decisions_made = 0;
-  double sample_cost_s = 0;                          // worker thread time per sample, last window
 
-  std::mutex mu;  // guards ring, schedule, ahead, epoch_step, skips, running_tasks, shutdown
+  // Guards ring, tuning's consumer side, schedule, ahead, epoch_step, skips, running_tasks, shutdown.
+  std::mutex mu;
   std::condition_variable cv;
-  SlotRing ring;
+  detail::SlotRing ring;
+  // num_workers auto's thread count (its lanes gate the workers) and prefetch_depth auto's slots.
+  detail::WorkerTuning tuning;
   EpochSchedule schedule;  // the epoch next() hands out
   // The epoch expected next, planned while the current one's last batches are consumed and
   // scheduled into slots it leaves free (plan_ahead): start_epoch takes it over when it starts
@@ -467,7 +315,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   Impl(std::shared_ptr<const Dataset> d, std::shared_ptr<sampler::Sampler> s, LoaderOptions o,
        std::shared_ptr<HostAllocator> a)
       : dataset(std::move(d)),
-        reader(dataset->reader()),
+        read_ahead(*dataset),
         sampler(std::move(s)),
         options(std::move(o)),
         allocator(a ? std::move(a) : default_host_allocator()),
@@ -478,179 +326,40 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
                                          tbb::global_control::max_allowed_parallelism),
                                      static_cast<size_t>(worker_count(options.num_workers)) + 1)),
         arena(worker_count(options.num_workers), /*reserved_for_masters=*/0),
-        threads(worker_count(options.num_workers)),
         ring(*allocator, options.prefetch_depth == kAutoPrefetchDepth ? kAutoPrefetchStart : options.prefetch_depth,
-             options.batch_size, slot_side) {
-    window = std::max(4, ring.size());
-    if (options.num_workers == kAutoNumWorkers) {
-      tuner.emplace(ThreadTunerOptions{.budget = threads.load(), .window = window}, threads.load());
-    }
-    if (options.prefetch_depth == kAutoPrefetchDepth) {
-      const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
-      const auto fit = static_cast<int>(memory / 16 / static_cast<double>(ring.slot_bytes()));
-      depth_max = std::clamp(fit, kAutoPrefetchStart, kAutoPrefetchMax);
-    }
-  }
+             options.batch_size, slot_side),
+        tuning(options, worker_count(options.num_workers), ring) {}
 
-  static constexpr size_t kMaxDecisions = 1024;
-
-  // num_workers = auto: a lane for one sample (false: the plan was cancelled while waiting).
-  bool take_lane(const EpochPlan& p) {
-    std::unique_lock<std::mutex> lk(lanes_mu);
-    lanes_cv.wait(lk, [&] { return lanes_taken < threads.load(std::memory_order_relaxed) || cancelled(p); });
-    if (cancelled(p)) return false;
-    ++lanes_taken;
-    return true;
-  }
-  void give_lane() {
-    {
-      std::lock_guard<std::mutex> g(lanes_mu);
-      --lanes_taken;
-    }
-    lanes_cv.notify_one();
-  }
-  // Wakes the workers waiting for a lane: the count rose, or a plan was cancelled.
-  void wake_lanes() {
-    { std::lock_guard<std::mutex> g(lanes_mu); }
-    lanes_cv.notify_all();
-  }
-
-  // The consumer's half of a handed-out batch for the tuners: `consumer_s` its step before asking
-  // (negative: unknown), `wait_s` its data wait.
+  // The consumer's half of handed-out batch `f` for the tuners: `consumer_s` its step before
+  // asking (negative: unknown), `wait_s` its data wait.
   void tune(const InFlight& f, double consumer_s, double wait_s) {
-    if (!tuner && depth_max == 0) return;
-    const bool window_ended = ++tuned_batches % window == 0;
-    const TunerObservation seen = observe(f, consumer_s, wait_s, window_ended);
-    if (tuner) tune_threads(f, seen);
-    if (depth_max == 0) return;
-    depth_wait_s += std::max(0.0, seen.wait_s);
-    if (seen.consumer_s >= 0) depth_step_s += seen.consumer_s;
-    if (!window_ended) return;
-    // The burst that drains what the slots held can fall in the window after the one in which
-    // they were full: either counts.
-    const bool full = slots_were_full || slots_were_full_before;
-    slots_were_full_before = slots_were_full;
-    grow_if_bursty(f, full);
-    depth_wait_s = depth_step_s = 0;
-    slots_were_full = false;
-  }
-
-  // What the tuners observe for batch `f`: the consumer's step and wait, and the workers' thread
-  // time per sample since the last window ended; LoaderOptions::tuner_observation's instead when
-  // it is set (tests, tools replaying measurements).
-  TunerObservation observe(const InFlight& f, double consumer_s, double wait_s, bool window_ended) {
-    const int64_t ns = counters.read_ns.load(std::memory_order_relaxed) +
-                       counters.decode_ns.load(std::memory_order_relaxed) +
-                       counters.resize_ns.load(std::memory_order_relaxed);
-    const int64_t n = counters.samples.load(std::memory_order_relaxed);
-    if (n > cost_samples_seen) {
-      sample_cost_s = static_cast<double>(ns - cost_ns_seen) * 1e-9 / static_cast<double>(n - cost_samples_seen);
-    }
-    if (window_ended) {  // the window ended: the next one's costs
-      cost_ns_seen = ns;
-      cost_samples_seen = n;
-    }
-    TunerObservation measured;
-    measured.epoch = f.plan->epoch;
-    measured.batch = f.batch_index;
-    measured.threads = threads.load(std::memory_order_relaxed);
-    measured.prefetch_depth = ring.size();
-    measured.consumer_s = consumer_s;
-    measured.wait_s = wait_s;
-    measured.sample_cost_s = sample_cost_s;
-    if (!options.tuner_observation) return measured;
-    TunerObservation given = options.tuner_observation(measured);
-    given.epoch = measured.epoch;
-    given.batch = measured.batch;
-    given.threads = measured.threads;
-    given.prefetch_depth = measured.prefetch_depth;
-    return given;
-  }
-
-  void tune_threads(const InFlight& f, const TunerObservation& seen) {
-    auto d = tuner->observe(seen.epoch, seen.batch, static_cast<int64_t>(f.indices.size()), seen.consumer_s,
-                            seen.wait_s, seen.sample_cost_s);
-    if (!d) return;
-    threads.store(d->to, std::memory_order_relaxed);
-    wake_lanes();
-    gpufeed::log()->info("loader: num_workers auto: {} -> {} threads after batch {} of epoch {}: {}", d->from, d->to,
-                         d->batch, d->epoch, d->why);
-    d->prefetch_depth_from = d->prefetch_depth_to = ring.size();
-    record(std::move(*d));
-  }
-
-  // prefetch_depth auto, at a window's end: one slot more when the consumer waited over 1% of the
-  // window and the loader had, at some release in it or in the window before, every other slot
-  // holding a decoded batch with more to schedule (`full`: it had run as far ahead as the slots
-  // allow, so more slots would have held more decoded batches for the burst that followed).
-  void grow_if_bursty(const InFlight& f, bool full) {
-    const double busy = depth_wait_s + depth_step_s;
-    const double waited = busy > 0 ? depth_wait_s / busy : 0;
-    if (!(waited > 0.01 && full && ring.size() < depth_max)) return;
-    const int before = ring.size();
-    if (!ring.grow()) {
-      gpufeed::log()->warn("loader: prefetch_depth auto: the allocator refused slot {}; staying at {}", before + 1,
-                           before);
-      depth_max = before;
-      return;
-    }
-    ThreadDecision d;
-    d.epoch = f.plan->epoch;
-    d.batch = f.batch_index;
-    d.from = d.to = threads.load(std::memory_order_relaxed);
-    d.prefetch_depth_from = before;
-    d.prefetch_depth_to = before + 1;
-    d.wait_fraction = waited;
-    d.why = fmt::format("data wait {:.1f}% of the window after the loader had filled every slot: a slot more "
-                        "({} of at most {})", waited * 100, before + 1, depth_max);
-    gpufeed::log()->info("loader: prefetch_depth auto: {} -> {} slots after batch {} of epoch {}: {}", before,
-                         before + 1, d.batch, d.epoch, d.why);
-    record(std::move(d));  // next() pumps the new slot right after
-  }
-
-  void record(ThreadDecision d) {
-    d.number = decisions_made++;
-    if (decisions.size() == kMaxDecisions) decisions.erase(decisions.begin());
-    decisions.push_back(std::move(d));
-  }
-
-  // Whether every slot but those the consumer holds holds a decoded batch while there is more to
-  // schedule: the loader idles for want of a slot. Under mu.
-  bool idle_for_slots() const {
-    if (ring.free_count() > 0 || !(schedule.more_to_schedule() || ahead.more_to_schedule())) return false;
-    for (const EpochSchedule* s : {&schedule, &ahead}) {
-      for (const auto& f : s->pending)
-        if (!f->done) return false;
-    }
-    return true;
+    if (!tuning.observes()) return;
+    tuning.observe(detail::HandOut{
+        .epoch = f.plan->epoch,
+        .batch = f.batch_index,
+        .samples = static_cast<int64_t>(f.indices.size()),
+        .consumer_s = consumer_s,
+        .wait_s = wait_s,
+        .worker_ns = counters.read_ns.load(std::memory_order_relaxed) +
+                     counters.decode_ns.load(std::memory_order_relaxed) +
+                     counters.resize_ns.load(std::memory_order_relaxed),
+        .worker_samples = counters.samples.load(std::memory_order_relaxed)});
   }
 
   // Epoch `epoch`'s plan at the current image size (next_size): its batches in sampler order.
   // `indices` is the sampler's order of that epoch.
   std::shared_ptr<const EpochPlan> make_plan(int64_t epoch, const std::vector<int64_t>& indices) {
-    auto p = std::make_shared<EpochPlan>();
-    p->epoch = epoch;
-    p->tag = ++plan_tags;
-    p->options = options;
-    if (p->options.transform.kind == TransformOptions::Kind::kTrain) p->options.transform.rrc.size = next_size;
-    p->sample_bytes = int64_t{p->side()} * p->side() * 3;
-    const auto n = static_cast<int64_t>(indices.size());
-    for (int64_t start = 0; start < n; start += options.batch_size) {
-      const int64_t end = std::min(n, start + options.batch_size);
-      if (end - start < options.batch_size && options.drop_last) break;
-      p->batches.emplace_back(indices.begin() + start, indices.begin() + end);
-    }
-    p->order = indices;
-    p->order.resize(static_cast<size_t>(std::min<int64_t>(n, p->total() * options.batch_size)));
-    return p;
+    return detail::make_epoch_plan(options, next_size, read_ahead.next_tag(), epoch, indices);
   }
 
   // Cancels the queued samples of `s` and waits until its tasks are done. Slots of unfinished
   // batches go back to the ring; slots held by the consumer stay with their Batch.
   void drain(std::unique_lock<std::mutex>& lk, EpochSchedule& s) {
-    if (s.plan) s.plan->cancelled.store(true, std::memory_order_relaxed);
-    if (s.plan && reader) reader->forget(s.plan->tag);  // wakes the tasks waiting for its reads
-    if (tuner) wake_lanes();
+    if (s.plan) {
+      s.plan->cancelled.store(true, std::memory_order_relaxed);
+      read_ahead.forget(*s.plan);  // wakes the tasks waiting for its reads
+    }
+    tuning.wake_lanes();
     cv.wait(lk, [&] { return std::all_of(s.pending.begin(), s.pending.end(), [](const auto& f) { return f->done; }); });
     for (auto& f : s.pending) ring.release(f->slot);
     s.pending.clear();
@@ -692,10 +401,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
         f->batch_index = s->next_submit;
         f->slot = slot;
         f->indices = s->plan->batches[static_cast<size_t>(s->next_submit)];
-        if (reader && s->next_submit >= s->announced) {  // an epoch planned ahead: one batch at a time
-          reader->announce(s->plan->tag, f->indices);
-          s->announced = s->next_submit + 1;
-        }
+        read_ahead.announce_scheduled(*s, f->indices);  // an epoch planned ahead: one batch at a time
         ++s->next_submit;
         s->pending.push_back(f);
         enqueue(f.get());
@@ -730,32 +436,19 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     });
   }
 
-  static bool cancelled(const EpochPlan& p) { return p.cancelled.load(std::memory_order_relaxed); }
-
-  // Tells the reader the samples schedule `s` reads from batch `first_batch` to its end.
-  void announce(EpochSchedule& s, int64_t first_batch) {
-    const EpochPlan& p = *s.plan;
-    s.announced = s.total();
-    if (!reader) return;
-    const auto from = static_cast<size_t>(std::min<int64_t>(first_batch * p.options.batch_size,
-                                                            static_cast<int64_t>(p.order.size())));
-    if (from == p.order.size()) return;
-    reader->announce(p.tag, from == 0 ? p.order : std::vector<int64_t>(p.order.begin() + static_cast<std::ptrdiff_t>(from), p.order.end()));
-  }
-
   void run_batch(InFlight& f, const EpochPlan& p) {
     const auto n = f.indices.size();
     const int64_t base_pos = f.batch_index * p.options.batch_size;
     detail::parallel_for_ordered(tbb::blocked_range<size_t>(0, n, 1), [&](const tbb::blocked_range<size_t>& r) {
       for (size_t k = r.begin(); k < r.end(); ++k) {
         if (cancelled(p)) break;
-        if (!tuner) {
+        if (!tuning.gates_lanes()) {
           run_sample(f, k, p, base_pos + static_cast<int64_t>(k));
-        } else if (take_lane(p)) {
+        } else if (tuning.take_lane(p)) {
           struct Lane {
-            Impl* m;
-            ~Lane() { m->give_lane(); }
-          } lane{this};
+            detail::WorkerTuning& tuning;
+            ~Lane() { tuning.give_lane(); }
+          } lane{tuning};
           run_sample(f, k, p, base_pos + static_cast<int64_t>(k));
         }
       }
@@ -765,7 +458,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   // Loads dataset sample `index` into position k of the batch's slot; throws what loading throws.
   void load_into(InFlight& f, size_t k, int64_t index, const EpochPlan& p) {
     const SampleRef ref = dataset->at(index);
-    counters.account(transform_into(*dataset, reader.get(), p.tag, ref, index, p.epoch, p.options,
+    counters.account(transform_into(*dataset, read_ahead.reader(), p.tag, ref, index, p.epoch, p.options,
                                     f.slot->images + static_cast<size_t>(p.sample_bytes) * k));
     f.slot->labels[k] = ref.label;
   }
@@ -820,7 +513,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
 
   void release(Slot* slot) {
     std::unique_lock<std::mutex> lk(mu);
-    if (depth_max > 0 && idle_for_slots()) slots_were_full = true;
+    if (tuning.grows_slots() && detail::idle_for_slots(ring, schedule, ahead)) tuning.saw_slots_full();
     ring.release(slot);
     pump(lk);
   }
@@ -928,7 +621,7 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
   m.sampler->set_epoch(epoch);
   if (take_ahead) {
     m.schedule = std::move(m.ahead);  // its batches are decoding, or decoded, already
-    m.announce(m.schedule, m.schedule.announced);  // the rest of its order, now that it runs
+    m.read_ahead.announce_rest(m.schedule, m.schedule.announced);  // the rest of its order, now that it runs
   } else {
     m.drain(lk, m.ahead);
     // No task of this epoch runs yet: its size is fixed here, before its first task is enqueued.
@@ -936,7 +629,7 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
     m.schedule.plan = m.make_plan(epoch, m.sampler->indices());
     m.schedule.next_submit = std::clamp<int64_t>(start_batch, 0, m.schedule.total());
     m.schedule.consumed = m.schedule.next_submit;
-    m.announce(m.schedule, m.schedule.next_submit);
+    m.read_ahead.announce_rest(m.schedule, m.schedule.next_submit);
   }
   m.ahead = EpochSchedule{};
   m.skips.reset(epoch);
@@ -1043,7 +736,7 @@ sampler::SamplerState Loader::state() const {
 
 const LoaderOptions& Loader::options() const { return impl_->options; }
 
-int Loader::num_threads() const { return impl_->threads.load(std::memory_order_relaxed); }
+int Loader::num_threads() const { return impl_->tuning.threads(); }
 
 int Loader::prefetch_depth() const {
   std::lock_guard<std::mutex> g(impl_->mu);
@@ -1052,7 +745,7 @@ int Loader::prefetch_depth() const {
 
 std::vector<ThreadDecision> Loader::thread_decisions() const {
   std::lock_guard<std::mutex> g(impl_->mu);
-  return impl_->decisions;
+  return impl_->tuning.decisions();
 }
 const Dataset& Loader::dataset() const { return *impl_->dataset; }
 int64_t Loader::epoch_skips() const {

@@ -1,6 +1,7 @@
 // The read-ahead of remote shards: ranged GETs issued in the loader's announced order, at most
 // max_requests in flight and read_ahead MiB requested and not yet read, runs of samples adjacent
-// in one shard coalesced into one request.
+// in one shard coalesced into one request. It reads through the shards' remote::Store (the
+// samples' places, the client, the cache), which the RemoteShards that made the reader owns.
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -13,6 +14,7 @@
 #include "gpufeed/loader/remote.h"
 #include "remote_cache.h"
 #include "remote_client.h"
+#include "remote_store.h"
 
 namespace gpufeed::loader {
 namespace {
@@ -46,8 +48,8 @@ struct Plan {
 
 // Shared with the client's callbacks, which may run after the reader is gone.
 struct State {
-  const RemoteShards* dataset = nullptr;
-  remote::Client* client = nullptr;  // the dataset's (the loader keeps the dataset alive)
+  const remote::Store* store = nullptr;  // the dataset's (the loader keeps the dataset alive)
+  remote::Client* client = nullptr;      // the store's
   int max_requests = 64;
   int64_t budget = 0;
   std::mutex mu;
@@ -87,8 +89,8 @@ struct State {
           }
           break;
         }
-        const SampleRef ref = dataset->at(i);
-        if (dataset->cache() != nullptr && dataset->cache()->holds(dataset->shard_of(i), ref.offset, ref.size)) {
+        const SampleRef ref = store->at(i);
+        if (store->cache != nullptr && store->cache->holds(store->shard_of(i), ref.offset, ref.size)) {
           if (!run.empty()) break;
           auto e = std::make_shared<Entry>();
           e->tag = p.tag;
@@ -99,12 +101,12 @@ struct State {
           ++p.cursor;
           continue;
         }
-        if (!run.empty() && (i != run.back()->index + 1 || dataset->shard_of(i) != shard || ref.offset < end ||
+        if (!run.empty() && (i != run.back()->index + 1 || store->shard_of(i) != shard || ref.offset < end ||
                              ref.offset + ref.size - begin > kMaxRunBytes)) {
           break;
         }
         if (run.empty()) {
-          shard = dataset->shard_of(i);
+          shard = store->shard_of(i);
           begin = ref.offset;
         }
         end = ref.offset + ref.size;
@@ -124,12 +126,12 @@ struct State {
 
   void issue(const std::shared_ptr<State>& self, std::vector<EntryPtr> run, uint32_t shard, int64_t begin, int64_t end) {
     ++in_flight;
-    remote::Request r{.url = dataset->shards()[shard], .offset = begin, .size = end - begin,
-                      .if_match = dataset->etag(shard)};
+    remote::Request r{.url = store->urls[shard], .offset = begin, .size = end - begin,
+                      .if_match = store->etags[shard]};
     client->submit(std::move(r), [self, run = std::move(run), shard, begin](remote::Response&& got) {
-      if (got.error.empty() && self->dataset->cache() != nullptr) {
+      if (got.error.empty() && self->store->cache != nullptr) {
         for (const EntryPtr& e : run) {  // a range (and a checksum) per sample, as reads check them
-          self->dataset->cache()->write(shard, e->offset, got.body.data() + (e->offset - begin), e->size);
+          self->store->cache->write(shard, e->offset, got.body.data() + (e->offset - begin), e->size);
         }
       }
       self->arrived(self, run, begin, std::move(got));
@@ -161,11 +163,11 @@ struct State {
 
 class RemoteReader final : public SampleReader {
  public:
-  explicit RemoteReader(const RemoteShards& dataset) : state_(std::make_shared<State>()) {
-    state_->dataset = &dataset;
-    state_->client = dataset.client().get();
-    state_->max_requests = dataset.options().max_requests;
-    state_->budget = dataset.options().read_ahead << 20;
+  explicit RemoteReader(const remote::Store& store) : state_(std::make_shared<State>()) {
+    state_->store = &store;
+    state_->client = store.client.get();
+    state_->max_requests = store.options.max_requests;
+    state_->budget = store.options.read_ahead << 20;
   }
 
   ~RemoteReader() override {
@@ -209,7 +211,7 @@ class RemoteReader final : public SampleReader {
 
   void read(uint64_t tag, int64_t index, decode::ByteBuffer& out) override {
     State& s = *state_;
-    const SampleRef ref = s.dataset->at(index);
+    const SampleRef ref = s.store->at(index);
     std::unique_lock<std::mutex> lk(s.mu);
     const auto cancelled = [&] {
       return decode::DecodeError(decode::ErrorKind::kIo, ref.source(), "cancelled (the loader stopped this epoch)");
@@ -234,7 +236,7 @@ class RemoteReader final : public SampleReader {
       e->size = ref.size;
       s.outstanding += ref.size;
       s.entries[key].push_back(e);
-      s.issue(state_, {e}, s.dataset->shard_of(index), ref.offset, ref.offset + ref.size);
+      s.issue(state_, {e}, s.store->shard_of(index), ref.offset, ref.offset + ref.size);
     }
     e->claimed = true;
     s.cv.wait(lk, [&] { return e->done || e->cancelled; });
@@ -246,7 +248,7 @@ class RemoteReader final : public SampleReader {
     s.pump(state_);
     if (e->cached && !e->cancelled) {  // from the local disk, outside the lock (or fetched, if evicted)
       lk.unlock();
-      s.dataset->read(index, ref, out);
+      s.store->read(index, ref, out);
       return;
     }
     if (e->cancelled) throw cancelled();
@@ -260,6 +262,6 @@ class RemoteReader final : public SampleReader {
 
 }  // namespace
 
-std::unique_ptr<SampleReader> RemoteShards::reader() const { return std::make_unique<RemoteReader>(*this); }
+std::unique_ptr<SampleReader> RemoteShards::reader() const { return std::make_unique<RemoteReader>(*store_); }
 
 }  // namespace gpufeed::loader

@@ -1,5 +1,6 @@
-// RemoteShards: WebDataset tar shards over HTTP(S) and S3, opened from their indexes, read with
-// ranged GETs ahead of the loader in its order (RemoteReader).
+// RemoteShards: WebDataset tar shards over HTTP(S) and S3, opened from their indexes into a
+// remote::Store, read with ranged GETs ahead of the loader in its order (RemoteReader, over the
+// store).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@
 #include "index_cache.h"
 #include "remote_cache.h"
 #include "remote_client.h"
+#include "remote_store.h"
 
 namespace gpufeed::loader {
 namespace fs = std::filesystem;
@@ -304,100 +306,112 @@ void prove_indexes(remote::Client& client, const std::vector<std::string>& urls,
 }  // namespace
 
 RemoteShards::RemoteShards(std::vector<std::string> urls, const std::string& source, const DataOptions& options)
-    : options_(options), urls_(std::move(urls)) {
-  if (urls_.empty()) throw std::runtime_error("remote shards: " + redact_url(source) + " names no shard");
-  if (urls_.size() > UINT32_MAX) throw std::runtime_error("remote shards: more than 2^32 shards");
-  for (const std::string& u : urls_) check_url(u);
-  client_ = std::make_shared<remote::Client>(options_);
-  const size_t n = urls_.size();
+    : store_(std::make_unique<remote::Store>()) {
+  remote::Store& st = *store_;
+  st.options = options;
+  st.urls = std::move(urls);
+  if (st.urls.empty()) throw std::runtime_error("remote shards: " + redact_url(source) + " names no shard");
+  if (st.urls.size() > UINT32_MAX) throw std::runtime_error("remote shards: more than 2^32 shards");
+  for (const std::string& u : st.urls) check_url(u);
+  st.client = std::make_shared<remote::Client>(st.options);
+  const size_t n = st.urls.size();
   std::vector<int64_t> shard_sizes(n);
   std::vector<std::optional<ShardIndex>> found(n);
-  etags_.resize(n);
+  st.etags.resize(n);
   std::optional<std::pair<size_t, remote::Response>> failed;
   std::vector<std::pair<remote::Response, remote::Response>> opened =
-      heads_and_indexes(*client_, urls_, static_cast<size_t>(std::max(1, options_.max_requests)), failed);
+      heads_and_indexes(*st.client, st.urls, static_cast<size_t>(std::max(1, st.options.max_requests)), failed);
   if (failed && failed->first % 2 == 0) throw RemoteError("remote shards: cannot open " + failed->second.error);
   if (failed) throw RemoteError("remote shards: cannot read the index: " + failed->second.error);
   for (size_t s = 0; s < n; ++s) {
     auto& [head, index] = opened[s];
-    if (head.object_size < 0) throw RemoteError("remote shards: HEAD " + redact_url(urls_[s]) + " gave no Content-Length");
+    if (head.object_size < 0) {
+      throw RemoteError("remote shards: HEAD " + redact_url(st.urls[s]) + " gave no Content-Length");
+    }
     shard_sizes[s] = head.object_size;
-    etags_[s] = head.etag;
+    st.etags[s] = head.etag;
     if (!index.error.empty()) throw RemoteError("remote shards: cannot read the index: " + index.error);
     if (index.status != 200) continue;
     const std::string text(reinterpret_cast<const char*>(index.body.data()), index.body.size());
-    ShardIndex parsed = parse_shard_index(text, redact_url(index_url(urls_[s])));
+    ShardIndex parsed = parse_shard_index(text, redact_url(index_url(st.urls[s])));
     if (parsed.shard_size == head.object_size) {
       found[s] = std::move(parsed);
     } else {
       gpufeed::log()->warn("remote shards: the index of {} is for a {}-byte shard, the shard has {}: reading its "
                            "headers instead",
-                           redact_url(urls_[s]), parsed.shard_size, head.object_size);
+                           redact_url(st.urls[s]), parsed.shard_size, head.object_size);
     }
   }
-  prove_indexes(*client_, urls_, shard_sizes, etags_, found);
+  prove_indexes(*st.client, st.urls, shard_sizes, st.etags, found);
   beside_ = std::count_if(found.begin(), found.end(), [](const auto& f) { return f.has_value(); });
-  if (!options_.cache_dir.empty()) {
-    cache_ = std::make_shared<remote::Cache>(options_.cache_dir,
-                                             static_cast<int64_t>(options_.cache_limit * 1073741824.0));
-    for (size_t s = 0; s < n; ++s) cache_->open_shard(s, urls_[s], shard_sizes[s], etags_[s]);
+  if (!st.options.cache_dir.empty()) {
+    st.cache = std::make_shared<remote::Cache>(st.options.cache_dir,
+                                               static_cast<int64_t>(st.options.cache_limit * 1073741824.0));
+    for (size_t s = 0; s < n; ++s) st.cache->open_shard(s, st.urls[s], shard_sizes[s], st.etags[s]);
   }
-  std::tie(cached_, built_) = index_the_rest(*client_, urls_, shard_sizes, etags_, options_.index_cache, found);
+  std::tie(cached_, built_) = index_the_rest(*st.client, st.urls, shard_sizes, st.etags, st.options.index_cache, found);
   int64_t max_label = -1;
   for (size_t s = 0; s < n; ++s) {
-    redacted_.push_back(redact_url(urls_[s]));
+    st.redacted.push_back(redact_url(st.urls[s]));
     for (const ShardSample& x : found[s]->samples) {
-      shard_.push_back(static_cast<uint32_t>(s));
-      offsets_.push_back(x.offset);
-      sizes_.push_back(x.size);
-      labels_.push_back(x.label);
-      members_.add(x.member, x.label);
+      st.shard.push_back(static_cast<uint32_t>(s));
+      st.offsets.push_back(x.offset);
+      st.sizes.push_back(x.size);
+      st.labels.push_back(x.label);
+      st.members.add(x.member, x.label);
       max_label = std::max<int64_t>(max_label, x.label);
     }
   }
-  if (labels_.empty()) throw std::runtime_error("remote shards: " + redact_url(source) + " holds no sample");
+  if (st.labels.empty()) throw std::runtime_error("remote shards: " + redact_url(source) + " holds no sample");
   for (int64_t c = 0; c <= max_label; ++c) classes_.push_back(std::to_string(c));
   gpufeed::log()->info("remote shards: {} samples in {} shards ({} indexes beside the shards, {} from the index "
                        "cache, {} read from tar headers)",
-                       labels_.size(), n, beside_, cached_, built_);
+                       st.labels.size(), n, beside_, cached_, built_);
 }
 
-// The client first: its thread may still be completing a loader's read-ahead, whose callback
-// writes to the cache, so it must be joined before the cache (a later member) is destroyed.
-RemoteShards::~RemoteShards() { client_.reset(); }
+RemoteShards::~RemoteShards() = default;
 
-SampleRef RemoteShards::at(int64_t i) const {
+int64_t RemoteShards::size() const { return store_->size(); }
+const std::vector<std::string>& RemoteShards::shards() const { return store_->urls; }
+SampleRef RemoteShards::at(int64_t i) const { return store_->at(i); }
+void RemoteShards::read(int64_t i, const SampleRef& ref, decode::ByteBuffer& out) const { store_->read(i, ref, out); }
+
+namespace remote {
+
+SampleRef Store::at(int64_t i) const {
   if (i < 0 || i >= size()) {
     throw std::out_of_range("dataset index " + std::to_string(i) + " out of range [0, " + std::to_string(size()) + ")");
   }
   const auto k = static_cast<size_t>(i);
-  const std::string& shard = redacted_[shard_[k]];
-  return SampleRef{.path = shard, .label = labels_[k], .offset = offsets_[k], .size = sizes_[k],
-                   .member = members_.path(i)};
+  const std::string& name = redacted[shard[k]];
+  return SampleRef{.path = name, .label = labels[k], .offset = offsets[k], .size = sizes[k],
+                   .member = members.path(i)};
 }
 
-void RemoteShards::read(int64_t i, const SampleRef& ref, decode::ByteBuffer& out) const {
+void Store::read(int64_t i, const SampleRef& ref, decode::ByteBuffer& out) const {
   const auto k = static_cast<size_t>(i);
   std::string cache_failure;  // the cached copy's damage, named in an error if fetching fails too
-  if (cache_ && cache_->read(shard_[k], offsets_[k], sizes_[k], out, &cache_failure)) return;
+  if (cache && cache->read(shard[k], offsets[k], sizes[k], out, &cache_failure)) return;
   try {
-    remote::Response r = client_->fetch(
-        {.url = urls_[shard_[k]], .offset = offsets_[k], .size = sizes_[k], .if_match = etags_[shard_[k]]});
+    Response r = client->fetch(
+        {.url = urls[shard[k]], .offset = offsets[k], .size = sizes[k], .if_match = etags[shard[k]]});
     out.swap(r.body);
-    if (cache_) cache_->write(shard_[k], offsets_[k], out.data(), sizes_[k]);
+    if (cache) cache->write(shard[k], offsets[k], out.data(), sizes[k]);
   } catch (const RemoteError& e) {
     throw decode::DecodeError(decode::ErrorKind::kIo, ref.source(),
                               cache_failure.empty() ? std::string(e.what()) : e.what() + ("; " + cache_failure));
   }
 }
 
+}  // namespace remote
+
 RemoteStats RemoteShards::stats() const {
   RemoteStats s;
-  const remote::ClientStats c = client_->stats();
+  const remote::ClientStats c = store_->client->stats();
   s.requests = c.requests;
   s.bytes_fetched = c.bytes;
-  if (cache_) {
-    const remote::CacheStats k = cache_->stats();
+  if (store_->cache) {
+    const remote::CacheStats k = store_->cache->stats();
     s.cache_hits = k.hits;
     s.cache_hit_bytes = k.hit_bytes;
     s.cache_checksum_failures = k.checksum_failures;

@@ -48,8 +48,7 @@
 namespace gpufeed::loader {
 
 namespace remote {
-class Cache;
-class Client;
+struct Store;
 }
 
 /// A remote object that cannot be read: what() names the URL (redacted), the HTTP status or
@@ -136,13 +135,13 @@ class RemoteShards : public Dataset {
   /// a refused scheme.
   RemoteShards(std::vector<std::string> urls, const std::string& source, const DataOptions& options = {});
   ~RemoteShards() override;
-  int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
+  int64_t size() const override;
   SampleRef at(int64_t i) const override;
   const std::vector<std::string>& classes() const override { return classes_; }
   /// One ranged GET of sample i's image member (retried as the header says).
   void read(int64_t i, const SampleRef& ref, decode::ByteBuffer& out) const override;
   std::unique_ptr<SampleReader> reader() const override;
-  const std::vector<std::string>& shards() const { return urls_; }
+  const std::vector<std::string>& shards() const;
   /// How many shards' indexes came from `<shard>.gpufeed-idx`, from the index cache, and from
   /// reading their tar headers.
   int64_t indexes_beside() const { return beside_; }
@@ -151,22 +150,11 @@ class RemoteShards : public Dataset {
   /// The requests and the cache's use so far.
   RemoteStats stats() const;
 
-  // For the reader: shard s's URL (as given), ETag, and sample i's shard.
-  const std::string& etag(uint32_t shard) const { return etags_[shard]; }
-  uint32_t shard_of(int64_t i) const { return shard_[static_cast<size_t>(i)]; }
-  const std::shared_ptr<remote::Client>& client() const { return client_; }
-  remote::Cache* cache() const { return cache_.get(); }  ///< null without cache_dir
-  const DataOptions& options() const { return options_; }
-
  private:
-  DataOptions options_;
-  std::shared_ptr<remote::Client> client_;
-  std::shared_ptr<remote::Cache> cache_;
-  std::vector<std::string> urls_, redacted_, etags_, classes_;
-  std::vector<uint32_t> shard_;
-  std::vector<int64_t> offsets_, sizes_;
-  std::vector<int32_t> labels_;
-  SampleTable members_;  // the image members' names (labels unused)
+  // The samples' places, the client and the cache: what this dataset and its readers read
+  // through (src/remote_store.h).
+  std::unique_ptr<remote::Store> store_;
+  std::vector<std::string> classes_;
   int64_t beside_ = 0, cached_ = 0, built_ = 0;
 };
 
