@@ -1,13 +1,14 @@
 // gpufeed option-specs (hidden): every option schema the CLI's commands are built from, as JSON,
 // one list of rows per schema: the loader's and the index cache's (`gpufeed bench`, `gpufeed
-// train` and gpufeed.DataLoader), the training schedule's (`gpufeed train`) and pack's (`gpufeed
-// pack`). tools/gen_options_doc.py writes docs/OPTIONS.md from it; python/tests/test_options.py
+// train` and gpufeed.DataLoader), training's and the training schedule's (`gpufeed train`) and
+// pack's (`gpufeed pack`). tools/gen_options_doc.py writes docs/OPTIONS.md from it; python/tests/test_options.py
 // checks that the Python package's rows (_C.option_specs()) are the same.
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "gpufeed/harness/schedule_options.h"
+#include "gpufeed/harness/trainer.h"
 #include "gpufeed/json_text.h"
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/loader/pack.h"
@@ -57,6 +58,7 @@ Run add_option_specs(CLI::App& app) {
   return [] {
     const nlohmann::json all = {{"loader", rows(loader::loader_options_schema())},
                                 {"data", rows(loader::data_options_schema())},
+                                {"train", rows(harness::train_options_schema())},
                                 {"schedule", rows(harness::schedule_options_schema())},
                                 {"pack", rows(loader::pack_options_schema())}};
     std::cout << json_text(all, 1) << "\n";
