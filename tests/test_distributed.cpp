@@ -605,6 +605,27 @@ TEST(Train, ProgressiveResizingLogsEachEpochsImageSize) {
       << read_text(dir.path / "both.log");
 }
 
+// The library names options in backticks (`resume_replan_schedule`); gpufeed's log lines spell
+// them as its flags, as its error lines do.
+TEST(Train, LogLinesNameOptionsAsFlags) {
+  TempDir dir("replan_log");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  const std::string args = " train --data " + data.string() +
+                           " --arch resnet18 --num-workers 1 --progress off --freeze-bn --batch-size 8 "
+                           "--max-steps-per-epoch 1 --distributed off --warmup-epochs 0 --save-checkpoint " +
+                           (dir.path / "run.pt").string();
+  ASSERT_EQ(run(kEnv + kGpufeed + args + " --epochs 1", dir.path / "first.log"), 0) << read_text(dir.path / "first.log");
+  ASSERT_EQ(run(kEnv + kGpufeed + args + " --epochs 2 --resume " + (dir.path / "run.pt").string() +
+                    " --resume-replan-schedule",
+                dir.path / "replan.log"),
+            0)
+      << read_text(dir.path / "replan.log");
+  const std::string log = read_text(dir.path / "replan.log");
+  EXPECT_NE(log.find("epochs 1 -> 2"), std::string::npos) << log;
+  EXPECT_NE(log.find(" (--resume-replan-schedule)\n"), std::string::npos) << log;
+  EXPECT_EQ(log.find("`resume_replan_schedule`"), std::string::npos) << log;
+}
+
 // Both presets train on the CPU: each expands to its documented flags (printed), runs two short
 // epochs of a synthetic ImageFolder at a small size (the sizes and the schedule's length given
 // explicitly, which the presets keep), validates, and ends with finite losses. torchvision-v2

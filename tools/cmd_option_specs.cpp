@@ -1,13 +1,15 @@
 // gpufeed option-specs (hidden): every option set the CLI's commands are built from, as JSON, one
 // list of rows per set (gpufeed/option_sets.h): loader::dataloader_option_sets()' "loader" and
-// "data" (`gpufeed bench`, `gpufeed train` and gpufeed.DataLoader), the training schedule's
-// (`gpufeed train`) and pack's (`gpufeed pack`). tools/gen_options_doc.py writes docs/OPTIONS.md from it; python/tests/test_options.py
+// "data" (`gpufeed bench`, `gpufeed train` and gpufeed.DataLoader), training's and the training
+// schedule's (`gpufeed train`) and pack's (`gpufeed pack`). tools/gen_options_doc.py writes
+// docs/OPTIONS.md from it; python/tests/test_options.py
 // checks that the Python package's rows (_C.option_specs()) are the same.
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "gpufeed/harness/schedule_options.h"
+#include "gpufeed/harness/trainer.h"
 #include "gpufeed/json_text.h"
 #include "gpufeed/loader/option_sets.h"
 #include "gpufeed/loader/pack.h"
@@ -58,6 +60,7 @@ Run add_option_specs(CLI::App& app) {
     // The DataLoader's sets (`gpufeed bench`'s and `gpufeed train`'s loader flags too), then the
     // trainer's and pack's own.
     std::vector<options::OptionSet> sets = loader::dataloader_option_sets();
+    sets.push_back(options::option_set("train", harness::train_options_schema()));
     sets.push_back(options::option_set("schedule", harness::schedule_options_schema()));
     sets.push_back(options::option_set("pack", loader::pack_options_schema()));
     nlohmann::json all = nlohmann::json::object();

@@ -15,7 +15,6 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <sstream>
 
 #include "commands.h"
 #include "schema_cli.h"
@@ -74,16 +73,6 @@ void install_signal_handlers() {
   // A peer that exits closes its sockets; writing to them must fail with EPIPE, not kill us
   // (Python ignores SIGPIPE at startup for the same reason).
   signal(SIGPIPE, SIG_IGN);
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
 }
 
 // The step breakdown and the verdict, printed at the end of a run.
@@ -205,16 +194,12 @@ std::shared_ptr<std::ofstream> open_sample_log(const std::string& given, int ran
   return out;
 }
 
-// The train command's flags: TrainOptions' own fields, the loader's schema options (with this
-// command's defaults), and the words and paths resolved after parsing.
+// The train command's flags: TrainOptions' rows and the loader's, index cache's and schedule's
+// schema options (with this command's defaults), and the command's own (data, hooks, display).
 struct TrainFlags {
   harness::TrainOptions o;
-  SchemaFlags loader_flags, cache_flags;
-  SchemaFlags schedule_flags;
-  std::string data, val_data, norm_weight_decay, bias_weight_decay, precision = "fp32", devices,
-      distributed = "auto", dist_backend = "auto", init_weights, checkpoint, log_samples, save_checkpoint, resume,
-      metrics, trace, progress = "auto", recipe;
-  bool no_cudnn_benchmark = false;
+  SchemaFlags loader_flags, cache_flags, schedule_flags, train_flags;
+  std::string data, val_data, log_samples, progress = "auto", recipe;
 };
 
 void add_data_flags(CLI::App& app, TrainFlags& f) {
@@ -222,10 +207,6 @@ void add_data_flags(CLI::App& app, TrainFlags& f) {
                  "WebDataset tar shards ('dir/train-{000000..000146}.tar', a folder of .tar files, a list of .tar "
                  "paths)")->required();
   app.add_option("--val-data", f.val_data, "validation set, same classes (evaluated after every epoch)");
-  app.add_option("--arch", f.o.arch, "resnet18, resnet34, resnet50, resnet101, resnet152")->capture_default_str();
-  app.add_option("--epochs", f.o.epochs)->capture_default_str()->check(kAtLeastOne);
-  app.add_option("--accum-steps", f.o.accum_steps, "micro-batches per optimizer step (gradient accumulation)")
-      ->capture_default_str()->check(kAtLeastOne);
   // The loader's flags (--batch-size, --num-workers, --image-size, --on-error, --auto-augment, ...),
   // from its schema (gpufeed/loader/loader.h), into TrainOptions::loader with its defaults (a batch
   // of 64 per process and micro-batch); the eval transform's are --val-resize-size and
@@ -235,121 +216,27 @@ void add_data_flags(CLI::App& app, TrainFlags& f) {
   f.cache_flags = add_schema_options(app, loader::data_options_schema(), f.o.index_cache);
 }
 
-void add_optimizer_flags(CLI::App& app, TrainFlags& f) {
-  harness::TrainOptions& o = f.o;
-  app.add_option("--lr", o.lr, "learning rate per 256 images, scaled by the global batch "
-                 "(batch size x accum steps x ranks) / 256")->capture_default_str();
-  app.add_option("--momentum", o.momentum)->capture_default_str();
-  app.add_flag("--nesterov", o.nesterov, "Nesterov momentum");
-  app.add_option("--weight-decay", o.weight_decay)->capture_default_str();
-  app.add_option("--norm-weight-decay", f.norm_weight_decay, "weight decay of norm layers' parameters (torchvision "
-                 "references; default: --weight-decay)")->check(CLI::NonNegativeNumber);
-  app.add_option("--bias-weight-decay", f.bias_weight_decay, "weight decay of every bias, norm layers' included "
-                 "(torchvision references; default: as the other rules say)")->check(CLI::NonNegativeNumber);
-  app.add_flag("--no-decay-norm-bias", o.no_decay_norm_bias, "--norm-weight-decay 0 --bias-weight-decay 0 (unless given)");
-  app.add_option("--label-smoothing", o.label_smoothing, "CrossEntropyLoss's label_smoothing (soft targets too)")
-      ->capture_default_str()->check(CLI::Range(0.0, 0.999));
-  app.add_option("--clip-grad-norm", o.clip_grad_norm, "clip the gradients' total 2-norm to this "
-                 "(clip_grad_norm_, after unscaling under fp16); 0 = off")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--mixup-alpha", o.mixup_alpha, "MixUp on the device, lam ~ Beta(a, a); 0 = off (with "
-                 "--cutmix-alpha: one of the two per batch)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--cutmix-alpha", o.cutmix_alpha, "CutMix on the device, lam ~ Beta(a, a); 0 = off")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_flag("--model-ema", o.model_ema, "keep and validate an EMA of the weights and buffers (torchvision references)");
-  app.add_option("--model-ema-steps", o.model_ema_steps, "--model-ema: optimizer steps between updates")
-      ->capture_default_str()->check(kAtLeastOne);
-  app.add_option("--model-ema-decay", o.model_ema_decay, "--model-ema: decay per update before the references' "
-                 "adjustment for world size, batch and steps")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  app.add_option("--precision", f.precision, "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
-  app.add_option("--loss-scale-init", o.grad_scaler.init_scale, "fp16: initial loss scale")->capture_default_str();
-  app.add_option("--loss-scale-growth-interval", o.grad_scaler.growth_interval, "fp16: finite steps before growing")
-      ->capture_default_str();
-}
-
-void add_schedule_flags(CLI::App& app, TrainFlags& f) {
-  harness::TrainOptions& o = f.o;
-  // --lr-schedule, --warmup-epochs, ..., --min-res/--max-res/--start-ramp/--end-ramp: the
-  // schedule's schema (gpufeed/harness/schedule_options.h).
-  f.schedule_flags = add_schema_options(app, harness::schedule_options_schema(), o.schedule);
-  app.add_option("--val-resize-size", o.val_resize_size, "validation Resize, pixels (0: val crop x 256/224)")
-      ->capture_default_str()->check(kAtLeastZero);
-  app.add_option("--val-crop-size", o.val_crop_size, "validation CenterCrop, pixels (0: --image-size)")
-      ->capture_default_str()->check(kAtLeastZero);
-  app.add_flag("--val-flip-average", o.val_flip_average,
-               "validate on the mean logits of each image and its horizontal flip (FFCV's lr_tta)");
-  app.add_option("--max-steps-per-epoch", o.max_steps_per_epoch, "optimizer steps; 0 = whole epoch")->capture_default_str();
-}
-
-void add_device_flags(CLI::App& app, TrainFlags& f) {
-  harness::TrainOptions& o = f.o;
-  app.add_option("--device", o.device, "cpu, cuda or cuda:N (distributed: cuda = cuda:LOCAL_RANK)")->capture_default_str();
-  app.add_option("--devices", f.devices, "DataParallel over these devices: 0,1,... (CUDA indices) or full names");
-  app.add_option("--distributed", f.distributed, "auto (torchrun/Slurm environment), on or off")
-      ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
-  app.add_option("--dist-backend", f.dist_backend, "nccl, gloo or auto (NCCL on CUDA, Gloo on CPU)")
-      ->check(CLI::IsMember({"auto", "nccl", "gloo"}))->capture_default_str();
-  app.add_option("--dist-timeout", o.dist_timeout_s, "rendezvous and collective timeout, seconds")->capture_default_str();
-  app.add_option("--bucket-mb", o.ddp_bucket_mb, "DDP gradient bucket size, MiB")->capture_default_str();
-  app.add_flag("--no-cudnn-benchmark", f.no_cudnn_benchmark, "turn cudnn.benchmark off");
-  app.add_flag("--channels-last", o.channels_last, "model and inputs in channels_last");
-  app.add_flag("--zero-init-residual", o.zero_init_residual, "each block starts as the identity");
-  app.add_flag("--freeze-bn", o.freeze_bn, "BatchNorm in eval mode (running statistics, not updated)");
-  app.add_flag("--sync-bn", o.sync_bn,
-               "SyncBatchNorm: BatchNorm statistics over all ranks' batches together (distributed runs; "
-               "not with --devices or --freeze-bn)");
-  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
-               "recompute the ResNet stages' activations in backward instead of keeping them (less memory, "
-               "about one more forward of compute; not with --devices)");
-  app.add_flag("--ra-sampler", o.ra_sampler, "repeated-augmentation sampler (torchvision references' RASampler)");
-  app.add_option("--ra-reps", o.ra_reps, "--ra-sampler: repetitions of each image per epoch")
-      ->capture_default_str()->check(kAtLeastOne);
-}
-
-void add_checkpoint_flags(CLI::App& app, TrainFlags& f) {
-  harness::TrainOptions& o = f.o;
-  app.add_option("--init-weights", f.init_weights, "load this state_dict first (Python or gpufeed file; wrapper "
-                 "prefixes module., _orig_mod., model. are stripped): fine-tuning");
-  app.add_option("--init-weights-exclude", o.init_weights_exclude,
+// TrainOptions' own flags (--arch, --epochs, --lr, ..., --resume: train_options_schema(),
+// harness/src/train_options.cpp), the schedule's (--lr-schedule, --warmup-epochs, ...,
+// --min-res: schedule_options.h), and --init-weights-exclude, a repeatable list.
+void add_training_flags(CLI::App& app, TrainFlags& f) {
+  f.schedule_flags = add_schema_options(app, harness::schedule_options_schema(), f.o.schedule);
+  f.train_flags = add_schema_options(app, harness::train_options_schema(), f.o);
+  app.add_option("--init-weights-exclude", f.o.init_weights_exclude,
                  "with --init-weights: keys left at their fresh initialisation, e.g. fc for a new "
                  "head (the key, a module prefix, or a whole-key regex); repeatable")
       ->take_all();
-  app.add_flag("--init-weights-skip-mismatched", o.init_weights_skip_mismatched,
-               "with --init-weights: keys whose shape differs keep their fresh initialisation "
-               "(a warning names them) instead of stopping");
-  app.add_option("--checkpoint", f.checkpoint, "write the final state_dict here (torch.load-able); {rank}: every "
-                 "rank writes one");
-  app.add_option("--save-checkpoint", f.save_checkpoint, "training checkpoint (model, optimizer, schedule, sampler, "
-                 "RNG), written every epoch and on SIGINT/SIGTERM (without it, a stopped run writes "
-                 "<--checkpoint>.train.pt or ./gpufeed_train_checkpoint.pt)");
-  app.add_option("--checkpoint-every-steps", o.checkpoint_every_steps, "also every N optimizer steps")->capture_default_str();
-  app.add_option("--resume", f.resume, "resume from this training checkpoint");
-  app.add_flag("--resume-replan-schedule", o.resume_replan_schedule,
-               "with --resume: accept a changed LR schedule plan (e.g. more --epochs) and continue "
-               "on the new plan (without it such a resume is refused, naming what changed)");
+}
+
+void add_command_flags(CLI::App& app, TrainFlags& f) {
   static const std::string recipe_help =
       "expand a published recipe's flags first (explicit flags override): " + recipe_names();
   app.add_option("--recipe", f.recipe, recipe_help);
-}
-
-void add_report_flags(CLI::App& app, TrainFlags& f) {
-  harness::TrainOptions& o = f.o;
   app.add_option("--log-samples", f.log_samples, "write the dataset index of every sample each optimizer step "
                  "consumed, as 'epoch<TAB>step<TAB>index' lines ({rank} in the path: every rank writes its own "
                  "file; without it only rank 0 writes); for checking sharding and reproducing a run");
-  app.add_option("--metrics", f.metrics, "write JSON-lines metrics here (tools/plot.py draws them)");
-  app.add_option("--metrics-every", o.profile.metrics_every_steps, "steps per metrics record")
-      ->capture_default_str()->check(kAtLeastOne);
-  app.add_option("--trace", f.trace, "write a Chrome trace (Perfetto, chrome://tracing) here");
-  app.add_option("--trace-max-events", o.profile.trace_max_events,
-                 "trace size bound: first and last half of the run are kept")->capture_default_str();
   app.add_option("--progress", f.progress, "progress display: auto, bar, lines or off")
       ->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "plain", "off"}));
-}
-
-std::optional<std::filesystem::path> optional_path(const std::string& text) {
-  if (text.empty()) return std::nullopt;
-  return std::filesystem::path(text);
 }
 
 // Progressive resizing sets the train crop side of every epoch: a fixed --image-size beside it
@@ -362,7 +249,8 @@ void check_resolution_schedule(const TrainFlags& f) {
   }
 }
 
-// The parsed flags into f.o: the schema options, the paths, the words.
+// The parsed flags into f.o: the schema options (the training rows last: their finisher checks
+// TrainOptions whole, TrainOptions::validate), the data paths, the stop checkpoint's default.
 void resolve_options(TrainFlags& f) {
   f.loader_flags.apply();
   f.cache_flags.apply();
@@ -370,22 +258,8 @@ void resolve_options(TrainFlags& f) {
   check_resolution_schedule(f);
   harness::TrainOptions& o = f.o;
   o.data = f.data;
-  o.val_data = optional_path(f.val_data);
-  o.checkpoint = optional_path(f.checkpoint);
-  o.save_checkpoint = optional_path(f.save_checkpoint);
-  o.resume = optional_path(f.resume);
-  o.init_weights = optional_path(f.init_weights);
-  o.profile.metrics_path = optional_path(f.metrics);
-  o.profile.trace_path = optional_path(f.trace);
-  if (!f.norm_weight_decay.empty()) o.norm_weight_decay = std::stod(f.norm_weight_decay);
-  if (!f.bias_weight_decay.empty()) o.bias_weight_decay = std::stod(f.bias_weight_decay);
-  o.precision = harness::parse_precision(f.precision);
-  o.distributed = harness::parse_distributed_mode(f.distributed);
-  o.dist_backend = harness::parse_dist_backend(f.dist_backend);
-  o.cudnn_benchmark = !f.no_cudnn_benchmark;
-  for (const auto& d : split_list(f.devices)) {
-    o.dp_devices.push_back(std::all_of(d.begin(), d.end(), ::isdigit) ? "cuda:" + d : d);
-  }
+  if (!f.val_data.empty()) o.val_data = f.val_data;
+  f.train_flags.apply();
   if (!o.save_checkpoint) {
     // A stopped run always leaves a checkpoint to resume from.
     o.save_checkpoint = o.checkpoint ? std::filesystem::path(o.checkpoint->string() + ".train.pt")
@@ -487,11 +361,8 @@ int run_train(TrainFlags& f) {
 Run add_train(CLI::App& app) {
   auto f = std::make_shared<TrainFlags>();
   add_data_flags(app, *f);
-  add_optimizer_flags(app, *f);
-  add_schedule_flags(app, *f);
-  add_device_flags(app, *f);
-  add_checkpoint_flags(app, *f);
-  add_report_flags(app, *f);
+  add_training_flags(app, *f);
+  add_command_flags(app, *f);
   return without_backtrace([f, &app] {
     if (!f->recipe.empty()) apply_recipe(app, f->recipe);  // before reading any flag
     resolve_options(*f);

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes docs/OPTIONS.md from the option schemas (gpufeed/option.h), as the CLI reports them
-(`gpufeed option-specs`): the loader's options with their Python keyword and CLI flag, then the
-training schedule's (`gpufeed train`) and pack's (`gpufeed pack`), each with what it accepts, its
-unit and its default.
+(`gpufeed option-specs`): the loader's options with their Python keyword and CLI flag, then
+training's and the training schedule's (`gpufeed train`) and pack's (`gpufeed pack`), each with
+what it accepts, its unit and its default.
 
     .venv/bin/python tools/gen_options_doc.py [--cli build/release/tools/gpufeed]   # rewrites the file
     ... tools/gen_options_doc.py --check                                          # exit 1 if stale
@@ -48,16 +48,16 @@ def table(specs, keyword: bool):
 
 
 def render(schemas) -> str:
-    """schemas: `gpufeed option-specs`' JSON (loader, data, schedule, pack: lists of rows)."""
+    """schemas: `gpufeed option-specs`' JSON (loader, data, train, schedule, pack: lists of rows)."""
     lines = [
         "# Options",
         "",
         "Every option is declared once in C++, as a row of its struct's schema (`gpufeed/option.h`;",
         "the loader's in `loader/src/options.cpp`, the transform's and augmentations' in",
         "`loader/transforms/src/transform_options.cpp`, the data's in `loader/datasets/src/data_options.cpp`,",
-        "the schedule's in `harness/src/schedule_options.cpp`, pack's in `loader/pack/src/pack_options.cpp`).",
-        "The CLI's flags and `gpufeed.DataLoader`'s",
-        "keyword arguments are generated from the rows, and the same code checks a value on every front.",
+        "training's in `harness/src/train_options.cpp`, the schedule's in `harness/src/schedule_options.cpp`,",
+        "pack's in `loader/pack/src/pack_options.cpp`). The CLI's flags and `gpufeed.DataLoader`'s keyword",
+        "arguments are generated from the rows, and the same code checks a value on every front.",
         "An error names the option the way its front spells it (`num_workers=` in Python,",
         "`--num-workers` on the command line).",
         "",
@@ -73,6 +73,15 @@ def render(schemas) -> str:
         "transform has `--val-resize-size` and `--val-crop-size`.",
         "",
         *table(schemas["loader"] + schemas["data"], keyword=True),
+        "",
+        "## Training: `gpufeed train`",
+        "",
+        "`harness::TrainOptions` (`gpufeed/harness/trainer.h`; rows in `harness/src/train_options.cpp`):",
+        "the model, the optimizer, precision, devices and parallelism, checkpoints and the profile's",
+        "files. `gpufeed train`'s own flags (`--data`, `--val-data`, `--init-weights-exclude`,",
+        "`--recipe`, `--log-samples`, `--progress`) are in docs/CLI.md.",
+        "",
+        *table(schemas["train"], keyword=False),
         "",
         "## The schedule: `gpufeed train`",
         "",

@@ -1,19 +1,41 @@
 // gpufeed: train, launch, ckpt, bench, make-dataset, index, pack and inspect in one executable
 // (and the hidden option-specs, the option schemas as JSON).
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <exception>
 #include <iostream>
 #include <map>
+#include <memory>
+#include <string>
 
 #include "commands.h"
 #include "gpufeed/option.h"
 
+namespace {
+
+// The pattern flag %* : the message with its backticked option names spelled as flags
+// (`resume_replan_schedule` -> --resume-replan-schedule), as the errors main() prints.
+class FlagSpelledMessage final : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&, spdlog::memory_buf_t& dest) override {
+    const std::string text = gpufeed::options::spell_options(std::string_view(msg.payload.data(), msg.payload.size()),
+                                                             gpufeed::options::Front::kCli);
+    dest.append(text.data(), text.data() + text.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<FlagSpelledMessage>(); }
+};
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  // Library logs go to stderr; results go to stdout.
+  // Library logs go to stderr; results go to stdout. Library messages name options in
+  // backticks: the log lines show them as this CLI's flags.
   spdlog::stderr_color_mt("gpufeed");  // creates and registers the library's logger
-  spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+  auto formatter = std::make_unique<spdlog::pattern_formatter>();
+  formatter->add_flag<FlagSpelledMessage>('*').set_pattern("[%H:%M:%S.%e] [%^%l%$] %*");
+  spdlog::set_formatter(std::move(formatter));
 
   CLI::App app{"gpufeed: keep GPUs fed while they train image models"};
   app.require_subcommand(1);

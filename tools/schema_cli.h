@@ -14,11 +14,12 @@
 
 namespace gpufeed::tools {
 
-/// The help line of a row: "help (accepted[, unit]; default D)".
+/// The help line of a row: "help (accepted[, unit]; default D)", option names in it spelled as
+/// flags (`weight_decay` -> --weight-decay).
 inline std::string schema_help(const options::Spec& s, const std::string& default_text) {
   std::string h = s.help + " (" + options::accepted(s);
   if (!s.unit.empty()) h += ", " + s.unit;
-  return h + "; default " + default_text + ")";
+  return options::spell_options(h + "; default " + default_text + ")", options::Front::kCli);
 }
 
 /// A CLI11 check of one value by the row's own parse/check: the message names the flag.
@@ -59,8 +60,8 @@ SchemaFlags add_schema_options(CLI::App& app, const options::Schema<T>& schema, 
     if (s.type == options::Type::kBool) {
       const bool on = std::get<bool>(now);
       const std::string flag = (on ? "--no-" : "--") + options::kebab(s.name);
-      opts.push_back(app.add_flag(flag, (*flags)[s.name],
-                                  s.help + (on ? " (on by default; this flag turns it off)" : "")));
+      const std::string help = s.help + (on ? " (on by default; this flag turns it off)" : "");
+      opts.push_back(app.add_flag(flag, (*flags)[s.name], options::spell_options(help, options::Front::kCli)));
     } else {
       std::string shown = s.derived_default.empty() ? options::format_value(now) : s.derived_default;
       if (shown.empty()) shown = "unset";

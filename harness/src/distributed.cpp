@@ -183,7 +183,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const c10
       throw std::runtime_error(
           "ProcessGroup: " + who + " cannot host the TCPStore on port " + port +
           " (MASTER_PORT): the port is already in use, by another run or by the workers of one "
-          "that was killed. Use another port (gpufeed launch --master-port P, or 0 for a free "
+          "that was killed. Use another port (gpufeed launch `master_port` P, or 0 for a free "
           "one on a single node) or stop what holds it (ss -ltnp 'sport = :" + port + "').");
     }
     throw std::runtime_error("ProcessGroup: " + who + " cannot rendezvous through the TCPStore at " +

@@ -107,7 +107,7 @@ void Trainer::Impl::resume_from(const fs::path& path) {
                                   ". Pass `resume_replan_schedule` (TrainOptions::resume_replan_schedule) "
                                   "to continue on the new plan, or resume with the saved run's options");
     }
-    if (!change.empty()) gpufeed::log_text(LogLevel::kWarn, "train: " + file + ": " + change + " (--resume-replan-schedule)");
+    if (!change.empty()) gpufeed::log_text(LogLevel::kWarn, "train: " + file + ": " + change + " (`resume_replan_schedule`)");
   }
   gpufeed::log_text(LogLevel::kInfo, "train: resumed from " + file + " at epoch " + std::to_string(epoch) +
                                          ", batch " + std::to_string(batches_done) + ", step " +
@@ -145,7 +145,7 @@ void Trainer::Impl::check_schedule_on_other_world(const TrainCheckpoint& c, cons
                                 ". Pass `resume_replan_schedule` (TrainOptions::resume_replan_schedule) "
                                 "to continue on the new plan, or resume with the saved run's options");
   }
-  if (!change.empty()) gpufeed::log_text(LogLevel::kWarn, "train: " + file + ": " + change + " (--resume-replan-schedule)");
+  if (!change.empty()) gpufeed::log_text(LogLevel::kWarn, "train: " + file + ": " + change + " (`resume_replan_schedule`)");
 }
 
 void Trainer::Impl::resume_position(const TrainCheckpoint& c, const std::string& file) {

@@ -158,73 +158,6 @@ void Trainer::Impl::set_train_mode() {
 
 // ---- building ----------------------------------------------------------------------------------
 
-void Trainer::Impl::check_options() const {
-  const TrainOptions& o = options;
-  if (o.epochs < 1 || o.loader.batch_size < 1 || o.loader.transform.rrc.size < 8 || o.accum_steps < 1) {
-    throw std::invalid_argument("Trainer: epochs, batch_size and accum_steps must be >= 1, image_size >= 8");
-  }
-  if (o.schedule.resolution) {
-    o.schedule.resolution->validate();
-    for (int64_t e = 0; e < o.epochs; ++e) {
-      if (const int side = train_image_size(e); side < 8) {
-        throw std::invalid_argument("Trainer: progressive resizing gives epoch " + std::to_string(e) +
-                                    " (0-based) an image size of " + std::to_string(side) +
-                                    " (FFCV's get_resolution: min_res " + std::to_string(o.schedule.resolution->min_res) +
-                                    ", max_res " + std::to_string(o.schedule.resolution->max_res) +
-                                    ", rounded to multiples of 32 inside the ramp); sizes must be >= 8");
-      }
-    }
-  }
-  if (o.label_smoothing < 0 || o.label_smoothing >= 1) {
-    throw std::invalid_argument("Trainer: label_smoothing must be in [0, 1)");
-  }
-  // torch.optim.SGD's own checks, made before any work.
-  if (!std::isfinite(o.lr) || o.lr < 0) throw std::invalid_argument("Trainer: lr must be finite and >= 0, got " + std::to_string(o.lr));
-  if (!std::isfinite(o.momentum) || o.momentum < 0) throw std::invalid_argument("Trainer: momentum must be finite and >= 0");
-  for (const auto& [name, wd] : {std::pair<const char*, std::optional<double>>{"weight_decay", o.weight_decay},
-                                 {"norm_weight_decay", o.norm_weight_decay},
-                                 {"bias_weight_decay", o.bias_weight_decay}}) {
-    if (wd && (!std::isfinite(*wd) || *wd < 0)) throw std::invalid_argument(std::string("Trainer: ") + name + " must be finite and >= 0");
-  }
-  if (!std::isfinite(o.clip_grad_norm) || o.clip_grad_norm < 0) {
-    throw std::invalid_argument("Trainer: clip_grad_norm must be finite and >= 0 (0 = off), got " + c10::str(o.clip_grad_norm));
-  }
-  if (!std::isfinite(o.mixup_alpha) || !std::isfinite(o.cutmix_alpha) || o.mixup_alpha < 0 || o.cutmix_alpha < 0) {
-    throw std::invalid_argument("Trainer: mixup_alpha and cutmix_alpha must be finite and >= 0 (0 = off)");
-  }
-  if (o.model_ema && (o.model_ema_steps < 1 || !(o.model_ema_decay >= 0 && o.model_ema_decay <= 1))) {
-    throw std::invalid_argument("Trainer: model_ema_steps must be >= 1 and model_ema_decay in [0, 1], got " +
-                                std::to_string(o.model_ema_steps) + " and " + c10::str(o.model_ema_decay));
-  }
-  if (o.val_resize_size < 0 || o.val_crop_size < 0 ||
-      (o.val_resize_size > 0 && o.val_resize_size < (o.val_crop_size > 0 ? o.val_crop_size : o.loader.transform.rrc.size))) {
-    throw std::invalid_argument("Trainer: val_resize_size must be >= val_crop_size (0 = derived), got " +
-                                std::to_string(o.val_resize_size) + " and " + std::to_string(o.val_crop_size));
-  }
-  if (o.ra_sampler && o.ra_reps < 1) throw std::invalid_argument("Trainer: ra_reps must be >= 1, got " + std::to_string(o.ra_reps));
-  if (o.max_steps_per_epoch < 0) throw std::invalid_argument("Trainer: max_steps_per_epoch must be >= 0 (0 = whole epoch)");
-  if (o.loader.batch_size == 1 && !o.freeze_bn) {
-    throw std::invalid_argument(
-        "Trainer: batch_size 1 cannot train BatchNorm (PyTorch: \"Expected more than 1 value per "
-        "channel when training\"); use a larger batch or `freeze_bn`");
-  }
-  if (o.sync_bn && !o.dp_devices.empty()) {
-    throw std::invalid_argument("Trainer: `sync_bn` (SyncBatchNorm) needs one process per device (gpufeed launch, "
-                                "torchrun or srun); it does not combine with DataParallel (`devices`)");
-  }
-  if (o.activation_checkpointing && !o.dp_devices.empty()) {
-    throw std::invalid_argument("Trainer: `activation_checkpointing` does not combine with DataParallel (`devices`): "
-                                "use one process per device (gpufeed launch, torchrun or srun)");
-  }
-  if (o.sync_bn && o.freeze_bn) {
-    throw std::invalid_argument("Trainer: `sync_bn` and `freeze_bn` do not combine: frozen BatchNorm uses its "
-                                "running statistics, so there are no batch statistics to synchronise");
-  }
-  if (!o.init_weights && (!o.init_weights_exclude.empty() || o.init_weights_skip_mismatched)) {
-    throw std::invalid_argument("Trainer: init_weights_exclude / init_weights_skip_mismatched without init_weights");
-  }
-}
-
 // Distributed? torchrun's or Slurm's environment, or neither; then the device, and the process
 // group when distributed.
 void Trainer::Impl::setup_devices() {
@@ -470,7 +403,7 @@ void Trainer::Impl::log_setup(double lr) const {
 Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.options = std::move(options);
-  m.check_options();
+  m.options.validate();  // the schema's rules (train_options.cpp); the rest need the run
   m.setup_devices();
   m.build_data();
   m.build_model();

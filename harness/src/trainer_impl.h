@@ -178,8 +178,7 @@ struct Trainer::Impl {
   void set_train_mode();
   at::Tensor forward(const at::Tensor& x) { return dp ? dp->forward(x) : model->forward(x); }
 
-  // --- building (trainer.cpp), in the order the constructor runs them ---
-  void check_options() const;
+  // --- building (trainer.cpp), in the order the constructor runs them (after options.validate()) ---
   void setup_devices();  // device, process group, rank, world
   void build_data();     // datasets, sampler, loader, prefetcher
   void build_model();    // ResNet, init_weights, device, layout; its EMA; the batch mixer

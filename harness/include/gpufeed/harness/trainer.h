@@ -250,7 +250,25 @@ struct TrainOptions {
   std::atomic<bool>* steps_started = nullptr;
 
   ProfileOptions profile{};         ///< metrics file, trace, progress callback (profiler.h)
+
+  /// The rules these options must keep on their own (no world size, device or dataset needed):
+  /// epochs, batch_size and accum_steps >= 1, image_size >= 8 (and every progressive-resizing
+  /// side), label_smoothing in [0, 1), finite non-negative lr, momentum, weight decays,
+  /// clip_grad_norm and MixUp/CutMix alphas, model_ema's steps and decay, the validation sizes,
+  /// ra_reps, max_steps_per_epoch, batch_size 1 only with freeze_bn, sync_bn and
+  /// activation_checkpointing not with dp_devices, sync_bn not with freeze_bn, init_weights_*
+  /// only with init_weights. Throws std::invalid_argument naming the rule ("Trainer: ...").
+  /// Called by train_options_schema()'s finisher and by the Trainer's constructor.
+  void validate() const;
 };
+
+/// TrainOptions' user-facing fields as option rows (gpufeed/option.h; harness/src/train_options.cpp),
+/// the one declaration `gpufeed train`'s training flags (--arch, --epochs, --lr, ..., --resume),
+/// their help, defaults and accepted values come from, and docs/OPTIONS.md's training table. The
+/// loader's, index cache's and schedule's options are their own schemas (TrainOptions::loader,
+/// index_cache, schedule); data, val_data, init_weights_exclude and the profile's paths and
+/// callbacks are the command's own. Its finisher runs TrainOptions::validate().
+const options::Schema<TrainOptions>& train_options_schema();
 
 /// One epoch's report. In a distributed run the numbers are over all ranks.
 struct EpochStats {
