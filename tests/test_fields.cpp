@@ -42,6 +42,19 @@ static_assert(member_count<loader::SkippedSample>() == 6);
 static_assert(member_count<loader::EpochSummary>() == 9);
 static_assert(member_count<loader::RemoteStats>() == 6);
 
+// Each counter k times a base of its own (exact in binary for the times), so two differ by
+// stats_times of the difference of their k.
+loader::LoaderStats stats_times(int64_t k) {
+  const auto x = static_cast<double>(k);
+  return {.samples = 20 * k,
+          .skipped = k,
+          .bytes_read = 1000 * k,
+          .read_s = 0.5 * x,
+          .decode_s = 1.0 * x,
+          .resize_s = 0.25 * x,
+          .decoded_pixels = 30000 * k};
+}
+
 }  // namespace
 
 TEST(Fields, NamesAreTheReportedKeysInOrder) {
@@ -64,19 +77,18 @@ TEST(Fields, NamesAreTheReportedKeysInOrder) {
 }
 
 TEST(Fields, JsonKeepsIntegersIntegralAndNestsLists) {
-  loader::ThreadDecision d;
-  d.number = 5;
-  d.epoch = 2;
-  d.batch = 7;
-  d.from = 3;
-  d.to = 4;
-  d.prefetch_depth_from = 6;
-  d.prefetch_depth_to = 6;
-  d.sample_cost_us = 2.5;
-  d.demand_per_s = 400;
-  d.needed = 1.0;
-  d.wait_fraction = 0.25;
-  d.why = "one more";
+  const loader::ThreadDecision d{.number = 5,
+                                 .epoch = 2,
+                                 .batch = 7,
+                                 .from = 3,
+                                 .to = 4,
+                                 .prefetch_depth_from = 6,
+                                 .prefetch_depth_to = 6,
+                                 .sample_cost_us = 2.5,
+                                 .demand_per_s = 400,
+                                 .needed = 1.0,
+                                 .wait_fraction = 0.25,
+                                 .why = "one more"};
   const nlohmann::json j = fields::to_json(d);
   EXPECT_EQ(j, (nlohmann::json{{"epoch", 2},
                                {"batch", 7},
@@ -117,28 +129,15 @@ TEST(Fields, JsonKeepsIntegersIntegralAndNestsLists) {
 }
 
 TEST(Fields, DifferenceSubtractsEveryCounter) {
-  const loader::LoaderStats now{.samples = 100,
-                                .skipped = 3,
-                                .bytes_read = 5000,
-                                .read_s = 1.5,
-                                .decode_s = 4.0,
-                                .resize_s = 0.75,
-                                .decoded_pixels = 90000};
-  const loader::LoaderStats since{.samples = 40,
-                                  .skipped = 1,
-                                  .bytes_read = 2000,
-                                  .read_s = 0.5,
-                                  .decode_s = 1.0,
-                                  .resize_s = 0.25,
-                                  .decoded_pixels = 30000};
-  const loader::LoaderStats d = fields::difference(now, since);
-  EXPECT_EQ(d.samples, 60);
-  EXPECT_EQ(d.skipped, 2);
-  EXPECT_EQ(d.bytes_read, 3000);
-  EXPECT_EQ(d.read_s, 1.0);
-  EXPECT_EQ(d.decode_s, 3.0);
-  EXPECT_EQ(d.resize_s, 0.5);
-  EXPECT_EQ(d.decoded_pixels, 60000);
+  const loader::LoaderStats d = fields::difference(stats_times(5), stats_times(2));
+  const loader::LoaderStats want = stats_times(3);
+  EXPECT_EQ(d.samples, want.samples);
+  EXPECT_EQ(d.skipped, want.skipped);
+  EXPECT_EQ(d.bytes_read, want.bytes_read);
+  EXPECT_EQ(d.read_s, want.read_s);
+  EXPECT_EQ(d.decode_s, want.decode_s);
+  EXPECT_EQ(d.resize_s, want.resize_s);
+  EXPECT_EQ(d.decoded_pixels, want.decoded_pixels);
 
   // Text and flags are not counters: they keep `now`'s values.
   loader::EpochSummary a, b;
