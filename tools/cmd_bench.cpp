@@ -39,9 +39,11 @@
 #include "commands.h"
 #include "schema_cli.h"
 #include "gpufeed/cpu_budget.h"
+#include "gpufeed/fields_json.h"
 #include "gpufeed/json_text.h"
 #include "proc_stats.h"
 #include "gpufeed/loader/loader.h"
+#include "gpufeed/loader/stats_fields.h"
 
 namespace gpufeed::tools {
 namespace {
@@ -89,14 +91,12 @@ loader::LoaderOptions loader_options(const Args& a, int workers) {
   return o;
 }
 
-// The stage times of a timed window, per sample, microseconds. `other` is what the threads spent
-// outside read/decode/resize (scheduling, waiting for a free slot, idling at epoch ends).
-nlohmann::json stage_breakdown(const loader::LoaderStats& before, const loader::LoaderStats& after,
-                               double seconds, int threads, int64_t samples) {
+// The stage times of a timed window (`timed`: the loader's counters over it), per sample,
+// microseconds. `other` is what the threads spent outside read/decode/resize (scheduling,
+// waiting for a free slot, idling at epoch ends).
+nlohmann::json stage_breakdown(const loader::LoaderStats& timed, double seconds, int threads, int64_t samples) {
   const double n = std::max<int64_t>(samples, 1);
-  const double read = after.read_s - before.read_s;
-  const double dec = after.decode_s - before.decode_s;
-  const double res = after.resize_s - before.resize_s;
+  const double read = timed.read_s, dec = timed.decode_s, res = timed.resize_s;
   const double other = std::max(0.0, seconds * threads - read - dec - res);
   return {{"read", read / n * 1e6}, {"decode", dec / n * 1e6}, {"resize", res / n * 1e6},
           {"other", other / n * 1e6}};
@@ -170,20 +170,13 @@ nlohmann::json base_record(const char* mode, const Args& a, const loader::Datase
 nlohmann::json consumer_record(const Args& a, const loader::Loader& loader, double wait_s,
                                const std::vector<double>& first_wait_s, double seconds, double cpu_s,
                                int start_threads) {
-  nlohmann::json decisions = nlohmann::json::array();
-  for (const loader::ThreadDecision& d : loader.thread_decisions()) {
-    decisions.push_back({{"epoch", d.epoch}, {"batch", d.batch}, {"from", d.from}, {"to", d.to},
-                         {"prefetch_depth_from", d.prefetch_depth_from}, {"prefetch_depth_to", d.prefetch_depth_to},
-                         {"sample_cost_us", d.sample_cost_us}, {"demand_per_s", d.demand_per_s},
-                         {"needed", d.needed}, {"wait_fraction", d.wait_fraction}, {"why", d.why}});
-  }
   return {{"consumer_ms", a.consumer_ms},
           {"data_wait_s", wait_s},
           {"data_wait_fraction", seconds > 0 ? wait_s / seconds : 0.0},
           {"first_batch_wait_s", first_wait_s},
           {"cpu_s_per_epoch", cpu_s / a.epochs},
           {"start_threads", start_threads},
-          {"thread_decisions", std::move(decisions)}};
+          {"thread_decisions", fields::to_json(loader.thread_decisions())}};
 }
 
 nlohmann::json run_loader(const Args& a, std::shared_ptr<const loader::Dataset> ds, int workers,
@@ -237,6 +230,13 @@ nlohmann::json run_loader(const Args& a, std::shared_ptr<const loader::Dataset> 
   nlohmann::json r = base_record("loader", a, *ds, static_cast<size_t>(samples), seconds, cpu_s, workers,
                                  loader.num_threads());
   if (workers == loader::kAutoNumWorkers) r["num_workers"] = "auto";
+  // The loader's counters over the timed epochs, but for `samples` (the record's own: the samples
+  // the timed epochs handed out) and `skipped` (the loader's life, warm-up included).
+  const loader::LoaderStats timed = fields::difference(st, before);
+  nlohmann::json counters = fields::to_json(timed);
+  counters.erase("samples");
+  counters.erase("skipped");
+  r.update(counters);
   r.update(consumer_record(a, loader, wait_s, first_wait_s, seconds, cpu_s, threads));
   r.update({{"batches", batches},
             {"batch_size", a.loader.batch_size},
@@ -244,12 +244,7 @@ nlohmann::json run_loader(const Args& a, std::shared_ptr<const loader::Dataset> 
             {"transform", a.transform()},
             {"augment", loader::to_string(o.transform.augment)},
             {"skipped", st.skipped},
-            {"read_s", st.read_s - before.read_s},
-            {"decode_s", st.decode_s - before.decode_s},
-            {"resize_s", st.resize_s - before.resize_s},
-            {"bytes_read", st.bytes_read - before.bytes_read},
-            {"decoded_pixels", st.decoded_pixels - before.decoded_pixels},
-            {"per_sample_us", stage_breakdown(before, st, seconds, threads, samples)},
+            {"per_sample_us", stage_breakdown(timed, seconds, threads, samples)},
             {"pass_images_per_s", pass_per_s},
             {"rss_after_pass_bytes", rss},
             {"peak_rss_bytes", proc_status_bytes("VmHWM")},

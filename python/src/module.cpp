@@ -44,16 +44,20 @@
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/device/cuda.h"
 #include "gpufeed/device/engine.h"
+#include "gpufeed/harness/profile_fields.h"
 #include "gpufeed/decode/error.h"
 #include "gpufeed/loader/dataset.h"
 #include "gpufeed/loader/inspect.h"
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/loader/option_sets.h"
 #include "gpufeed/loader/remote.h"
+#include "gpufeed/loader/remote_fields.h"
+#include "gpufeed/loader/stats_fields.h"
 #include "gpufeed/option.h"
 #include "gpufeed/sampler/resume.h"
 #include "gpufeed/sampler/sampler.h"
 #include "bindings.h"
+#include "fields_dict.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -122,37 +126,6 @@ std::pair<nb::object, nb::object> device_tensors(const device::EngineBatch& b, i
   return {images, labels};
 }
 
-nb::list skipped_list(const std::vector<loader::SkippedSample>& skipped) {
-  nb::list out;
-  for (const loader::SkippedSample& s : skipped) {
-    nb::dict d;
-    d["index"] = s.index;
-    d["replaced_by"] = s.replaced_by;
-    d["position"] = s.position;
-    d["path"] = s.path;
-    d["kind"] = s.kind;
-    d["reason"] = s.reason;
-    out.append(d);
-  }
-  return out;
-}
-
-nb::dict summary_dict(const loader::EpochSummary& s) {
-  nb::dict d;
-  d["epoch"] = s.epoch;
-  d["batches"] = s.batches;
-  d["samples"] = s.samples;
-  d["skipped"] = s.skipped;
-  d["complete"] = s.complete;
-  nb::dict by_kind;
-  for (const auto& [kind, n] : s.skipped_by_kind) by_kind[kind.c_str()] = n;
-  d["skipped_by_kind"] = by_kind;
-  d["skips"] = skipped_list(s.skips);
-  d["wait_s"] = s.wait_s;
-  d["first_wait_s"] = s.first_wait_s;
-  return d;
-}
-
 // ---- errors -----------------------------------------------------------------------------------------
 
 nb::object errors_module() { return nb::module_::import_("gpufeed._errors"); }
@@ -166,7 +139,7 @@ void translate_errors(const std::exception_ptr& p, void*) {
     PyErr_SetObject(cls.ptr(), err.ptr());
   } catch (const loader::SkipLimitExceeded& e) {
     nb::object cls = errors_module().attr("SkipLimitExceeded");
-    nb::object err = cls(e.what(), summary_dict(e.summary()), e.max_skips());
+    nb::object err = cls(e.what(), to_dict(e.summary()), e.max_skips());
     PyErr_SetObject(cls.ptr(), err.ptr());
   } catch (const std::invalid_argument& e) {
     // Refused options (options::OptionError and the structs' validate()): ValueError, the
@@ -486,55 +459,15 @@ class PyLoader {
     return out;
   }
   nb::dict stats() {
-    const loader::LoaderStats s = loader().stats();
-    nb::dict d;
-    d["samples"] = s.samples;
-    d["skipped"] = s.skipped;
-    d["bytes_read"] = s.bytes_read;
-    d["read_s"] = s.read_s;
-    d["decode_s"] = s.decode_s;
-    d["resize_s"] = s.resize_s;
-    d["decoded_pixels"] = s.decoded_pixels;
+    nb::dict d = to_dict(loader().stats());
     d["threads"] = loader().num_threads();
     d["prefetch_depth"] = loader().prefetch_depth();
-    nb::list decisions;
-    for (const loader::ThreadDecision& t : loader().thread_decisions()) {
-      nb::dict e;
-      e["epoch"] = t.epoch;
-      e["batch"] = t.batch;
-      e["from"] = t.from;
-      e["to"] = t.to;
-      e["prefetch_depth_from"] = t.prefetch_depth_from;
-      e["prefetch_depth_to"] = t.prefetch_depth_to;
-      e["sample_cost_us"] = t.sample_cost_us;
-      e["demand_per_s"] = t.demand_per_s;
-      e["needed"] = t.needed;
-      e["wait_fraction"] = t.wait_fraction;
-      e["why"] = t.why;
-      decisions.append(e);
-    }
-    d["thread_decisions"] = decisions;
-    const loader::SlotCounts c = loader().slot_counts();
-    nb::dict slots;
-    slots["ready"] = c.ready;
-    slots["in_flight"] = c.in_flight;
-    slots["held"] = c.held;
-    slots["free"] = c.free;
-    d["slots"] = slots;
-    if (const auto* remote = dynamic_cast<const loader::RemoteShards*>(dataset_.get())) {
-      const loader::RemoteStats r = remote->stats();
-      nb::dict rd;
-      rd["requests"] = r.requests;
-      rd["bytes_fetched"] = r.bytes_fetched;
-      rd["cache_hits"] = r.cache_hits;
-      rd["cache_hit_bytes"] = r.cache_hit_bytes;
-      rd["cache_checksum_failures"] = r.cache_checksum_failures;
-      rd["cache_read_errors"] = r.cache_read_errors;
-      d["remote"] = rd;
-    }
+    d["thread_decisions"] = to_py(loader().thread_decisions());
+    d["slots"] = to_dict(loader().slot_counts());
+    if (const auto* remote = dynamic_cast<const loader::RemoteShards*>(dataset_.get())) d["remote"] = to_dict(remote->stats());
     return d;
   }
-  nb::dict epoch_summary() { return summary_dict(loader().epoch_summary()); }
+  nb::dict epoch_summary() { return to_dict(loader().epoch_summary()); }
   /// Decodes sample `index` of `epoch` exactly as a worker does, at train side `size` (0: the
   /// options' own): [S, S, 3] uint8 capsule. Needs no loader (threads, slots), so it works in a
   /// sample-only object and in a fork() child.
@@ -568,7 +501,7 @@ class PyLoader {
     info["epoch"] = b.epoch;
     info["batch_index"] = b.batch_index;
     info["indices"] = b.indices;
-    info["skipped"] = skipped_list(b.skipped);
+    info["skipped"] = to_py(b.skipped);
   }
 
   int device_ = -1;  // CUDA device; -1: the CPU
@@ -627,6 +560,19 @@ std::string inspect_json(const std::vector<std::string>& paths, bool all_files, 
   return loader::inspect_json(loader::inspect_paths(paths, o));
 }
 
+// The reported structs' field names (gpufeed/fields.h), for the tests that check each front.
+nb::dict reported_fields() {
+  nb::dict d;
+  d["LoaderStats"] = field_names<loader::LoaderStats>();
+  d["SlotCounts"] = field_names<loader::SlotCounts>();
+  d["ThreadDecision"] = field_names<loader::ThreadDecision>();
+  d["SkippedSample"] = field_names<loader::SkippedSample>();
+  d["EpochSummary"] = field_names<loader::EpochSummary>();
+  d["RemoteStats"] = field_names<loader::RemoteStats>();
+  d["Verdict"] = field_names<harness::Verdict>();
+  return d;
+}
+
 }  // namespace
 
 std::shared_ptr<loader::Loader> loader_of(nb::handle py_loader) {
@@ -678,5 +624,6 @@ NB_MODULE(_C, m) {
   m.attr("IMAGE_EXTENSIONS") = gpufeed::loader::default_image_extensions();
   m.attr("TORCHVISION_IMG_EXTENSIONS") = gpufeed::loader::torchvision_image_extensions();
   m.attr("DEFAULT_MAX_PIXELS") = gpufeed::decode::DecodeOptions{}.max_pixels;
+  m.def("_reported_fields", &reported_fields);
   bind_profiler(m);
 }

@@ -12,8 +12,10 @@
 #include <thread>
 
 #include "bindings.h"
+#include "fields_dict.h"
 #include "gpufeed/option.h"
 #include "gpufeed/cpu_budget.h"
+#include "gpufeed/harness/profile_fields.h"
 #include "gpufeed/harness/profiler.h"
 
 namespace nb = nanobind;
@@ -112,21 +114,10 @@ class PyProfiler {
     d["steps"] = breakdown_dict(p.steps);
     d["steady"] = breakdown_dict(p.steady);
     d["warmup_steps_excluded"] = p.warmup_steps_excluded;
-    nb::dict v;
-    const harness::Verdict& verdict = p.verdict;
-    v["bound"] = verdict.bound == harness::Verdict::Bound::kInput     ? "input"
-                 : verdict.bound == harness::Verdict::Bound::kCompute ? "compute"
-                                                                      : "unknown";
-    v["data_wait_fraction"] = verdict.data_wait_fraction;
-    v["delivered_images_per_s"] = verdict.delivered_images_per_s;
-    v["model_images_per_s"] = verdict.model_images_per_s;
-    v["loader_images_per_s"] = verdict.loader_images_per_s;
-    v["read_fraction"] = verdict.read_fraction;
-    v["decode_fraction"] = verdict.decode_fraction;
-    v["resize_fraction"] = verdict.resize_fraction;
+    nb::dict v = to_dict(p.verdict);
     // The profiler names options in backticks (`num_workers`): keywords here (num_workers=).
-    v["knob"] = options::spell_options(verdict.knob, options::Front::kPython);
-    v["text"] = options::spell_options(verdict.text, options::Front::kPython);
+    v["knob"] = options::spell_options(p.verdict.knob, options::Front::kPython);
+    v["text"] = options::spell_options(p.verdict.text, options::Front::kPython);
     d["verdict"] = v;
     d["allreduce_measured"] = p.allreduce_measured;
     d["nvml_status"] = p.nvml_status;

@@ -11,10 +11,13 @@
 #include <stdexcept>
 #include <vector>
 
+#include "gpufeed/fields_json.h"
 #include "gpufeed/harness/nvml.h"
+#include "gpufeed/harness/profile_fields.h"
 #include "gpufeed/harness/trace.h"
 #include "gpufeed/log_text.h"
 #include "gpufeed/json_text.h"
+#include "gpufeed/loader/stats_fields.h"
 
 
 namespace gpufeed::harness {
@@ -339,34 +342,25 @@ struct Profiler::Impl {
     return j;
   }
 
-  // The loader's counters since `from`, its thread count now and its num_workers=auto decisions
-  // numbered `from_decision` and up.
+  // The loader's counters since `from` (decoded_pixels left out), its thread count now and its
+  // num_workers=auto decisions numbered `from_decision` and up.
   nlohmann::json loader_json(const loader::LoaderStats& from, int64_t from_decision) const {
     if (!loader) return nullptr;
     const loader::LoaderStats now = loader->stats();
     const loader::LoaderHistograms h = loader->histograms();
-    nlohmann::json decisions = nlohmann::json::array();
-    for (const loader::ThreadDecision& d : loader->thread_decisions()) {
-      if (d.number < from_decision) continue;
-      decisions.push_back({{"epoch", d.epoch}, {"batch", d.batch}, {"from", d.from}, {"to", d.to},
-                         {"prefetch_depth_from", d.prefetch_depth_from}, {"prefetch_depth_to", d.prefetch_depth_to},
-                           {"sample_cost_us", d.sample_cost_us}, {"demand_per_s", d.demand_per_s},
-                           {"needed", d.needed}, {"wait_fraction", d.wait_fraction}, {"why", d.why}});
-    }
+    std::vector<loader::ThreadDecision> decisions = loader->thread_decisions();
+    std::erase_if(decisions, [&](const loader::ThreadDecision& d) { return d.number < from_decision; });
+    nlohmann::json j = fields::to_json(fields::difference(now, from));
+    j.erase("decoded_pixels");
     const int workers = loader->options().num_workers;
-    return {{"num_workers", workers == loader::kAutoNumWorkers ? nlohmann::json("auto") : nlohmann::json(workers)},
-            {"threads", loader->num_threads()},
-            {"prefetch_depth", loader->prefetch_depth()},
-            {"thread_decisions", std::move(decisions)},
-            {"samples", now.samples - from.samples},
-            {"skipped", now.skipped - from.skipped},
-            {"bytes_read", now.bytes_read - from.bytes_read},
-            {"read_s", now.read_s - from.read_s},
-            {"decode_s", now.decode_s - from.decode_s},
-            {"resize_s", now.resize_s - from.resize_s},
-            {"read", histogram_json(h.read)},
-            {"decode", histogram_json(h.decode)},
-            {"resize", histogram_json(h.resize)}};
+    j.update({{"num_workers", workers == loader::kAutoNumWorkers ? nlohmann::json("auto") : nlohmann::json(workers)},
+              {"threads", loader->num_threads()},
+              {"prefetch_depth", loader->prefetch_depth()},
+              {"thread_decisions", fields::to_json(decisions)},
+              {"read", histogram_json(h.read)},
+              {"decode", histogram_json(h.decode)},
+              {"resize", histogram_json(h.resize)}});
+    return j;
   }
 
   // NVML readings since the last call: into the sums, the trace's counters and the record.
@@ -764,15 +758,7 @@ RunProfile Profiler::finish() {
   VerdictInputs in;
   in.steps = p.steady;
   if (m.loader) {
-    const loader::LoaderStats now = m.loader->stats();
-    p.loader = now;
-    p.loader.samples -= m.loader_start.samples;
-    p.loader.skipped -= m.loader_start.skipped;
-    p.loader.bytes_read -= m.loader_start.bytes_read;
-    p.loader.read_s -= m.loader_start.read_s;
-    p.loader.decode_s -= m.loader_start.decode_s;
-    p.loader.resize_s -= m.loader_start.resize_s;
-    p.loader.decoded_pixels -= m.loader_start.decoded_pixels;
+    p.loader = fields::difference(m.loader->stats(), m.loader_start);
     p.histograms = m.loader->histograms();
     in.loader_samples = p.loader.samples;
     in.loader_read_s = p.loader.read_s;
@@ -799,18 +785,7 @@ RunProfile Profiler::finish() {
   j["warmup_steps_excluded"] = p.warmup_steps_excluded;
   j["allreduce_measured"] = m.run.allreduce;
   const Verdict& v = p.verdict;
-  j["verdict"] = {{"bound", v.bound == Verdict::Bound::kInput     ? "input"
-                            : v.bound == Verdict::Bound::kCompute ? "compute"
-                                                                  : "unknown"},
-                  {"data_wait_fraction", v.data_wait_fraction},
-                  {"delivered_images_per_s", v.delivered_images_per_s},
-                  {"model_images_per_s", v.model_images_per_s},
-                  {"loader_images_per_s", v.loader_images_per_s},
-                  {"read_fraction", v.read_fraction},
-                  {"decode_fraction", v.decode_fraction},
-                  {"resize_fraction", v.resize_fraction},
-                  {"knob", v.knob},
-                  {"text", v.text}};
+  j["verdict"] = fields::to_json(v);
   m.write_record(j);
   if (m.trace) {
     const nlohmann::json info = {{"device", m.run.device},
