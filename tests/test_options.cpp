@@ -145,6 +145,26 @@ TEST(OptionSchema, RefusalsNameTheOptionAndWhatItAccepts) {
             std::string::npos);
 }
 
+TEST(OptionSchema, TheLoadersRulesBetweenFieldsAreCheckedOnceForTheFrontsAndTheConstructor) {
+  // LoaderOptions::validate() is the one place of the Loader's rules: the schema runs it after a
+  // front set its options, so a keyword or flag is refused with the text a C++ caller gets from
+  // Loader's constructor.
+  const std::string text = "max_image_size 16 is below the transform's output size 32";
+  EXPECT_NE(refusal({{"image_size", int64_t{32}}, {"max_image_size", int64_t{16}}}).find(text), std::string::npos);
+  LoaderOptions o;
+  o.transform.rrc.size = o.transform.eval.crop = 32;
+  o.max_image_size = 16;
+  try {
+    o.validate();
+    ADD_FAILURE() << "validate() accepted max_image_size below the output size";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+  o.max_image_size = 0;  // the output size
+  EXPECT_NO_THROW(o.validate());
+  EXPECT_EQ(refusal({{"image_size", int64_t{32}}, {"max_image_size", int64_t{64}}}), "");
+}
+
 TEST(OptionSchema, CliTextParsesToTheSameValues) {
   const auto& spec = [](const char* name) -> const options::Spec& { return schema().find(name)->spec; };
   EXPECT_EQ(std::get<std::vector<double>>(options::parse(spec("scale"), "0.25,1")), (std::vector<double>{0.25, 1}));

@@ -558,30 +558,34 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   }
 };
 
+void LoaderOptions::validate() const {
+  if (batch_size < 1) throw std::invalid_argument("Loader: batch_size must be >= 1");
+  if (prefetch_depth < 1 && prefetch_depth != kAutoPrefetchDepth)
+    throw std::invalid_argument("Loader: prefetch_depth must be >= 1 or kAutoPrefetchDepth");
+  if (transform.output_size() < 1) throw std::invalid_argument("Loader: output size must be >= 1");
+  if (max_image_size < 0 ||
+      (max_image_size > 0 && max_image_size < transform.output_size())) {
+    throw std::invalid_argument(fmt::format(
+        "Loader: max_image_size {} is below the transform's output size {} (0 = the output size)",
+        max_image_size, transform.output_size()));
+  }
+  transform.augment.validate();
+  if ((num_workers < 0 && num_workers != kAutoNumWorkers) || num_workers > kMaxNumWorkers)
+    throw std::invalid_argument(fmt::format("Loader: num_workers {} must be in 0..{} (0 = the CPU budget) or "
+                                            "kAutoNumWorkers ({})",
+                                            num_workers, kMaxNumWorkers, kAutoNumWorkers));
+}
+
 Loader::Loader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<sampler::Sampler> sampler,
                LoaderOptions options, std::shared_ptr<HostAllocator> allocator) {
   detail::check_fork_safe();
   if (!dataset) throw std::invalid_argument("Loader: dataset is null");
   if (!sampler) throw std::invalid_argument("Loader: sampler is null");
-  if (options.batch_size < 1) throw std::invalid_argument("Loader: batch_size must be >= 1");
-  if (options.prefetch_depth < 1 && options.prefetch_depth != kAutoPrefetchDepth)
-    throw std::invalid_argument("Loader: prefetch_depth must be >= 1 or kAutoPrefetchDepth");
-  if (options.transform.output_size() < 1) throw std::invalid_argument("Loader: output size must be >= 1");
-  if (options.max_image_size < 0 ||
-      (options.max_image_size > 0 && options.max_image_size < options.transform.output_size())) {
-    throw std::invalid_argument(fmt::format(
-        "Loader: max_image_size {} is below the transform's output size {} (0 = the output size)",
-        options.max_image_size, options.transform.output_size()));
-  }
-  options.transform.augment.validate();
+  options.validate();
   // No cv::setNumThreads here: Debian's OpenCV runs its parallel loops on oneTBB, where
   // cv::setNumThreads(n) installs a process-wide tbb::global_control(max_allowed_parallelism, n)
   // that would starve our arena (n = 0 leaves it no worker at all). Its loops nest inside our
   // tasks on the same TBB workers instead: one parallel layer, no extra threads.
-  if ((options.num_workers < 0 && options.num_workers != kAutoNumWorkers) || options.num_workers > kMaxNumWorkers)
-    throw std::invalid_argument(fmt::format("Loader: num_workers {} must be in 0..{} (0 = the CPU budget) or "
-                                            "kAutoNumWorkers ({})",
-                                            options.num_workers, kMaxNumWorkers, kAutoNumWorkers));
   if (const CpuBudget& budget = cpu_budget_info(); options.num_workers > budget.cpus) {
     // DataLoader warns the same way: more decode threads than the CPUs the process may use only
     // add switching.

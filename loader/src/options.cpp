@@ -81,6 +81,7 @@ Schema<LoaderOptions> make_loader_schema() {
             .help = "decode the next epoch's first batches while this one ends, so it starts without a wait"},
            &LoaderOptions::prefetch_next_epoch);
   s.mount(transform_options_schema(), [](LoaderOptions& o) -> TransformOptions& { return o.transform; });
+  s.finish([](LoaderOptions& o, const std::set<std::string>&) { o.validate(); });  // after the transform's
   return s;
 }
 

@@ -122,6 +122,14 @@ struct LoaderOptions {
   /// measurements it chose. The batches and EpochSummary's waits are the measured ones whatever
   /// it returns. Null: the measurements are used (production).
   std::function<TunerObservation(const TunerObservation& measured)> tuner_observation{};
+
+  /// The rules a Loader needs of these options: batch_size >= 1; prefetch_depth >= 1 or
+  /// kAutoPrefetchDepth; num_workers in 0..kMaxNumWorkers or kAutoNumWorkers; a transform output
+  /// size >= 1; max_image_size 0 or >= that size; the augmentations' (AugmentOptions::validate).
+  /// Throws std::invalid_argument naming the field and its value. The one place these rules
+  /// live: Loader's constructor calls it, and so does loader_options_schema() after a front
+  /// has set its options.
+  void validate() const;
 };
 
 /// LoaderOptions' user-facing fields, transform and augmentations included (gpufeed/option.h):
