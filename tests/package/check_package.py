@@ -45,7 +45,10 @@ PUBLIC_HEADERS = [
 # share: a library of the CLI and the Python package, not of the installed package; likewise
 # loader/pack.h (gpufeed_pack, `gpufeed pack`). loader/tbb_tsan.h is the loader rooms' oneTBB helper.
 INTERNAL_HEADERS = ["gpufeed/log.h", "gpufeed/log_text.h", "gpufeed/json_text.h", "gpufeed/unique_fd.h", "gpufeed/harness/nvml.h", "gpufeed/harness/trace.h",
-                    "gpufeed/loader/inspect.h", "gpufeed/loader/pack.h", "gpufeed/loader/tbb_tsan.h"]
+                    "gpufeed/loader/inspect.h", "gpufeed/loader/pack.h", "gpufeed/loader/tbb_tsan.h",
+                    # The reported structs' field lists, read by the fronts (Python, the CLI, the profiler).
+                    "gpufeed/fields.h", "gpufeed/fields_json.h", "gpufeed/loader/stats_fields.h",
+                    "gpufeed/loader/remote_fields.h", "gpufeed/harness/profile_fields.h"]
 ROOMS = ["common", "decode", "sampler", "datasets", "transforms", "loader", "device", "prefetch", "profiler", "harness"]
 EPOCH = re.compile(r"^epoch (\d+) batches (\d+) samples (\d+) checksum ([0-9a-f]{16})", re.M)
 
