@@ -68,7 +68,7 @@ if ! .venv/bin/python -c "import moto.server, boto3" 2>/dev/null; then
   .venv/bin/pip install -q "$MOTO_SPEC"
 fi
 # NVIDIA DALI's CPU pipeline (device_id=None runs without a GPU): a baseline of
-# tools/bench_compare.py. Best effort: without it the comparison leaves DALI out and says why.
+# tools/bench/bench_compare.py. Best effort: without it the comparison leaves DALI out and says why.
 DALI_SPEC="nvidia-dali-cuda130==2.4.0"
 if ! .venv/bin/python -c "import nvidia.dali" 2>/dev/null; then
   echo "setup: installing $DALI_SPEC into .venv"

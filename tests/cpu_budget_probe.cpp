@@ -8,12 +8,14 @@
 #include <memory>
 
 #include "gpufeed/cpu_budget.h"
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/sampler/sampler.h"
 
 int main(int argc, char** argv) {
   using namespace gpufeed::loader;
+  using namespace gpufeed::datasets;
+  using namespace gpufeed::transforms;
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s DATA\n", argv[0]);
     return 2;

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""CI check for tools/plot.py: a short real training run writes a metrics file, a short loader
+"""CI check for tools/bench/plot.py: a short real training run writes a metrics file, a short loader
 bench writes a thread-scaling JSON, plot.py draws them, and every PNG must exist, be a few KB at
 least, and have many distinct colours (not a blank or single-colour image).
 
-  plot_check.py --gpufeed build/release/tools/gpufeed --plot tools/plot.py --work DIR
+  plot_check.py --gpufeed build/release/tools/gpufeed --plot tools/bench/plot.py --work DIR
 Prints 'N passed, M failed' and exits non-zero on any failure.
 """
 import argparse

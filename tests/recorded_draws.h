@@ -7,12 +7,12 @@
 #include <stdexcept>
 #include <string>
 
-#include "gpufeed/loader/transform.h"
+#include "gpufeed/transforms/transform.h"
 
 namespace gpufeed::test {
 
 // Replays torchvision's recorded draws; every draw must have the same kind and range.
-class RecordedDraws : public loader::DrawSource {
+class RecordedDraws : public transforms::DrawSource {
  public:
   explicit RecordedDraws(const nlohmann::json& draws) : draws_(draws) {}
   float uniform(float lo, float hi) override {

@@ -16,13 +16,15 @@
 #include "golden.h"
 #include "recorded_draws.h"
 #include "test_util.h"
-#include "gpufeed/loader/augment.h"
+#include "gpufeed/transforms/augment.h"
 #include "gpufeed/loader/loader.h"
-#include "gpufeed/loader/synthetic.h"
+#include "gpufeed/datasets/synthetic.h"
 #include "gpufeed/sampler/sampler.h"
 
 namespace fs = std::filesystem;
 using namespace gpufeed::loader;
+using namespace gpufeed::datasets;
+using namespace gpufeed::transforms;
 using gpufeed::test::RecordedDraws;
 
 namespace {

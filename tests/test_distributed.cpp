@@ -1,6 +1,6 @@
 // `gpufeed launch` and `gpufeed train` as processes: two Gloo ranks on this machine (no GPU
 // needed), rank failures, signals and crashes during checkpoint writes. Faults are injected
-// deterministically through GPUFEED_TEST_FAULT (tools/cmd_train.cpp), never by timing.
+// deterministically through GPUFEED_TEST_FAULT (tools/cli/cmd_train.cpp), never by timing.
 #include <ATen/ATen.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
@@ -42,7 +42,7 @@
 #include "gpufeed/harness/resnet.h"
 #include "gpufeed/harness/sync_batch_norm.h"
 #include "gpufeed/harness/torch_file.h"
-#include "gpufeed/loader/synthetic.h"
+#include "gpufeed/datasets/synthetic.h"
 #include "gpufeed/sampler/sampler.h"
 #include "test_util.h"
 
@@ -634,13 +634,13 @@ TEST(Train, LogLinesNameOptionsAsFlags) {
 TEST(Train, BothRecipesTrainTwoEpochsOfASyntheticFolderOnTheCpu) {
   TempDir dir("recipes");
   // 264 training images: the RA sampler keeps n // 256 * 256 per epoch, so at least 256.
-  loader::SyntheticOptions so;
+  datasets::SyntheticOptions so;
   so.num_classes = 4;
   so.images_per_class = 66;
   so.min_size = 36;
   so.max_size = 56;
   const fs::path data = dir.path / "train";
-  loader::write_synthetic_image_folder(data, so);
+  datasets::write_synthetic_image_folder(data, so);
   const fs::path val = tiny_dataset(dir.path / "val");
   const std::string common = " --data " + data.string() + " --val-data " + val.string() +
                              " --arch resnet18 --epochs 2 --batch-size 8 --num-workers 1 --progress off "

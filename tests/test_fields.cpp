@@ -10,11 +10,12 @@
 
 #include "gpufeed/fields.h"
 #include "gpufeed/fields_json.h"
-#include "gpufeed/loader/remote_fields.h"
+#include "gpufeed/datasets/remote_fields.h"
 #include "gpufeed/loader/stats_fields.h"
 
 namespace fields = gpufeed::fields;
 namespace loader = gpufeed::loader;
+namespace datasets = gpufeed::datasets;
 using Names = std::vector<std::string_view>;
 
 namespace {
@@ -40,7 +41,7 @@ static_assert(member_count<loader::SlotCounts>() == 4);
 static_assert(member_count<loader::ThreadDecision>() == 12);
 static_assert(member_count<loader::SkippedSample>() == 6);
 static_assert(member_count<loader::EpochSummary>() == 9);
-static_assert(member_count<loader::RemoteStats>() == 6);
+static_assert(member_count<datasets::RemoteStats>() == 6);
 
 // Each counter k times a base of its own (exact in binary for the times), so two differ by
 // stats_times of the difference of their k.
@@ -71,7 +72,7 @@ TEST(Fields, NamesAreTheReportedKeysInOrder) {
   EXPECT_EQ(fields::field_names<loader::EpochSummary>(),
             (Names{"epoch", "batches", "samples", "skipped", "complete", "skipped_by_kind", "skips",
                    "wait_s", "first_wait_s"}));
-  EXPECT_EQ(fields::field_names<loader::RemoteStats>(),
+  EXPECT_EQ(fields::field_names<datasets::RemoteStats>(),
             (Names{"requests", "bytes_fetched", "cache_hits", "cache_hit_bytes",
                    "cache_checksum_failures", "cache_read_errors"}));
 }

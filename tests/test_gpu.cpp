@@ -12,7 +12,7 @@
 #include <filesystem>
 
 #include "gpu_spin.h"
-#include "gpufeed/loader/synthetic.h"
+#include "gpufeed/datasets/synthetic.h"
 #include "gpufeed/prefetch/prefetcher.h"
 
 using namespace gpufeed;
@@ -30,11 +30,11 @@ fs::path dataset(int classes, int per_class, int size) {
   const fs::path root = fs::temp_directory_path() /
                         ("gpufeed_gpu_" + std::to_string(::getpid()) + "_" + std::to_string(size));
   if (!fs::exists(root)) {
-    loader::SyntheticOptions o;
+    datasets::SyntheticOptions o;
     o.num_classes = classes;
     o.images_per_class = per_class;
     o.min_size = o.max_size = size;
-    loader::write_synthetic_image_folder(root, o);
+    datasets::write_synthetic_image_folder(root, o);
   }
   return root;
 }
@@ -67,7 +67,7 @@ TEST(CudaConvert, EqualsTheCpuPathForEveryDtypeAndLayout) {
 TEST(CudaPrefetcher, DeliversTheCpuPrefetchersBatchesOnTheDevice) {
   REQUIRE_GPU();
   const fs::path root = dataset(3, 10, 80);
-  auto ds = std::make_shared<loader::ImageFolder>(root);
+  auto ds = std::make_shared<datasets::ImageFolder>(root);
   loader::LoaderOptions lo;
   lo.batch_size = 8;
   lo.num_workers = 2;
@@ -105,7 +105,7 @@ TEST(CudaPrefetcher, CopiesOverlapComputeWithinFivePercent) {
   // Small sources so 16 loader threads outpace the compute; the copy (batch of 224^2 images)
   // must hide behind a 40 ms compute step on the training stream.
   const fs::path root = dataset(8, 64, 160);  // 512 images: 8 batches
-  auto ds = std::make_shared<loader::ImageFolder>(root);
+  auto ds = std::make_shared<datasets::ImageFolder>(root);
   loader::LoaderOptions lo;
   lo.batch_size = 64;
   lo.num_workers = 0;

@@ -32,7 +32,7 @@
 #include "gpufeed/harness/resnet.h"
 #include "gpufeed/harness/torch_file.h"
 #include "gpufeed/harness/trainer.h"
-#include "gpufeed/loader/synthetic.h"
+#include "gpufeed/datasets/synthetic.h"
 #include "gpufeed/sampler/sampler.h"
 #include "test_util.h"
 
@@ -543,12 +543,12 @@ TEST(Checkpoint, FailedWriteLeavesThePreviousFileLoadable) {
   v2.insert("step", int64_t{2});
   v2.insert("w", torch::ones({1 << 20}));  // 4 MiB: several chunks
   int64_t seen = 0;
-  harness::set_write_fault_hook([&](const fs::path&, int64_t written, int64_t total) {
+  profiler::set_write_fault_hook([&](const fs::path&, int64_t written, int64_t total) {
     seen = total;
     if (written < total) throw std::runtime_error("injected fault");
   });
   EXPECT_THROW(harness::save_torch_file(v2, file), std::runtime_error);
-  harness::set_write_fault_hook({});
+  profiler::set_write_fault_hook({});
   EXPECT_GT(seen, int64_t{4} << 20);
   const auto back = harness::load_torch_file(file).toGenericDict();
   EXPECT_EQ(back.at("step").toInt(), 1);
@@ -564,7 +564,7 @@ TEST(Checkpoint, WritesThroughSymlinksAndRefusesToReplaceDevicesFifosAndFolders)
   const fs::path fifo = dir.path / "pipe.pt";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   try {
-    harness::write_file_atomically(fifo, bytes);
+    profiler::write_file_atomically(fifo, bytes);
     ADD_FAILURE() << "writing over a FIFO must be refused";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("pipe.pt"), std::string::npos) << e.what();
@@ -572,17 +572,17 @@ TEST(Checkpoint, WritesThroughSymlinksAndRefusesToReplaceDevicesFifosAndFolders)
   }
   EXPECT_TRUE(fs::is_fifo(fs::symlink_status(fifo)));
   fs::create_directories(dir.path / "folder.pt");
-  EXPECT_THROW(harness::write_file_atomically(dir.path / "folder.pt", bytes), std::runtime_error);
+  EXPECT_THROW(profiler::write_file_atomically(dir.path / "folder.pt", bytes), std::runtime_error);
   EXPECT_TRUE(fs::is_directory(dir.path / "folder.pt"));
   if (fs::exists("/dev/null")) {
-    EXPECT_THROW(harness::write_file_atomically("/dev/null", bytes), std::runtime_error);
+    EXPECT_THROW(profiler::write_file_atomically("/dev/null", bytes), std::runtime_error);
     EXPECT_TRUE(fs::is_character_file("/dev/null"));
   }
   // A symlink to a regular file: the target gets the bytes, the link stays a link.
   const fs::path target = dir.path / "real.pt", link = dir.path / "link.pt";
   std::ofstream(target) << "old";
   fs::create_symlink(target, link);
-  harness::write_file_atomically(link, bytes);
+  profiler::write_file_atomically(link, bytes);
   EXPECT_TRUE(fs::is_symlink(fs::symlink_status(link)));
   EXPECT_EQ(test::read_text(target), "abc");
 }
@@ -916,12 +916,12 @@ TEST(Trainer, DataParallelOverTwoDevicesEqualsOneDevice) {
 
 TEST(Trainer, LearnsTheSyntheticDatasetToNinetyPercent) {
   const fs::path root = fs::temp_directory_path() / ("gpufeed_train_" + std::to_string(::getpid()));
-  loader::SyntheticOptions so;
+  datasets::SyntheticOptions so;
   so.num_classes = 4;
   so.images_per_class = 24;
   so.min_size = 48;
   so.max_size = 72;
-  ASSERT_EQ(loader::write_synthetic_image_folder(root, so), 96);
+  ASSERT_EQ(datasets::write_synthetic_image_folder(root, so), 96);
   harness::TrainOptions o;
   o.data = root;
   o.val_data = root;  // evaluated with the eval transform: what the model learned, not augmentation luck

@@ -13,9 +13,9 @@
 #include <unistd.h>
 
 #include "gpufeed/decode/decoder.h"
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 #include "gpufeed/loader/loader.h"
-#include "gpufeed/loader/synthetic.h"
+#include "gpufeed/datasets/synthetic.h"
 
 namespace {
 std::atomic<bool> g_counting{false};
@@ -89,6 +89,8 @@ void free(void* p) { __libc_free(p); }
 
 namespace fs = std::filesystem;
 using namespace gpufeed::loader;
+using namespace gpufeed::datasets;
+using namespace gpufeed::transforms;
 
 TEST(HotPath, LoadingASampleAllocatesNothingInSteadyState) {
   const fs::path root = fs::temp_directory_path() / ("gpufeed_hot_path_" + std::to_string(::getpid()));

@@ -19,14 +19,16 @@
 #include "recorded_draws.h"
 #include "gpufeed/cpu_budget.h"
 #include "gpufeed/decode/decoder.h"
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 #include "gpufeed/loader/loader.h"
-#include "gpufeed/loader/synthetic.h"
-#include "gpufeed/loader/transform.h"
+#include "gpufeed/datasets/synthetic.h"
+#include "gpufeed/transforms/transform.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace gpufeed::loader;
+using namespace gpufeed::datasets;
+using namespace gpufeed::transforms;
 using gpufeed::test::RecordedDraws;
 using gpufeed::sampler::DistributedSampler;
 using gpufeed::sampler::DistributedSamplerOptions;
@@ -1044,7 +1046,7 @@ TEST(Loader, WaitReadySlicesCountAsTheConsumersDataWait) {
 // step), so a count that is too few would show as wait. Decisions come at the end of windows of
 // 4 batches (6 an epoch), going down only after two windows agree: at epoch 1's batch 1. The
 // batches are one thread's. Whether the chosen count keeps a real consumer's wait under 1% is
-// the benchmark's question (tools/bench_autotune.py), not a unit test's.
+// the benchmark's question (tools/bench/bench_autotune.py), not a unit test's.
 TEST(AutoNumWorkers, OneThreadForAConsumerThreeTimesSlowerThanADecodeMoreForOneFaster) {
   const int budget = gpufeed::cpu_budget();
   if (budget < 2) GTEST_SKIP() << "CPU budget " << budget << ": no choice to make";

@@ -5,14 +5,14 @@
 
 #include <string>
 
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/option.h"
 
 namespace {
 
 using gpufeed::loader::LoaderOptions;
-using gpufeed::loader::TransformOptions;
+using gpufeed::transforms::TransformOptions;
 namespace options = gpufeed::options;
 
 const auto& schema() { return gpufeed::loader::loader_options_schema(); }
@@ -98,7 +98,7 @@ TEST(OptionSchema, InterpolationAndSslOpRowsSetTheirFields) {
                      {"gaussian_blur_sigma", std::vector<double>{0.1, 2.0}}, {"solarize_p", 0.2},
                      {"solarize_threshold", 128.0}});
   const auto& a = o.transform.augment;
-  EXPECT_EQ(o.transform.interpolation, gpufeed::loader::ResizeFilter::kBicubic);
+  EXPECT_EQ(o.transform.interpolation, gpufeed::transforms::ResizeFilter::kBicubic);
   EXPECT_FLOAT_EQ(a.color_jitter_p, 0.8f);
   EXPECT_FLOAT_EQ(a.grayscale_p, 0.2f);
   EXPECT_FLOAT_EQ(a.gaussian_blur.p, 0.1f);
@@ -107,7 +107,7 @@ TEST(OptionSchema, InterpolationAndSslOpRowsSetTheirFields) {
   EXPECT_FLOAT_EQ(a.gaussian_blur.sigma_max, 2.0f);
   EXPECT_FLOAT_EQ(a.solarize_p, 0.2f);
   EXPECT_FLOAT_EQ(a.solarize_threshold, 128.0f);
-  EXPECT_EQ(gpufeed::loader::to_string(a),
+  EXPECT_EQ(gpufeed::transforms::to_string(a),
             "color_jitter=0.4,0.4,0.2,0.1 color_jitter_p=0.8 grayscale_p=0.2 gaussian_blur_p=0.1 (kernel 9, sigma "
             "0.1..2) solarize_p=0.2 (threshold 128)");
   EXPECT_EQ(refusal({{"interpolation", std::string("lanczos")}}),

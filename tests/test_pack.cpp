@@ -1,4 +1,4 @@
-// `gpufeed pack` (gpufeed/loader/pack.h): a generated ImageFolder packed into WebDataset shards
+// `gpufeed pack` (gpufeed/pack/pack.h): a generated ImageFolder packed into WebDataset shards
 // and read back by TarShards (labels, order, copied bytes, resized sizes and pixels) and by the
 // webdataset package; the bytes for any worker count; the skip policy; manifest.json; refusal to
 // overwrite; the tar writer's ustar fields; the options' schema.
@@ -13,17 +13,20 @@
 #include <string>
 
 #include "gpufeed/decode/decoder.h"
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 #include "gpufeed/loader/loader.h"
-#include "gpufeed/loader/pack.h"
-#include "gpufeed/loader/resize.h"
-#include "gpufeed/loader/shards.h"
+#include "gpufeed/pack/pack.h"
+#include "gpufeed/transforms/resize.h"
+#include "gpufeed/datasets/shards.h"
 #include "gpufeed/version.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace gpufeed;
 using namespace gpufeed::loader;
+using namespace gpufeed::datasets;
+using namespace gpufeed::transforms;
+using namespace gpufeed::pack;
 using gpufeed::test::TempDir;
 
 namespace {

@@ -1,4 +1,4 @@
-// `gpufeed pack` run as a process (tools/cmd_pack.cpp; tests/test_pack.cpp tests the library):
+// `gpufeed pack` run as a process (tools/cli/cmd_pack.cpp; tests/test_pack.cpp tests the library):
 // the exit code, the summary's counts against manifest.json and the files written, `gpufeed
 // bench --data` over the pattern the run prints reading every sample with exactly the pixels of
 // the source folder, --max-side and --on-error through the command line, and clear errors with a
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "gpufeed/loader/loader.h"
-#include "gpufeed/loader/pack.h"
-#include "gpufeed/loader/synthetic.h"
+#include "gpufeed/pack/pack.h"
+#include "gpufeed/datasets/synthetic.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -35,7 +35,7 @@ Output gpufeed_cli(const std::string& args, const fs::path& scratch) {
 
 /// 3 classes x 7 JPEGs of 40..160 px: around a --max-side of 100 some are resized, some copied.
 fs::path make_source(const fs::path& root) {
-  gpufeed::loader::write_synthetic_image_folder(
+  gpufeed::datasets::write_synthetic_image_folder(
       root, {.num_classes = 3, .images_per_class = 7, .min_size = 40, .max_size = 160});
   return root;
 }
@@ -265,13 +265,13 @@ TEST(PackCli, ByteCountsAndRawBudgetsAsWritten) {
   EXPECT_EQ(bytes["raw_budget_fraction"], 0.0);
 }
 
-// --help lists each PackOptions flag (the schema's rows, gpufeed/loader/pack.h) with
+// --help lists each PackOptions flag (the schema's rows, gpufeed/pack/pack.h) with
 // PackOptions{}'s default, and no flag that is not one of them, --index-cache or --progress.
 TEST(PackCli, HelpListsEveryPackOptionWithPackOptionsDefault) {
   TempDir dir("pack_cli_help");
   const Output r = gpufeed_cli("pack --help", dir.path);
   ASSERT_EQ(r.code, 0) << r.err;
-  const gpufeed::loader::PackOptions d;
+  const gpufeed::pack::PackOptions d;
   const auto flag = [](const char* name, bool on) { return std::string(on ? "--no-" : "--") + name; };
   const std::map<std::string, std::string> defaults = {
       {"--prefix", d.prefix},
@@ -280,7 +280,7 @@ TEST(PackCli, HelpListsEveryPackOptionWithPackOptionsDefault) {
       {"--max-side", std::to_string(d.max_side)},
       {"--quality", std::to_string(d.quality)},
       {"--num-workers", std::to_string(d.num_workers)},
-      {"--on-error", std::string(gpufeed::loader::to_string(d.error_policy))},
+      {"--on-error", std::string(gpufeed::transforms::to_string(d.error_policy))},
       {"--max-skips", std::to_string(d.max_skips)},
       {"--raw-budget", std::to_string(d.raw_budget)},
       {flag("reencode", d.reencode), ""},  // a flag: its spelling is the default
@@ -304,7 +304,7 @@ TEST(PackCli, HelpListsEveryPackOptionWithPackOptionsDefault) {
   }
   // The source's options (DataOptions: its index cache, remote shards' options) are the loaders'.
   std::set<std::string> data_flags;
-  for (const auto& f : gpufeed::loader::data_options_schema().fields()) data_flags.insert("--" + gpufeed::options::kebab(f.spec.name));
+  for (const auto& f : gpufeed::datasets::data_options_schema().fields()) data_flags.insert("--" + gpufeed::options::kebab(f.spec.name));
   for (const auto& [name, entry] : entries) {
     EXPECT_TRUE(defaults.count(name) || name == "--help" || data_flags.count(name) || name == "--progress")
         << name << ": an option that is not PackOptions' (add it here):\n" << entry;
@@ -317,7 +317,7 @@ TEST(PackCli, SigtermStopsThePackAndRemovesWhatItWrote) {
   // file appears; 3 chunks of 256 samples keep the pack busy after that.
   TempDir dir("pack_cli_sigint");
   const fs::path src = dir.path / "src", out = dir.path / "out";
-  gpufeed::loader::write_synthetic_image_folder(
+  gpufeed::datasets::write_synthetic_image_folder(
       src, {.num_classes = 3, .images_per_class = 250, .min_size = 150, .max_size = 220});
   std::string cmd = "(";
   cmd += shell_quote(GPUFEED_CLI) + " pack " + shell_quote(src.string()) + " " +

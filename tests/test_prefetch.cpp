@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "gpufeed/loader/synthetic.h"
+#include "gpufeed/datasets/synthetic.h"
 #include "gpufeed/prefetch/prefetcher.h"
 
 using namespace gpufeed;
@@ -29,12 +29,12 @@ at::Tensor reference(const at::Tensor& nhwc, const prefetch::NormalizeOptions& n
 // temporary folder, and 4-sample batches of 2 workers at side 32 over it.
 fs::path synthetic_folder(const std::string& name, int min_size, int max_size) {
   const fs::path root = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
-  loader::SyntheticOptions so;
+  datasets::SyntheticOptions so;
   so.num_classes = 2;
   so.images_per_class = 5;
   so.min_size = min_size;
   so.max_size = max_size;
-  loader::write_synthetic_image_folder(root, so);
+  datasets::write_synthetic_image_folder(root, so);
   return root;
 }
 
@@ -85,7 +85,7 @@ TEST(ConvertImages, ReducedPrecisionDtypesRoundTheFloat32Result) {
 
 TEST(CpuPrefetcher, YieldsTheLoadersBatchesConverted) {
   const fs::path root = synthetic_folder("gpufeed_prefetch", 48, 48);
-  auto ds = std::make_shared<loader::ImageFolder>(root);
+  auto ds = std::make_shared<datasets::ImageFolder>(root);
   const loader::LoaderOptions lo = small_loader_options();
   auto sampler = std::make_shared<sampler::SequentialSampler>(ds->size());
   auto l = std::make_shared<loader::Loader>(ds, sampler, lo);
@@ -114,7 +114,7 @@ TEST(CpuPrefetcher, YieldsTheLoadersBatchesConverted) {
 // and, where one is visible, on the GPU (the CUDA prefetcher's copy stream and kernel).
 TEST(Prefetcher, ConvertsBatchesWhoseSizeChangesBetweenEpochs) {
   const fs::path root = synthetic_folder("gpufeed_prefetch_sizes", 40, 70);
-  auto ds = std::make_shared<loader::ImageFolder>(root);
+  auto ds = std::make_shared<datasets::ImageFolder>(root);
   loader::LoaderOptions lo = small_loader_options();
   lo.max_image_size = 48;
   auto sampler = std::make_shared<sampler::SequentialSampler>(ds->size());
@@ -157,7 +157,7 @@ TEST(CudaPrefetcher, FailsClearlyOrMatchesCpuPath) {
     o.device = c10::Device("cuda:0");
     const fs::path list = fs::temp_directory_path() / ("gpufeed_one_" + std::to_string(::getpid()) + ".txt");
     std::ofstream(list) << "never_read.jpg 0\n";  // the prefetcher must fail before reading it
-    auto ds = std::make_shared<loader::FileList>(list, "/", loader::DataOptions{.index_cache = "off"}, loader::FileListOptions{.check_files = false});
+    auto ds = std::make_shared<datasets::FileList>(list, "/", datasets::DataOptions{.index_cache = "off"}, datasets::FileListOptions{.check_files = false});
     fs::remove(list);
     auto l = std::make_shared<loader::Loader>(ds, std::make_shared<sampler::SequentialSampler>(1),
                                               loader::LoaderOptions{});

@@ -17,16 +17,17 @@
 #include <thread>
 
 #include "gpufeed/cpu_budget.h"
-#include "gpufeed/harness/nvml.h"
-#include "gpufeed/harness/profiler.h"
-#include "gpufeed/harness/progress.h"
-#include "gpufeed/harness/trace.h"
+#include "gpufeed/profiler/nvml.h"
+#include "gpufeed/profiler/profiler.h"
+#include "gpufeed/profiler/progress.h"
+#include "gpufeed/profiler/trace.h"
 #include "gpufeed/harness/trainer.h"
-#include "gpufeed/loader/synthetic.h"
+#include "gpufeed/datasets/synthetic.h"
 #include "gpufeed/prefetch/prefetcher.h"
 
 using namespace gpufeed;
 using namespace gpufeed::harness;
+using namespace gpufeed::profiler;
 namespace fs = std::filesystem;
 
 namespace {
@@ -290,13 +291,13 @@ TEST(LatencyHistogram, BucketsArePowersOfTwoMicroseconds) {
 
 TEST(Loader, CountsEveryLoadedSampleInItsHistogramsAndReportsThemToTheObserver) {
   const fs::path root = temp_dir("hist");
-  loader::SyntheticOptions so;
+  datasets::SyntheticOptions so;
   so.num_classes = 2;
   so.images_per_class = 6;
   so.min_size = 40;
   so.max_size = 60;
-  ASSERT_EQ(loader::write_synthetic_image_folder(root, so), 12);
-  auto ds = std::make_shared<loader::ImageFolder>(root);
+  ASSERT_EQ(datasets::write_synthetic_image_folder(root, so), 12);
+  auto ds = std::make_shared<datasets::ImageFolder>(root);
   loader::LoaderOptions lo;
   lo.batch_size = 4;
   lo.num_workers = 2;
@@ -521,10 +522,10 @@ TEST(Profiler, CpuRunWritesMetricsAndANestedTraceWithLoaderThreadTracks) {
   const fs::path dir = temp_dir("e2e");
   if (!fs::exists(data)) {
     std::cout << "[ note ] " << data << " is absent; using a synthetic ImageFolder\n";
-    loader::SyntheticOptions so;
+    datasets::SyntheticOptions so;
     so.num_classes = 2;
     so.images_per_class = 24;
-    ASSERT_EQ(loader::write_synthetic_image_folder(dir / "data", so), 48);
+    ASSERT_EQ(datasets::write_synthetic_image_folder(dir / "data", so), 48);
     data = dir / "data";
   }
   // Whole epochs, so the loader is idle at the end and its counters match the trace exactly.
@@ -638,7 +639,7 @@ TEST(Profiler, ThrottledLoaderMakesTheVerdictInputBound) {
   // (OpenMP's spinning threads would otherwise slow the model the most).
   at::set_num_threads(1);
   const fs::path dir = temp_dir("input");
-  loader::SyntheticOptions so;
+  datasets::SyntheticOptions so;
   so.num_classes = 2;
   so.images_per_class = 2;
   // 4000-4400 pixels: crop-decode at a 1/8 DCT scale still entropy-decodes every row above the
@@ -647,7 +648,7 @@ TEST(Profiler, ThrottledLoaderMakesTheVerdictInputBound) {
   so.min_size = 4000;
   so.max_size = 4400;
   so.quality = 95;
-  ASSERT_EQ(loader::write_synthetic_image_folder(dir / "data", so), 4);
+  ASSERT_EQ(datasets::write_synthetic_image_folder(dir / "data", so), 4);
   for (const auto& cls : fs::directory_iterator(dir / "data")) {
     std::vector<fs::path> files;
     for (const auto& f : fs::directory_iterator(cls.path())) files.push_back(f.path());
@@ -688,12 +689,12 @@ TEST(Profiler, LargeModelWithAFastLoaderMakesTheVerdictComputeBound) {
   at::set_num_threads(
       1);  // short on a busy machine; one thread still makes ResNet-50 the bottleneck
   const fs::path dir = temp_dir("compute");
-  loader::SyntheticOptions so;
+  datasets::SyntheticOptions so;
   so.num_classes = 2;
   so.images_per_class = 6;
   so.min_size = 32;
   so.max_size = 40;
-  ASSERT_EQ(loader::write_synthetic_image_folder(dir / "data", so), 12);
+  ASSERT_EQ(datasets::write_synthetic_image_folder(dir / "data", so), 12);
   TrainOptions o;
   o.data = dir / "data";
   o.arch = "resnet50";
@@ -723,7 +724,7 @@ TEST(Profiler, SteadyStateLeavesTheWarmupStepsOutOfTheVerdict) {
     prof.begin_epoch(0);
     for (int s = 0; s < total; ++s) {
       prof.step_begin();
-      prof.batch_ready(harness::ReadyBatch{});
+      prof.batch_ready(profiler::ReadyBatch{});
       if (s < 10) std::this_thread::sleep_for(std::chrono::milliseconds(20));
       prof.phase_done(Phase::kForwardBackward);
       prof.phase_done(Phase::kAllReduce);

@@ -17,7 +17,7 @@
 #include "gpufeed/harness/schedule_options.h"
 #include "gpufeed/harness/train_checkpoint.h"
 #include "gpufeed/harness/trainer.h"
-#include "gpufeed/loader/synthetic.h"
+#include "gpufeed/datasets/synthetic.h"
 #include "gpufeed/sampler/ra_sampler.h"
 #include "test_util.h"
 
@@ -206,12 +206,12 @@ TEST(Trainer, NormAndBiasWeightDecayAreSeparateOptimizerGroups) {
 // row on one rank); a dataset below the references' 256 is refused at start-up naming the rule.
 TEST(Trainer, RaSamplerFeedsTheRASamplersOrder) {
   test::TempDir dir("ra");
-  loader::SyntheticOptions so;
+  datasets::SyntheticOptions so;
   so.num_classes = 4;
   so.images_per_class = 65;  // 260 images: 256 samples per epoch
   so.min_size = 36;
   so.max_size = 40;
-  loader::write_synthetic_image_folder(dir.path / "data", so);
+  datasets::write_synthetic_image_folder(dir.path / "data", so);
   harness::TrainOptions o = small_run(dir.path / "data");
   o.max_steps_per_epoch = 2;
   o.ra_sampler = true;

@@ -9,13 +9,14 @@
 #include <fstream>
 
 #include "gpufeed/decode/decoder.h"
-#include "gpufeed/loader/dataset.h"
-#include "gpufeed/loader/remote.h"
-#include "gpufeed/loader/shards.h"
+#include "gpufeed/datasets/dataset.h"
+#include "gpufeed/datasets/remote.h"
+#include "gpufeed/datasets/shards.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace gpufeed::loader;
+using namespace gpufeed::datasets;
 
 namespace {
 

@@ -13,13 +13,15 @@
 
 #include "golden.h"
 #include "gpufeed/decode/decoder.h"
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 #include "gpufeed/loader/loader.h"
-#include "gpufeed/loader/resize.h"
-#include "gpufeed/loader/transform.h"
+#include "gpufeed/transforms/resize.h"
+#include "gpufeed/transforms/transform.h"
 
 namespace fs = std::filesystem;
 using namespace gpufeed::loader;
+using namespace gpufeed::datasets;
+using namespace gpufeed::transforms;
 using gpufeed::decode::ImageFormat;
 using gpufeed::decode::ImageInfo;
 using gpufeed::decode::ScaleFactor;

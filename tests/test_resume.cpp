@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 #include "gpufeed/loader/loader.h"
-#include "gpufeed/loader/synthetic.h"
+#include "gpufeed/datasets/synthetic.h"
 #include "gpufeed/sampler/resume.h"
 #include "gpufeed/sampler/sampler.h"
 
@@ -235,13 +235,13 @@ TEST(Resume, ASamplerRefusesAResumePointOutsideTheEpochList) {
 // pixels and label the uninterrupted loader gives that sample.
 TEST(Resume, LoadersOnThreeRanksFinishAnEpochFourRanksBegan) {
   const fs::path root = fs::temp_directory_path() / ("gpufeed_test_resume_" + std::to_string(::getpid()));
-  gpufeed::loader::SyntheticOptions so;
+  gpufeed::datasets::SyntheticOptions so;
   so.num_classes = 3;
   so.images_per_class = 7;
   so.min_size = 40;
   so.max_size = 80;
-  gpufeed::loader::write_synthetic_image_folder(root, so);
-  auto ds = std::make_shared<gpufeed::loader::ImageFolder>(root);
+  gpufeed::datasets::write_synthetic_image_folder(root, so);
+  auto ds = std::make_shared<gpufeed::datasets::ImageFolder>(root);
   ASSERT_EQ(ds->size(), 21);
   gpufeed::loader::LoaderOptions o;
   o.batch_size = 2;

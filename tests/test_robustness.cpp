@@ -31,9 +31,9 @@
 #include "golden.h"
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/decode/error.h"
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 #include "gpufeed/loader/loader.h"
-#include "gpufeed/loader/transform.h"
+#include "gpufeed/transforms/transform.h"
 #include "test_util.h"
 
 namespace {
@@ -46,6 +46,8 @@ using gpufeed::sampler::DistributedSampler;
 using gpufeed::sampler::DistributedSamplerOptions;
 using gpufeed::sampler::SequentialSampler;
 using namespace gpufeed::loader;
+using namespace gpufeed::datasets;
+using namespace gpufeed::transforms;
 using Bytes = std::vector<uint8_t>;
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)

@@ -10,13 +10,15 @@
 
 #include "golden.h"
 #include "gpufeed/decode/decoder.h"
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 #include "gpufeed/loader/loader.h"
-#include "gpufeed/loader/shards.h"
+#include "gpufeed/datasets/shards.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace gpufeed::loader;
+using namespace gpufeed::datasets;
+using namespace gpufeed::transforms;
 using gpufeed::sampler::DistributedSampler;
 using gpufeed::sampler::DistributedSamplerOptions;
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "gpufeed/loader/host_allocator.h"
-#include "gpufeed/loader/synthetic.h"
+#include "gpufeed/datasets/synthetic.h"
 #include "process_util.h"
 
 namespace gpufeed::test {
@@ -39,12 +39,12 @@ struct TempDir {
 
 /// 4 classes x 8 small JPEGs (36..56 px) written by the synthetic-dataset writer under `root`.
 inline std::filesystem::path tiny_dataset(const std::filesystem::path& root) {
-  loader::SyntheticOptions so;
+  datasets::SyntheticOptions so;
   so.num_classes = 4;
   so.images_per_class = 8;
   so.min_size = 36;
   so.max_size = 56;
-  loader::write_synthetic_image_folder(root, so);
+  datasets::write_synthetic_image_folder(root, so);
   return root;
 }
 

@@ -8,6 +8,10 @@
 #include "worker_tuning.h"
 
 using namespace gpufeed::loader;
+
+using namespace gpufeed::datasets;
+
+using namespace gpufeed::transforms;
 using detail::EpochPlan;
 using detail::HandOut;
 using detail::SlotRing;

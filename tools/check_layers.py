@@ -5,7 +5,7 @@ and every function a room's header declares is defined in that room.
 The rooms and their order are the rows of the rooms table in docs/ARCHITECTURE.md (its first
 column, a folder such as `loader/datasets/`); a room may use the rooms above it, never those below.
 A file belongs to the room with the longest folder that holds it (loader/datasets/src/dataset.cpp is
-datasets', not loader's), and so does a header: gpufeed/loader/dataset.h is the room whose
+datasets', not loader's), and so does a header: gpufeed/datasets/dataset.h is the room whose
 include/ folder holds it. Every source and header under the rooms' folders is read.
 
   python3 tools/check_layers.py [--root DIR]   # DIR: the checkout (default: the one holding this script)
@@ -36,6 +36,10 @@ from pathlib import Path
 TABLE_DOC = "docs/ARCHITECTURE.md"
 # Headers made by the build, not found in a room's include/: the room that installs them.
 GENERATED = {"gpufeed/version.h": "common/"}  # cmake/version.h.in, gpufeed_version_header(gpufeed_common)
+# A sub-room's header at its old path forwards to the new one for users outside the project; inside
+# it, every include names the new path (the test of the forwarders is the one exception).
+FORWARDING = "// Forwarding header:"
+FORWARDING_TEST = "tests/test_forwarding_headers.cpp"
 SOURCE_SUFFIXES = {".h", ".hpp", ".hh", ".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh"}
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](gpufeed/[^">]+)[">]')
 ROW = re.compile(r"^\|\s*`([^`]+/)`\s*\|")
@@ -247,6 +251,28 @@ def definitions_problems(root, rooms, files):
     return problems
 
 
+def path_name(path, rooms):
+    """The include name of a room's header (gpufeed/...), or None for a file outside include/."""
+    rest = path[len(room_of(path, rooms)):]
+    return rest[len("include/"):] if rest.startswith("include/") else None
+
+
+def forwarding_headers(root, files, rooms):
+    """{old include name: new include name} of the forwarding headers: a header whose comment
+    opens with FORWARDING and that includes one header, the one it forwards to."""
+    found = {}
+    for path in files:
+        name = path_name(path, rooms)
+        if name is None:
+            continue
+        text = (root / path).read_text(encoding="utf-8", errors="replace")
+        if FORWARDING in text[:300]:
+            targets = [m.group(1) for m in map(INCLUDE.match, text.splitlines()) if m]
+            if len(targets) == 1:
+                found[name] = targets[0]
+    return found
+
+
 def check(root):
     rooms = read_rooms(root)
     rank = {room: i for i, room in enumerate(rooms)}
@@ -260,6 +286,7 @@ def check(root):
             if name in owner:
                 problems.append(f"{path}: the header {name} is also {owner[name]}'s")
             owner[name] = room
+    forwarders = forwarding_headers(root, files, rooms)
     for path in files:
         room = room_of(path, rooms)
         with open(root / path, encoding="utf-8", errors="replace") as f:
@@ -268,7 +295,10 @@ def check(root):
                 if not m:
                     continue
                 name = m.group(1)
-                if name not in owner:
+                if name in forwarders and path != FORWARDING_TEST and forwarders.get(path_name(path, rooms)) is None:
+                    problems.append(f"{path}:{number}: #include \"{name}\": a forwarding header kept for users "
+                                    f"of the old path; include \"{forwarders[name]}\"")
+                elif name not in owner:
                     problems.append(f"{path}:{number}: #include \"{name}\": no room has this header")
                 elif rank[owner[name]] > rank[room]:
                     problems.append(f"{path}:{number}: #include \"{name}\": a header of {owner[name]}, which is "
@@ -317,9 +347,9 @@ FAKE_TABLE = """# fake
 FAKE_CLEAN = {
     "common/include/gpufeed/log.h": "#pragma once\n",
     "common/src/log.cpp": '#include "gpufeed/log.h"\n#include <string>\n',
-    "loader/datasets/include/gpufeed/loader/dataset.h": '#pragma once\n#include "gpufeed/log.h"\n',
-    "loader/datasets/src/dataset.cpp": '#include "gpufeed/loader/dataset.h"\n#include "index_cache.h"\n',
-    "loader/include/gpufeed/loader/loader.h": '#pragma once\n#include "gpufeed/loader/dataset.h"\n',
+    "loader/datasets/include/gpufeed/datasets/dataset.h": '#pragma once\n#include "gpufeed/log.h"\n',
+    "loader/datasets/src/dataset.cpp": '#include "gpufeed/datasets/dataset.h"\n#include "index_cache.h"\n',
+    "loader/include/gpufeed/loader/loader.h": '#pragma once\n#include "gpufeed/datasets/dataset.h"\n',
     "loader/include/gpufeed/loader.h": '#pragma once\n#include "gpufeed/loader/loader.h"\n#include "gpufeed/version.h"\n',
     "loader/src/loader.cpp": '#include "gpufeed/loader/loader.h"\n  #  include <gpufeed/log.h>\n',
     "tools/main.cpp": '#include <gpufeed/loader.h>\n',
@@ -359,7 +389,7 @@ def self_test():
         # A sub-room using the room that holds its folder (datasets -> loader), and common using loader.
         bad = Path(tmp) / "bad"
         make_tree(bad, dict(FAKE_CLEAN, **{
-            "loader/datasets/src/dataset.cpp": '#include "gpufeed/loader/dataset.h"\n\n#include "gpufeed/loader/loader.h"\n',
+            "loader/datasets/src/dataset.cpp": '#include "gpufeed/datasets/dataset.h"\n\n#include "gpufeed/loader/loader.h"\n',
             "common/include/gpufeed/log.h": '#pragma once\n#include "gpufeed/loader.h"\n',
         }))
         rc, out = run_on(bad)
@@ -380,11 +410,11 @@ def self_test():
         # apart), and a member of datasets' class defined in the loader.
         cross = Path(tmp) / "cross"
         make_tree(cross, dict(FAKE_CLEAN, **{
-            "loader/datasets/include/gpufeed/loader/dataset.h":
+            "loader/datasets/include/gpufeed/datasets/dataset.h":
                 '#pragma once\nnamespace gpufeed::loader {\nstruct DataOptions {\n  int n = 0;\n  void validate() const;\n};\n'
                 '/// Its schema.\nconst Schema<DataOptions>& data_options_schema();\nstd::string_view to_string(Kind kind);\n}\n',
             "loader/include/gpufeed/loader/loader.h":
-                '#pragma once\n#include "gpufeed/loader/dataset.h"\nnamespace gpufeed::loader {\n'
+                '#pragma once\n#include "gpufeed/datasets/dataset.h"\nnamespace gpufeed::loader {\n'
                 'std::string_view to_string(ErrorPolicy policy);\n}\n',
             "loader/src/loader.cpp":
                 '#include "gpufeed/loader/loader.h"\nnamespace gpufeed::loader {\nnamespace {\n'
@@ -406,14 +436,29 @@ def self_test():
                out.count("defined in") == 2)
         moved = Path(tmp) / "moved"
         files = {k: v for k, v in FAKE_CLEAN.items()}
-        files["loader/datasets/include/gpufeed/loader/dataset.h"] = \
+        files["loader/datasets/include/gpufeed/datasets/dataset.h"] = \
             '#pragma once\nnamespace gpufeed::loader {\nconst Schema<DataOptions>& data_options_schema();\n}\n'
         files["loader/datasets/src/data_options.cpp"] = \
-            '#include "gpufeed/loader/dataset.h"\nnamespace gpufeed::loader {\n' \
+            '#include "gpufeed/datasets/dataset.h"\nnamespace gpufeed::loader {\n' \
             'const Schema<DataOptions>& data_options_schema() {\n  return s;\n}\n}\n'
         make_tree(moved, files)
         rc, out = run_on(moved)
         expect(f"... and passes once defined in its own room (rc {rc})", rc == 0)
+
+        forward = Path(tmp) / "forward"
+        make_tree(forward, dict(FAKE_CLEAN, **{
+            "loader/datasets/include/gpufeed/loader/dataset.h":
+                '#pragma once\n// Forwarding header: this room\'s header is <gpufeed/datasets/dataset.h>.\n'
+                '#include "gpufeed/datasets/dataset.h"\n',
+            "loader/src/loader.cpp": '#include "gpufeed/loader/dataset.h"\n',
+            FORWARDING_TEST: '#include "gpufeed/loader/dataset.h"\n',
+        }))
+        (forward / TABLE_DOC).write_text(FAKE_TABLE.replace("| `tools/` |", "| `tests/` | x | tests | everything |\n| `tools/` |"))
+        rc, out = run_on(forward)
+        expect(f"an include of a forwarding header inside the project fails (rc {rc})",
+               rc == 1 and 'loader/src/loader.cpp:1: #include "gpufeed/loader/dataset.h": a forwarding header' in out
+               and 'include "gpufeed/datasets/dataset.h"' in out)
+        expect("... except in the forwarders' own test", out.count("forwarding header kept") == 1)
 
         stale = Path(tmp) / "stale"
         make_tree(stale, FAKE_CLEAN)

@@ -14,7 +14,7 @@
 #   3. Synthetic ImageNet-sized JPEGs generated there; `gpufeed train` ResNet-50, bf16 autocast,
 #      channels_last, 200 steps: images/s, data wait, GPU busy fraction (CUDA events; NVML too
 #      when the run reports it); then torchvision's DataLoader feeding the same model on the same
-#      files (tools/baselines/torch_train.py), for the ratio.
+#      files (tools/bench/baselines/torch_train.py), for the ratio.
 #      The same with --num-workers auto (ResNet-18 and ResNet-50, each beside the fixed count):
 #      threads chosen, GPU busy, epoch-start wait.
 #   4. examples/python/train_imagenet.py (the Python package from the repaired wheel, .gpu_bundle/py) on the same files,
@@ -117,7 +117,7 @@ for arch in "${AUTO_ARCHS[@]}"; do
 done
 
 BF16=(); [ "$DEVICE" != cpu ] && BF16=(--bf16)
-run train_torch 150 "$PY" tools/baselines/torch_train.py --data "$DATA" --arch "$ARCH" \
+run train_torch 150 "$PY" tools/bench/baselines/torch_train.py --data "$DATA" --arch "$ARCH" \
   --batch-size "$BATCH" --num-workers "$THREADS" --steps "$STEPS" --warmup-steps "$WARM" \
   --image-size "$SIZE" --device "$DEVICE" --channels-last "${BF16[@]}"
 

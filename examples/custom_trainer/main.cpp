@@ -73,6 +73,8 @@ Args parse(int argc, char** argv) {
 int main(int argc, char** argv) try {
   namespace gh = gpufeed::harness;
   namespace gl = gpufeed::loader;
+  namespace gd = gpufeed::datasets;
+  namespace gt = gpufeed::transforms;
   const Args args = parse(argc, argv);
 
   // torchrun's RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT (or Slurm's); none: one process.
@@ -84,7 +86,7 @@ int main(int argc, char** argv) try {
   if (world > 1) group = gh::ProcessGroup::create(*env, device);  // NCCL on CUDA, Gloo on the CPU
 
   // Data: this rank's shard, decoded into slots the prefetcher turns into normalised tensors.
-  std::shared_ptr<gl::Dataset> dataset = gl::open_dataset(args.data);
+  std::shared_ptr<gd::Dataset> dataset = gd::open_dataset(args.data);
   auto sampler = std::make_shared<gpufeed::sampler::DistributedSampler>(
       dataset->size(), gpufeed::sampler::DistributedSamplerOptions{
                            .num_replicas = world, .rank = rank, .seed = args.seed});
@@ -93,7 +95,7 @@ int main(int argc, char** argv) try {
   options.drop_last = true;  // equal steps on every rank, and no 1-sample batch for BatchNorm
   options.num_workers = args.num_workers;
   options.seed = args.seed;
-  options.transform = gl::TransformOptions::imagenet(gl::TransformOptions::Kind::kTrain, args.image_size);
+  options.transform = gt::TransformOptions::imagenet(gt::TransformOptions::Kind::kTrain, args.image_size);
   auto loader = std::make_shared<gl::Loader>(dataset, sampler, options,
                                              gpufeed::prefetch::host_allocator_for(device));
   std::unique_ptr<gpufeed::prefetch::Prefetcher> prefetcher =

@@ -82,9 +82,11 @@ Args parse(int argc, char** argv) {
 
 int main(int argc, char** argv) try {
   namespace gl = gpufeed::loader;
+  namespace gd = gpufeed::datasets;
+  namespace gt = gpufeed::transforms;
   const Args args = parse(argc, argv);
 
-  std::shared_ptr<gl::Dataset> dataset = gl::open_dataset(args.data);
+  std::shared_ptr<gd::Dataset> dataset = gd::open_dataset(args.data);
   // This rank's shard, in PyTorch's DistributedSampler order (shuffled with seed + epoch).
   auto sampler = std::make_shared<gpufeed::sampler::DistributedSampler>(
       dataset->size(), gpufeed::sampler::DistributedSamplerOptions{
@@ -93,7 +95,7 @@ int main(int argc, char** argv) try {
   options.batch_size = args.batch_size;
   options.num_workers = args.num_workers;
   options.seed = args.seed;  // augmentation: sample i of epoch e draws from (seed, e, i)
-  options.transform = gl::TransformOptions::imagenet(gl::TransformOptions::Kind::kTrain, args.image_size);
+  options.transform = gt::TransformOptions::imagenet(gt::TransformOptions::Kind::kTrain, args.image_size);
   auto allocator = std::make_shared<CountingAllocator>();
   gl::Loader loader(dataset, sampler, options, allocator);
 

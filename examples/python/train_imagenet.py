@@ -59,7 +59,7 @@ def parse_args():
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-p", "--print-freq", type=int, default=0, help="print every N steps (0: epoch lines only)")
-    p.add_argument("--metrics", help="gpufeed.profile's metrics JSON lines (tools/plot.py draws them)")
+    p.add_argument("--metrics", help="gpufeed.profile's metrics JSON lines (tools/bench/plot.py draws them)")
     p.add_argument("--trace", help="gpufeed.profile's Chrome trace")
     p.add_argument("--checkpoint", help="write the final model state_dict here (rank 0)")
     p.add_argument("--no-val", action="store_true", help="skip validation")

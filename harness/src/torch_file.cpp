@@ -832,7 +832,7 @@ c10::IValue load_torch_bytes(const std::vector<char>& bytes, const std::string& 
 }
 
 void save_torch_file(const c10::IValue& value, const fs::path& path) {
-  write_file_atomically(path, archive_of(value));
+  profiler::write_file_atomically(path, archive_of(value));
 }
 
 }  // namespace gpufeed::harness

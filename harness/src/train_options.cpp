@@ -230,7 +230,7 @@ void add_checkpoint_rows(Schema<TrainOptions>& s) {
 
 void add_report_rows(Schema<TrainOptions>& s) {
   path_row(s, {.name = "metrics", .type = Type::kString,
-               .help = "write JSON-lines metrics here (tools/plot.py draws them)"},
+               .help = "write JSON-lines metrics here (tools/bench/plot.py draws them)"},
            [](TrainOptions& o) -> auto& { return o.profile.metrics_path; });
   s.add({.name = "metrics_every", .type = Type::kInt, .help = "steps per metrics record", .unit = "steps", .min = 1},
         [](TrainOptions& o, const Value& v) { o.profile.metrics_every_steps = std::get<int64_t>(v); },

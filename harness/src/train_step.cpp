@@ -111,7 +111,7 @@ void NonFiniteCheck::check(const std::filesystem::path& last_checkpoint) {
 
 // ---- one epoch -------------------------------------------------------------------------------
 
-EpochStats Trainer::Impl::train_epoch(int64_t epoch_index, Profiler& profiler, StopVote& vote) {
+EpochStats Trainer::Impl::train_epoch(int64_t epoch_index, profiler::Profiler& profiler, StopVote& vote) {
   const TrainOptions& o = options;
   const auto stat_options = at::TensorOptions().device(device);
   EpochState ep;
@@ -205,7 +205,7 @@ void Trainer::Impl::update_ema(int64_t epoch_index, int64_t step_in_epoch) {
 
 // One optimizer step: accum_steps micro-batches (fewer at the end of an epoch), each loss
 // weighted by its share of the step's samples, so the gradient is the whole step's mean.
-void Trainer::Impl::train_step(EpochState& ep, Profiler& profiler) {
+void Trainer::Impl::train_step(EpochState& ep, profiler::Profiler& profiler) {
   StepState step;
   step.micro = std::min(options.accum_steps, ep.lockstep_batches - ep.batch_index);
   const int64_t mine = micro_batches();  // fewer than lockstep_batches: a resumed share ran out
@@ -244,7 +244,7 @@ void Trainer::Impl::train_step(EpochState& ep, Profiler& profiler) {
   ++global_step;
 }
 
-void Trainer::Impl::train_micro_batch(EpochState& ep, StepState& step, bool last, Profiler& profiler) {
+void Trainer::Impl::train_micro_batch(EpochState& ep, StepState& step, bool last, profiler::Profiler& profiler) {
   // Phase 1: data wait.
   profiler.step_begin();
   auto batch = prefetcher->next();
@@ -258,13 +258,13 @@ void Trainer::Impl::train_micro_batch(EpochState& ep, StepState& step, bool last
   if (hooks.batch_transform) hooks.batch_transform(batch->images, batch->labels);
   // Phase 2: forward + backward.
   auto [logits, loss] = forward_backward(*batch, step, last);
-  profiler.phase_done(Phase::kForwardBackward);
+  profiler.phase_done(profiler::Phase::kForwardBackward);
   // Phase 3: all-reduce wait (DDP, last micro-batch only).
   if (last && ddp) ddp->finish_gradient_sync();
-  profiler.phase_done(Phase::kAllReduce);
+  profiler.phase_done(profiler::Phase::kAllReduce);
   // Phase 4: optimizer step (last micro-batch only).
   if (last) optimizer_step(ep, step, loss);
-  profiler.phase_done(Phase::kOptimizer);
+  profiler.phase_done(profiler::Phase::kOptimizer);
   {
     torch::NoGradGuard no_grad;
     const at::Tensor l = loss.detach().to(at::kDouble) * static_cast<double>(n);

@@ -118,13 +118,13 @@ loader::LoaderOptions Trainer::Impl::loader_options(bool train) const {
   if (train) {
     // The first epoch's side; the slots hold the largest side of any epoch (progressive resizing:
     // train_epoch sets each epoch's before starting it).
-    lo.transform.kind = loader::TransformOptions::Kind::kTrain;
+    lo.transform.kind = transforms::TransformOptions::Kind::kTrain;
     lo.transform.rrc.size = train_image_size(0);
     for (int64_t e = 0; e < options.epochs; ++e) lo.max_image_size = std::max(lo.max_image_size, train_image_size(e));
   } else {
     // torchvision's eval transform at the validation sizes; no augmentation, every batch kept.
     const int crop = options.val_crop_size > 0 ? options.val_crop_size : options.loader.transform.rrc.size;
-    lo.transform = loader::TransformOptions::imagenet(loader::TransformOptions::Kind::kEval, crop);
+    lo.transform = transforms::TransformOptions::imagenet(transforms::TransformOptions::Kind::kEval, crop);
     if (options.val_resize_size > 0) lo.transform.eval.resize = options.val_resize_size;
     lo.drop_last = false;
     lo.max_image_size = 0;
@@ -201,7 +201,7 @@ void Trainer::Impl::setup_devices() {
 
 void Trainer::Impl::build_data() {
   const TrainOptions& o = options;
-  train_set = loader::open_dataset(o.data, o.index_cache);
+  train_set = datasets::open_dataset(o.data, o.index_cache);
   if (o.ra_sampler) {
     sampler::RASamplerOptions ra;  // the references' RASampler: shuffled, seed + epoch
     ra.num_replicas = world;
@@ -224,7 +224,7 @@ void Trainer::Impl::build_data() {
     train_sampler = resumable;
   }
   if (o.val_data) {  // before any training, not after the first epoch
-    val_set = loader::open_dataset(*o.val_data, o.index_cache);
+    val_set = datasets::open_dataset(*o.val_data, o.index_cache);
     check_same_classes(*val_set, *o.val_data, *train_set, o.data);
   }
   const bool forced_drop = !o.loader.drop_last && !o.freeze_bn && train_sampler->size() % o.loader.batch_size == 1;
@@ -381,7 +381,7 @@ void Trainer::Impl::log_setup(double lr) const {
                mixer ? c10::str(", mixup_alpha ", o.mixup_alpha, " cutmix_alpha ", o.cutmix_alpha) : "",
                ema ? c10::str(", EMA every ", o.model_ema_steps, " steps, decay ", ema->decay()) : "",
                device.is_cuda() && o.cudnn_benchmark ? ", cudnn.benchmark" : ""));
-  if (o.loader.transform.augment.enabled()) gpufeed::log_text(LogLevel::kInfo, "train: augment " + loader::to_string(o.loader.transform.augment));
+  if (o.loader.transform.augment.enabled()) gpufeed::log_text(LogLevel::kInfo, "train: augment " + transforms::to_string(o.loader.transform.augment));
   if (o.schedule.resolution) {
     // "image size 160 (epochs 1-71), 192 (epochs 72-88)": 1-based, as the epoch lines.
     std::string sizes;
@@ -431,7 +431,7 @@ int64_t Trainer::num_classes() const {
 int Trainer::rank() const { return impl_->rank; }
 int Trainer::world_size() const { return impl_->world; }
 std::string Trainer::device() const { return impl_->device.str(); }
-const RunProfile& Trainer::profile() const { return impl_->profile; }
+const profiler::RunProfile& Trainer::profile() const { return impl_->profile; }
 void Trainer::set_step_callback(std::function<void(const StepStats&)> on_step) {
   impl_->on_step = std::move(on_step);
 }
@@ -441,9 +441,9 @@ int Trainer::stopped() const { return impl_->stopped; }
 fs::path Trainer::last_checkpoint() const { return impl_->last_checkpoint; }
 
 // What the profiler needs to know about the run (profiler.h).
-RunInfo Trainer::Impl::run_info() const {
+profiler::RunInfo Trainer::Impl::run_info() const {
   const TrainOptions& o = options;
-  RunInfo run;
+  profiler::RunInfo run;
   run.device = device.str();
   run.model = o.arch;
   run.epochs = o.epochs;
@@ -465,9 +465,9 @@ std::vector<EpochStats> Trainer::fit(const std::function<void(const EpochStats&)
   StopVote vote(m.group.get(), m.device);
   m.stopped = 0;
   std::vector<EpochStats> history;
-  ProfileOptions profile = o.profile;
+  profiler::ProfileOptions profile = o.profile;
   if (m.device.is_cuda()) profile.current_stream = [d = m.device] { return prefetch::current_stream(d); };
-  Profiler profiler(std::move(profile), m.run_info(), m.train_loader.get());
+  profiler::Profiler profiler(std::move(profile), m.run_info(), m.train_loader.get());
   if (o.steps_started) o.steps_started->store(true);
   for (int64_t epoch = m.epoch; epoch < o.epochs && m.stopped == 0; ++epoch) {
     EpochStats st = m.train_epoch(epoch, profiler, vote);

@@ -26,7 +26,7 @@
 #include "gpufeed/harness/data_parallel.h"
 #include "gpufeed/harness/distributed.h"
 #include "gpufeed/harness/lr_schedule.h"
-#include "gpufeed/harness/profiler.h"
+#include "gpufeed/profiler/profiler.h"
 #include "gpufeed/harness/recipe.h"
 #include "gpufeed/harness/resnet.h"
 #include "gpufeed/harness/train_checkpoint.h"
@@ -114,16 +114,16 @@ struct StepState {
 
 // Validation labels index the training set's classes, so both must list the same classes in the
 // same order. Throws std::invalid_argument naming both sets and the first difference.
-void check_same_classes(const loader::Dataset& val, const std::filesystem::path& val_root,
-                        const loader::Dataset& train, const std::filesystem::path& train_root);
+void check_same_classes(const datasets::Dataset& val, const std::filesystem::path& val_root,
+                        const datasets::Dataset& train, const std::filesystem::path& train_root);
 
 struct Trainer::Impl {
   TrainOptions options;
   c10::Device device{c10::kCPU};
   std::shared_ptr<ProcessGroup> group;  // distributed runs only
   int rank = 0, world = 1;
-  std::shared_ptr<loader::Dataset> train_set;
-  std::shared_ptr<loader::Dataset> val_set;  // options.val_data, listed and checked once at start
+  std::shared_ptr<datasets::Dataset> train_set;
+  std::shared_ptr<datasets::Dataset> val_set;  // options.val_data, listed and checked once at start
   std::shared_ptr<sampler::Sampler> train_sampler;  // DistributedSampler (resumable, below) or RASampler
   // The DistributedSampler as a ResumedDistributedSampler (null with RASampler): an epoch
   // resumed on another world size deals the saved run's remaining positions (resume_position).
@@ -151,7 +151,7 @@ struct Trainer::Impl {
   std::atomic<int> stop_request{0};
   int stopped = 0;
   std::filesystem::path last_checkpoint;
-  RunProfile profile;  // of the last fit()
+  profiler::RunProfile profile;  // of the last fit()
 
   bool amp() const { return options.precision != Precision::kFloat32; }
   c10::ScalarType amp_dtype() const {
@@ -187,7 +187,7 @@ struct Trainer::Impl {
   LrScheduleOptions schedule_options(double base_lr, int64_t steps_per_epoch) const;
   void wrap_parallel();  // DDP or DataParallel around the model
   void log_setup(double lr) const;
-  RunInfo run_info() const;  // for the profiler
+  profiler::RunInfo run_info() const;  // for the profiler
 
   // --- the training checkpoint (trainer.cpp; entries in train_checkpoint.cpp) ---
   TrainRunIdentity run_identity() const;
@@ -203,9 +203,9 @@ struct Trainer::Impl {
   // --- one step and one epoch (train_step.cpp) ---
   // The epoch `epoch_index` from where it stands (batches_done when resuming), with the stop
   // vote and checkpoints between steps; its stats over all ranks.
-  EpochStats train_epoch(int64_t epoch_index, Profiler& profiler, StopVote& vote);
-  void train_step(EpochState& ep, Profiler& profiler);  // one optimizer step
-  void train_micro_batch(EpochState& ep, StepState& step, bool last, Profiler& profiler);
+  EpochStats train_epoch(int64_t epoch_index, profiler::Profiler& profiler, StopVote& vote);
+  void train_step(EpochState& ep, profiler::Profiler& profiler);  // one optimizer step
+  void train_micro_batch(EpochState& ep, StepState& step, bool last, profiler::Profiler& profiler);
   // A micro-batch this rank has no data for (its resumed share ran out): the last of the step
   // joins DDP's all-reduce with the gradient it has (zeros without one) and takes the update.
   void shadow_micro_batch(EpochState& ep, StepState& step, bool last);

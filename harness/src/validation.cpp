@@ -21,7 +21,7 @@ std::pair<at::Tensor, at::Tensor> topk_hits(const at::Tensor& logits, const at::
 
 }  // namespace
 
-void check_same_classes(const loader::Dataset& val, const fs::path& val_root, const loader::Dataset& train,
+void check_same_classes(const datasets::Dataset& val, const fs::path& val_root, const datasets::Dataset& train,
                         const fs::path& train_root) {
   const auto& a = train.classes();
   const auto& b = val.classes();
@@ -49,9 +49,9 @@ EvalStats Trainer::evaluate(const fs::path& root, bool ema) {
 
 EvalStats Trainer::Impl::evaluate(const fs::path& root, bool use_ema) {
   Impl& m = *this;
-  std::shared_ptr<loader::Dataset> dataset = m.val_set;
+  std::shared_ptr<datasets::Dataset> dataset = m.val_set;
   if (!dataset || root != *m.options.val_data) {
-    dataset = loader::open_dataset(root, m.options.index_cache);
+    dataset = datasets::open_dataset(root, m.options.index_cache);
     check_same_classes(*dataset, root, *m.train_set, m.options.data);
   }
   const int64_t n_total = dataset->size();

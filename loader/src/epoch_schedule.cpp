@@ -49,7 +49,7 @@ std::shared_ptr<const EpochPlan> make_epoch_plan(const LoaderOptions& options, i
   p->epoch = epoch;
   p->tag = tag;
   p->options = options;
-  if (p->options.transform.kind == TransformOptions::Kind::kTrain) p->options.transform.rrc.size = size;
+  if (p->options.transform.kind == transforms::TransformOptions::Kind::kTrain) p->options.transform.rrc.size = size;
   p->sample_bytes = int64_t{p->side()} * p->side() * 3;
   const auto n = static_cast<int64_t>(indices.size());
   for (int64_t start = 0; start < n; start += options.batch_size) {

@@ -18,14 +18,14 @@
 
 #include <fmt/format.h>
 
-#include "gpufeed/loader/augment.h"
+#include "gpufeed/transforms/augment.h"
 #include "gpufeed/cpu_budget.h"
 #include "gpufeed/log.h"
 #include "epoch_schedule.h"
 #include "fork_guard.h"
 #include "read_ahead.h"
 #include "worker_tuning.h"
-#include "gpufeed/loader/tbb_tsan.h"
+#include "gpufeed/datasets/tbb_tsan.h"
 
 namespace gpufeed::loader {
 namespace {
@@ -55,9 +55,9 @@ struct Worker {
   decode::Decoder decoder;
   decode::ByteBuffer bytes;  // the file, grown without zero-filling
   decode::ImageBuffer image;
-  Resizer resizer;     // filter tables and one row, reused
-  AugmentPlan augment;  // the sample's augmentation draws, reused
-  AugmentScratch augment_scratch;
+  transforms::Resizer resizer;     // filter tables and one row, reused
+  transforms::AugmentPlan augment;  // the sample's augmentation draws, reused
+  transforms::AugmentScratch augment_scratch;
   std::string source;  // the path as text for errors, reusing its capacity
 };
 
@@ -82,7 +82,7 @@ int64_t lap_ns(Clock::time_point& t) {
 // The one place a sample becomes pixels: read, probe, plan (plan_for), decode only the crop at
 // the cheapest DCT scale that still covers the output, resize straight into `out`.
 // `reader`: the loader's SampleReader (plan `tag`), or null for dataset.read.
-SampleCost transform_into(const Dataset& dataset, SampleReader* reader, uint64_t tag, const SampleRef& ref,
+SampleCost transform_into(const datasets::Dataset& dataset, datasets::SampleReader* reader, uint64_t tag, const datasets::SampleRef& ref,
                           int64_t index, int64_t epoch, const LoaderOptions& o, uint8_t* out) {
   Worker& w = thread_worker();
   SampleCost cost;
@@ -105,15 +105,15 @@ SampleCost transform_into(const Dataset& dataset, SampleReader* reader, uint64_t
   cost.pixels = static_cast<int64_t>(w.image.width) * w.image.height;
 
   // Straight into the slot's row, mirrored there when the plan flips.
-  resize_sample(p.plan, decoded, w.image, w.resizer, out);
+  transforms::resize_sample(p.plan, decoded, w.image, w.resizer, out);
   // Then the augmentations, on the sample's row, continuing its stream (augment.h).
-  const AugmentOptions& aug = o.transform.augment;
-  if (o.transform.kind == TransformOptions::Kind::kTrain && aug.enabled()) {
+  const transforms::AugmentOptions& aug = o.transform.augment;
+  if (o.transform.kind == transforms::TransformOptions::Kind::kTrain && aug.enabled()) {
     const int s = p.plan.output_size;
-    SampleRng rng = *p.plan.rng;
-    RngDrawSource draws(rng);
-    plan_augment(aug, s, s, draws, w.augment);
-    apply_augment(w.augment, out, s, s, w.augment_scratch);
+    transforms::SampleRng rng = *p.plan.rng;
+    transforms::RngDrawSource draws(rng);
+    transforms::plan_augment(aug, s, s, draws, w.augment);
+    transforms::apply_augment(w.augment, out, s, s, w.augment_scratch);
   }
   cost.resize_ns = lap_ns(t0);
   return cost;
@@ -253,18 +253,18 @@ PlannedSample plan_for(const decode::ImageInfo& info, const LoaderOptions& optio
   // Plans are made in the frame the decoder returns: displayed when EXIF orientation is applied.
   const bool upright = options.decode.apply_exif_orientation && decode::orientation_swaps_axes(info.orientation);
   PlannedSample p;
-  p.plan = plan_sample(options.transform, upright ? info.height : info.width,
+  p.plan = transforms::plan_sample(options.transform, upright ? info.height : info.width,
                        upright ? info.width : info.height, options.seed, epoch, index);
-  p.decode = decode_options_for(p.plan, info, options.decode);
+  p.decode = transforms::decode_options_for(p.plan, info, options.decode);
   return p;
 }
 
-void load_sample(const Dataset& dataset, int64_t index, int64_t epoch, const LoaderOptions& options,
+void load_sample(const datasets::Dataset& dataset, int64_t index, int64_t epoch, const LoaderOptions& options,
                  uint8_t* out) {
   transform_into(dataset, nullptr, 0, dataset.at(index), index, epoch, options, out);
 }
 
-void load_sample(const Dataset& dataset, SampleReader& reader, uint64_t tag, int64_t index, int64_t epoch,
+void load_sample(const datasets::Dataset& dataset, datasets::SampleReader& reader, uint64_t tag, int64_t index, int64_t epoch,
                  const LoaderOptions& options, uint8_t* out) {
   transform_into(dataset, &reader, tag, dataset.at(index), index, epoch, options, out);
 }
@@ -274,7 +274,7 @@ void load_sample(const Dataset& dataset, SampleReader& reader, uint64_t tag, int
 // written straight into the batch's slot); next() hands batches out in schedule order.
 
 struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
-  std::shared_ptr<const Dataset> dataset;
+  std::shared_ptr<const datasets::Dataset> dataset;
   // The dataset's reader and the plans' tags. Destroyed before the dataset (declared after it).
   detail::ReadAhead read_ahead;
   std::shared_ptr<sampler::Sampler> sampler;
@@ -312,7 +312,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   bool shutdown = false;
   Counters counters;
 
-  Impl(std::shared_ptr<const Dataset> d, std::shared_ptr<sampler::Sampler> s, LoaderOptions o,
+  Impl(std::shared_ptr<const datasets::Dataset> d, std::shared_ptr<sampler::Sampler> s, LoaderOptions o,
        std::shared_ptr<HostAllocator> a)
       : dataset(std::move(d)),
         read_ahead(*dataset),
@@ -439,7 +439,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   void run_batch(InFlight& f, const EpochPlan& p) {
     const auto n = f.indices.size();
     const int64_t base_pos = f.batch_index * p.options.batch_size;
-    detail::parallel_for_ordered(tbb::blocked_range<size_t>(0, n, 1), [&](const tbb::blocked_range<size_t>& r) {
+    datasets::detail::parallel_for_ordered(tbb::blocked_range<size_t>(0, n, 1), [&](const tbb::blocked_range<size_t>& r) {
       for (size_t k = r.begin(); k < r.end(); ++k) {
         if (cancelled(p)) break;
         if (!tuning.gates_lanes()) {
@@ -457,7 +457,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
 
   // Loads dataset sample `index` into position k of the batch's slot; throws what loading throws.
   void load_into(InFlight& f, size_t k, int64_t index, const EpochPlan& p) {
-    const SampleRef ref = dataset->at(index);
+    const datasets::SampleRef ref = dataset->at(index);
     counters.account(transform_into(*dataset, read_ahead.reader(), p.tag, ref, index, p.epoch, p.options,
                                     f.slot->images + static_cast<size_t>(p.sample_bytes) * k));
     f.slot->labels[k] = ref.label;
@@ -576,7 +576,7 @@ void LoaderOptions::validate() const {
                                             num_workers, kMaxNumWorkers, kAutoNumWorkers));
 }
 
-Loader::Loader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<sampler::Sampler> sampler,
+Loader::Loader(std::shared_ptr<const datasets::Dataset> dataset, std::shared_ptr<sampler::Sampler> sampler,
                LoaderOptions options, std::shared_ptr<HostAllocator> allocator) {
   detail::check_fork_safe();
   if (!dataset) throw std::invalid_argument("Loader: dataset is null");
@@ -616,7 +616,7 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
   m.drain(lk, m.schedule);  // what the previous epoch still has in flight
   const std::shared_ptr<const EpochPlan>& planned = m.ahead.plan;
   const bool take_ahead = planned && planned->epoch == epoch && start_batch == 0 &&
-                          (planned->options.transform.kind != TransformOptions::Kind::kTrain ||
+                          (planned->options.transform.kind != transforms::TransformOptions::Kind::kTrain ||
                            planned->side() == m.next_size);
   if (m.schedule.plan) {
     const int64_t step = epoch - m.schedule.epoch();
@@ -706,7 +706,7 @@ bool Loader::wait_ready(std::chrono::nanoseconds timeout) {
 
 void Loader::set_image_size(int size) {
   Impl& m = *impl_;
-  if (m.options.transform.kind != TransformOptions::Kind::kTrain) {
+  if (m.options.transform.kind != transforms::TransformOptions::Kind::kTrain) {
     throw std::invalid_argument(fmt::format(
         "Loader::set_image_size({}): the eval transform's size is fixed (Resize {} + CenterCrop {})",
         size, m.options.transform.eval.resize, m.options.transform.eval.crop));
@@ -751,7 +751,7 @@ std::vector<ThreadDecision> Loader::thread_decisions() const {
   std::lock_guard<std::mutex> g(impl_->mu);
   return impl_->tuning.decisions();
 }
-const Dataset& Loader::dataset() const { return *impl_->dataset; }
+const datasets::Dataset& Loader::dataset() const { return *impl_->dataset; }
 int64_t Loader::epoch_skips() const {
   impl_->fork_guard.check_usable();
   std::lock_guard<std::mutex> g(impl_->mu);

@@ -7,10 +7,10 @@
 // defaults on purpose, which GCC's -Wextra would report one by one.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/loader/option_sets.h"
-#include "gpufeed/loader/transform.h"
+#include "gpufeed/transforms/transform.h"
 
 namespace gpufeed::loader {
 namespace {
@@ -20,7 +20,7 @@ using options::Type;
 using options::Value;
 
 /// The largest image side an option may name: image_size's bound, in pixels.
-double largest_side() { return *transform_options_schema().find("image_size")->spec.max; }
+double largest_side() { return *transforms::transform_options_schema().find("image_size")->spec.max; }
 
 Schema<LoaderOptions> make_loader_schema() {
   Schema<LoaderOptions> s;
@@ -80,7 +80,7 @@ Schema<LoaderOptions> make_loader_schema() {
   s.member({.name = "prefetch_next_epoch", .type = Type::kBool,
             .help = "decode the next epoch's first batches while this one ends, so it starts without a wait"},
            &LoaderOptions::prefetch_next_epoch);
-  s.mount(transform_options_schema(), [](LoaderOptions& o) -> TransformOptions& { return o.transform; });
+  s.mount(transforms::transform_options_schema(), [](LoaderOptions& o) -> transforms::TransformOptions& { return o.transform; });
   s.finish([](LoaderOptions& o, const std::set<std::string>&) { o.validate(); });  // after the transform's
   return s;
 }
@@ -101,7 +101,7 @@ const options::Schema<LoaderOptions>& loader_options_schema() {
 
 const std::vector<options::OptionSet>& dataloader_option_sets() {
   static const std::vector<options::OptionSet> sets = {options::option_set("loader", loader_options_schema()),
-                                                      options::option_set("data", data_options_schema())};
+                                                      options::option_set("data", datasets::data_options_schema())};
   return sets;
 }
 

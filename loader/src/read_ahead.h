@@ -12,16 +12,16 @@
 #include <vector>
 
 #include "epoch_schedule.h"
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 
 namespace gpufeed::loader::detail {
 
 class ReadAhead {
  public:
-  explicit ReadAhead(const Dataset& dataset) : reader_(dataset.reader()) {}
+  explicit ReadAhead(const datasets::Dataset& dataset) : reader_(dataset.reader()) {}
 
   /// The reader the workers read through, or null (they call Dataset::read).
-  SampleReader* reader() const { return reader_.get(); }
+  datasets::SampleReader* reader() const { return reader_.get(); }
 
   /// A new plan's tag (every plan gets one, with or without a reader).
   uint64_t next_tag() { return ++tags_; }
@@ -53,7 +53,7 @@ class ReadAhead {
   }
 
  private:
-  std::unique_ptr<SampleReader> reader_;
+  std::unique_ptr<datasets::SampleReader> reader_;
   uint64_t tags_ = 0;  // the last tag given
 };
 

@@ -142,7 +142,7 @@ class DataLoader:
     or ``device="cuda"``, where the conversion runs on the GPU, leaves it out). ``seed`` with ``shuffle`` orders every epoch
     with a generator seeded ``seed + epoch``, exactly DistributedSampler's order (also with one
     process); each sample's crop, flip and augmentation depend only on (seed, epoch, index),
-    whatever the thread count (draw order: gpufeed/loader/augment.h). ``train`` is torchvision's
+    whatever the thread count (draw order: gpufeed/transforms/augment.h). ``train`` is torchvision's
     RandomResizedCrop(image_size, scale, ratio) + RandomHorizontalFlip(), else Resize(resize_size)
     + CenterCrop(image_size). ``on_error="skip"`` replaces an unreadable sample by the next good
     sample of this rank's epoch order (batch shapes and the number of batches stay fixed, so DDP

@@ -26,7 +26,7 @@ def _batch_size_of(batch: Any) -> int:
 
 class profile:
     """Times a training loop's data wait against its step, as ``gpufeed train`` does, and writes
-    the same outputs: the metrics JSON lines (``tools/plot.py`` draws them), a Chrome trace and
+    the same outputs: the metrics JSON lines (``tools/bench/plot.py`` draws them), a Chrome trace and
     the verdict (input-bound or compute-bound, by how much, the knob most likely to help)::
 
         for images, labels in gpufeed.profile(loader, device="cuda", metrics="runs/m.jsonl",
@@ -186,7 +186,7 @@ class profile:
 
 
 def format_report(result: Dict[str, Any], metrics=None, trace=None) -> str:
-    """The end-of-run lines `gpufeed train` prints (tools/cmd_train.cpp's profile_report)."""
+    """The end-of-run lines `gpufeed train` prints (tools/cli/cmd_train.cpp's profile_report)."""
     s = result["steps"]
     n = max(1, s["steps"])
     out = (f"steps: {s['steps']}, per step {s['wall_ms'] / n:.1f} ms: data wait {s['data_wait_ms'] / n:.1f} ms, "

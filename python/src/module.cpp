@@ -44,14 +44,14 @@
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/device/cuda.h"
 #include "gpufeed/device/engine.h"
-#include "gpufeed/harness/profile_fields.h"
+#include "gpufeed/profiler/profile_fields.h"
 #include "gpufeed/decode/error.h"
-#include "gpufeed/loader/dataset.h"
-#include "gpufeed/loader/inspect.h"
+#include "gpufeed/datasets/dataset.h"
+#include "gpufeed/pack/inspect.h"
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/loader/option_sets.h"
-#include "gpufeed/loader/remote.h"
-#include "gpufeed/loader/remote_fields.h"
+#include "gpufeed/datasets/remote.h"
+#include "gpufeed/datasets/remote_fields.h"
 #include "gpufeed/loader/stats_fields.h"
 #include "gpufeed/option.h"
 #include "gpufeed/sampler/resume.h"
@@ -206,7 +206,7 @@ nb::list option_specs() {
 /// naming the keyword.
 struct KeywordOptions {
   loader::LoaderOptions loader;
-  loader::DataOptions data;
+  datasets::DataOptions data;
 };
 
 KeywordOptions apply_keywords(const std::map<std::string, options::Value>& given) {
@@ -215,7 +215,7 @@ KeywordOptions apply_keywords(const std::map<std::string, options::Value>& given
   for (const auto& [name, value] : given) (data_set.has(name) ? for_data : for_loader)[name] = value;
   KeywordOptions k;
   loader::loader_options_schema().apply(k.loader, for_loader);
-  loader::data_options_schema().apply(k.data, for_data);
+  datasets::data_options_schema().apply(k.data, for_data);
   return k;
 }
 
@@ -257,12 +257,12 @@ R run_interruptibly(std::function<R()> work, const std::function<void()>& cancel
 // stall for request_timeout x max_retries) raises KeyboardInterrupt at once, its requests
 // cancelled (DataOptions::interrupt, this open's own: the dataset it would have made is dropped).
 // Folder listings are waited for the same way.
-std::shared_ptr<loader::Dataset> open_interruptibly(const std::string& path, loader::DataOptions options,
+std::shared_ptr<datasets::Dataset> open_interruptibly(const std::string& path, datasets::DataOptions options,
                                                     const std::vector<std::string>& extensions) {
   auto interrupt = std::make_shared<std::atomic<bool>>(false);
   options.interrupt = interrupt;
-  return run_interruptibly<std::shared_ptr<loader::Dataset>>(
-      [&] { return loader::open_dataset(path, options, extensions); }, [&] { interrupt->store(true); });
+  return run_interruptibly<std::shared_ptr<datasets::Dataset>>(
+      [&] { return datasets::open_dataset(path, options, extensions); }, [&] { interrupt->store(true); });
 }
 
 class PyLoader {
@@ -453,7 +453,7 @@ class PyLoader {
   nb::list samples() const {
     nb::list out;
     for (int64_t i = 0; i < dataset_->size(); ++i) {
-      const loader::SampleRef s = dataset_->at(i);
+      const datasets::SampleRef s = dataset_->at(i);
       out.append(nb::make_tuple(s.source(), s.label));
     }
     return out;
@@ -464,7 +464,7 @@ class PyLoader {
     d["prefetch_depth"] = loader().prefetch_depth();
     d["thread_decisions"] = to_py(loader().thread_decisions());
     d["slots"] = to_dict(loader().slot_counts());
-    if (const auto* remote = dynamic_cast<const loader::RemoteShards*>(dataset_.get())) d["remote"] = to_dict(remote->stats());
+    if (const auto* remote = dynamic_cast<const datasets::RemoteShards*>(dataset_.get())) d["remote"] = to_dict(remote->stats());
     return d;
   }
   nb::dict epoch_summary() { return to_dict(loader().epoch_summary()); }
@@ -476,7 +476,7 @@ class PyLoader {
       throw nb::index_error(("sample index " + std::to_string(index) + " out of range for " +
                              std::to_string(dataset_->size()) + " samples").c_str());
     loader::LoaderOptions o = options_;
-    if (size > 0 && o.transform.kind == loader::TransformOptions::Kind::kTrain) o.transform.rrc.size = size;
+    if (size > 0 && o.transform.kind == transforms::TransformOptions::Kind::kTrain) o.transform.rrc.size = size;
     const auto s = static_cast<size_t>(o.transform.output_size());
     auto out = std::make_unique<std::vector<uint8_t>>(s * s * 3);
     uint8_t* data = out->data();
@@ -507,10 +507,10 @@ class PyLoader {
   int device_ = -1;  // CUDA device; -1: the CPU
   loader::LoaderOptions options_;
   device::OutputType dtype_ = device::OutputType::kUInt8;
-  std::shared_ptr<loader::Dataset> dataset_;
+  std::shared_ptr<datasets::Dataset> dataset_;
   // load_sample's reads of a dataset with a reader of its own (remote), one tag per call; null for
   // the others. Destroyed before the dataset.
-  std::unique_ptr<loader::SampleReader> sample_reader_;
+  std::unique_ptr<datasets::SampleReader> sample_reader_;
   uint64_t sample_tags_ = 0;  // changed with the GIL held
   std::shared_ptr<sampler::ResumedDistributedSampler> sampler_;
   std::shared_ptr<loader::Loader> loader_;
@@ -549,7 +549,7 @@ nb::object decode_image(nb::object source, bool apply_exif_orientation) {
 /// `gpufeed inspect --json`'s document for `paths` (loader/inspect.h), as a JSON string.
 std::string inspect_json(const std::vector<std::string>& paths, bool all_files, bool apply_exif_orientation,
                          bool strict, bool allow_truncated, int64_t max_pixels, const std::string& write_png) {
-  loader::InspectOptions o;
+  pack::InspectOptions o;
   o.all_files = all_files;
   o.decode.apply_exif_orientation = apply_exif_orientation;
   o.decode.strict = strict;
@@ -557,7 +557,7 @@ std::string inspect_json(const std::vector<std::string>& paths, bool all_files, 
   if (max_pixels > 0) o.decode.max_pixels = max_pixels;
   o.write_png = write_png;
   nb::gil_scoped_release nogil;
-  return loader::inspect_json(loader::inspect_paths(paths, o));
+  return pack::inspect_json(pack::inspect_paths(paths, o));
 }
 
 // The reported structs' field names (gpufeed/fields.h), for the tests that check each front.
@@ -568,8 +568,8 @@ nb::dict reported_fields() {
   d["ThreadDecision"] = field_names<loader::ThreadDecision>();
   d["SkippedSample"] = field_names<loader::SkippedSample>();
   d["EpochSummary"] = field_names<loader::EpochSummary>();
-  d["RemoteStats"] = field_names<loader::RemoteStats>();
-  d["Verdict"] = field_names<harness::Verdict>();
+  d["RemoteStats"] = field_names<datasets::RemoteStats>();
+  d["Verdict"] = field_names<profiler::Verdict>();
   return d;
 }
 
@@ -621,8 +621,8 @@ NB_MODULE(_C, m) {
   m.def("spell_options", [](const std::string& text) {
     return gpufeed::options::spell_options(text, gpufeed::options::Front::kPython);
   }, "text"_a);
-  m.attr("IMAGE_EXTENSIONS") = gpufeed::loader::default_image_extensions();
-  m.attr("TORCHVISION_IMG_EXTENSIONS") = gpufeed::loader::torchvision_image_extensions();
+  m.attr("IMAGE_EXTENSIONS") = gpufeed::datasets::default_image_extensions();
+  m.attr("TORCHVISION_IMG_EXTENSIONS") = gpufeed::datasets::torchvision_image_extensions();
   m.attr("DEFAULT_MAX_PIXELS") = gpufeed::decode::DecodeOptions{}.max_pixels;
   m.def("_reported_fields", &reported_fields);
   bind_profiler(m);

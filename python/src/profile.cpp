@@ -15,8 +15,8 @@
 #include "fields_dict.h"
 #include "gpufeed/option.h"
 #include "gpufeed/cpu_budget.h"
-#include "gpufeed/harness/profile_fields.h"
-#include "gpufeed/harness/profiler.h"
+#include "gpufeed/profiler/profile_fields.h"
+#include "gpufeed/profiler/profiler.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -24,7 +24,7 @@ using namespace nb::literals;
 namespace gpufeed::python {
 namespace {
 
-nb::dict breakdown_dict(const harness::StepBreakdown& s) {
+nb::dict breakdown_dict(const profiler::StepBreakdown& s) {
   nb::dict d;
   d["steps"] = s.steps;
   d["images"] = s.images;
@@ -51,13 +51,13 @@ class PyProfiler {
              int64_t epochs, int64_t steps_per_epoch, int64_t batch_size, int num_workers, int prefetch_depth,
              int image_size, bool allreduce, nb::handle py_loader, uintptr_t stream) {
     stream_.store(stream);
-    harness::ProfileOptions o;
+    profiler::ProfileOptions o;
     if (metrics) o.metrics_path = *metrics;
     o.metrics_every_steps = metrics_every;
     if (trace) o.trace_path = *trace;
     o.trace_max_events = trace_max_events;
     o.nvml = nvml;
-    harness::RunInfo run;
+    profiler::RunInfo run;
     run.device = device;
     run.model = model;
     run.epochs = epochs;
@@ -72,14 +72,14 @@ class PyProfiler {
     if (!py_loader.is_none()) loader_ = loader_of(py_loader);
     // CUDA marks go on the stream the Python loop runs on (set_stream at each step).
     o.current_stream = [this] { return reinterpret_cast<device::StreamHandle>(stream_.load()); };
-    profiler_ = std::make_unique<harness::Profiler>(o, run, loader_.get());
+    profiler_ = std::make_unique<profiler::Profiler>(o, run, loader_.get());
   }
 
   void begin_epoch(int64_t epoch) { profiler_->begin_epoch(epoch); }
   void step_begin() { profiler_->step_begin(); }
   void set_stream(uintptr_t stream) { stream_.store(stream); }
   void batch_ready(double wait_ms, int64_t batch_index, int64_t skipped) {
-    harness::ReadyBatch b;
+    profiler::ReadyBatch b;
     b.wait_ms = wait_ms;
     b.batch_index = batch_index;
     b.skipped = skipped;
@@ -87,17 +87,17 @@ class PyProfiler {
   }
   void phase_done(const std::string& phase) {
     if (phase == "forward_backward")
-      profiler_->phase_done(harness::Phase::kForwardBackward);
+      profiler_->phase_done(profiler::Phase::kForwardBackward);
     else if (phase == "all_reduce")
-      profiler_->phase_done(harness::Phase::kAllReduce);
+      profiler_->phase_done(profiler::Phase::kAllReduce);
     else if (phase == "optimizer")
-      profiler_->phase_done(harness::Phase::kOptimizer);
+      profiler_->phase_done(profiler::Phase::kOptimizer);
     else
       throw nb::value_error(("phase must be 'forward_backward', 'all_reduce' or 'optimizer', not '" + phase + "'").c_str());
   }
   void step_end(int64_t images) { profiler_->step_end(images); }
   nb::dict end_epoch() {
-    harness::StepBreakdown b;
+    profiler::StepBreakdown b;
     {
       nb::gil_scoped_release nogil;  // waits for the epoch's CUDA events
       b = profiler_->end_epoch();
@@ -105,7 +105,7 @@ class PyProfiler {
     return breakdown_dict(b);
   }
   nb::dict finish() {
-    harness::RunProfile p;
+    profiler::RunProfile p;
     {
       nb::gil_scoped_release nogil;
       p = profiler_->finish();
@@ -130,7 +130,7 @@ class PyProfiler {
  private:
   std::atomic<uintptr_t> stream_{0};        // a cudaStream_t; 0: the legacy default stream
   std::shared_ptr<loader::Loader> loader_;  // outlives profiler_ (declared first)
-  std::unique_ptr<harness::Profiler> profiler_;
+  std::unique_ptr<profiler::Profiler> profiler_;
 };
 
 }  // namespace

@@ -1,5 +1,5 @@
 """gpufeed.profile around gpufeed's and torch's loaders: the records `gpufeed train` writes,
-a Chrome trace, a verdict, and tools/plot.py drawing the metrics."""
+a Chrome trace, a verdict, and tools/bench/plot.py drawing the metrics."""
 import json
 import subprocess
 import sys
@@ -61,7 +61,7 @@ def test_profile_torch_dataloader_and_plot(tmp_path, folder):
     recs = records(metrics)
     assert [r["type"] for r in recs].count("steps") == 6 and recs[-1]["type"] == "summary"
     out = tmp_path / "png"
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "plot.py"), str(metrics), "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench" / "plot.py"), str(metrics), "--out", str(out)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     for name in ("throughput", "data_wait", "breakdown", "summary"):

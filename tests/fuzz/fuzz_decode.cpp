@@ -24,7 +24,7 @@
 
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/decode/error.h"
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 #include "gpufeed/loader/loader.h"
 
 namespace {
@@ -33,12 +33,12 @@ namespace fs = std::filesystem;
 using namespace gpufeed;
 
 /// A dataset of one file, rewritten for every input.
-class OneFile : public loader::Dataset {
+class OneFile : public datasets::Dataset {
  public:
   explicit OneFile(fs::path path) : path_(std::move(path).string()), classes_{"x"} {}
   int64_t size() const override { return 1000; }  // any index: the index keys the crop's RNG
-  loader::SampleRef at(int64_t) const override {
-    loader::SampleRef r;
+  datasets::SampleRef at(int64_t) const override {
+    datasets::SampleRef r;
     r.path = path_;
     return r;
   }

@@ -29,26 +29,26 @@ PUBLIC_HEADERS = [
     "gpufeed/loader.h", "gpufeed/torch.h", "gpufeed/version.h",
     "gpufeed/decode/decoder.h", "gpufeed/decode/error.h",
     "gpufeed/sampler/sampler.h", "gpufeed/sampler/randperm.h", "gpufeed/sampler/ra_sampler.h",
-    "gpufeed/loader/augment.h", "gpufeed/loader/batch.h", "gpufeed/loader/dataset.h", "gpufeed/loader/host_allocator.h",
-    "gpufeed/loader/loader.h", "gpufeed/loader/remote.h", "gpufeed/loader/resize.h", "gpufeed/loader/shards.h",
-    "gpufeed/loader/synthetic.h",
+    "gpufeed/transforms/augment.h", "gpufeed/loader/batch.h", "gpufeed/datasets/dataset.h", "gpufeed/loader/host_allocator.h",
+    "gpufeed/loader/loader.h", "gpufeed/datasets/remote.h", "gpufeed/transforms/resize.h", "gpufeed/datasets/shards.h",
+    "gpufeed/datasets/synthetic.h",
     "gpufeed/loader/thread_tuner.h",
-    "gpufeed/loader/transform.h", "gpufeed/prefetch/prefetcher.h",
-    "gpufeed/device/cuda.h", "gpufeed/device/engine.h", "gpufeed/device/normalize.h", "gpufeed/harness/atomic_file.h",
+    "gpufeed/transforms/transform.h", "gpufeed/prefetch/prefetcher.h",
+    "gpufeed/device/cuda.h", "gpufeed/device/engine.h", "gpufeed/device/normalize.h", "gpufeed/profiler/atomic_file.h",
     "gpufeed/harness/amp.h", "gpufeed/harness/checkpoint.h", "gpufeed/harness/data_parallel.h",
-    "gpufeed/harness/distributed.h", "gpufeed/harness/lr_schedule.h", "gpufeed/harness/profiler.h",
-    "gpufeed/harness/progress.h", "gpufeed/harness/recipe.h", "gpufeed/harness/resnet.h", "gpufeed/harness/torch_file.h",
+    "gpufeed/harness/distributed.h", "gpufeed/harness/lr_schedule.h", "gpufeed/profiler/profiler.h",
+    "gpufeed/profiler/progress.h", "gpufeed/harness/recipe.h", "gpufeed/harness/resnet.h", "gpufeed/harness/torch_file.h",
     "gpufeed/harness/train_checkpoint.h",
     "gpufeed/harness/trainer.h",
 ]
-# loader/inspect.h belongs to gpufeed_inspect, the report `gpufeed inspect` and gpufeed.inspect()
+# pack/inspect.h belongs to gpufeed_inspect, the report `gpufeed inspect` and gpufeed.inspect()
 # share: a library of the CLI and the Python package, not of the installed package; likewise
-# loader/pack.h (gpufeed_pack, `gpufeed pack`). loader/tbb_tsan.h is the loader rooms' oneTBB helper.
-INTERNAL_HEADERS = ["gpufeed/log.h", "gpufeed/log_text.h", "gpufeed/json_text.h", "gpufeed/unique_fd.h", "gpufeed/harness/nvml.h", "gpufeed/harness/trace.h",
-                    "gpufeed/loader/inspect.h", "gpufeed/loader/pack.h", "gpufeed/loader/tbb_tsan.h",
+# pack/pack.h (gpufeed_pack, `gpufeed pack`). datasets/tbb_tsan.h is the loader rooms' oneTBB helper.
+INTERNAL_HEADERS = ["gpufeed/log.h", "gpufeed/log_text.h", "gpufeed/json_text.h", "gpufeed/unique_fd.h", "gpufeed/profiler/nvml.h", "gpufeed/profiler/trace.h",
+                    "gpufeed/pack/inspect.h", "gpufeed/pack/pack.h", "gpufeed/datasets/tbb_tsan.h",
                     # The reported structs' field lists, read by the fronts (Python, the CLI, the profiler).
                     "gpufeed/fields.h", "gpufeed/fields_json.h", "gpufeed/loader/stats_fields.h",
-                    "gpufeed/loader/remote_fields.h", "gpufeed/harness/profile_fields.h"]
+                    "gpufeed/datasets/remote_fields.h", "gpufeed/profiler/profile_fields.h"]
 ROOMS = ["common", "decode", "sampler", "datasets", "transforms", "loader", "device", "prefetch", "profiler", "harness"]
 EPOCH = re.compile(r"^epoch (\d+) batches (\d+) samples (\d+) checksum ([0-9a-f]{16})", re.M)
 

@@ -13,12 +13,14 @@
 #include <string>
 #include <vector>
 
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/sampler/sampler.h"
 
 int main(int argc, char** argv) try {
   namespace gl = gpufeed::loader;
+  namespace gd = gpufeed::datasets;
+  namespace gt = gpufeed::transforms;
   if (argc != 14) throw std::invalid_argument("usage: see the file's header");
   auto value = [&](int i, const char* name) {
     if (std::strcmp(argv[i], name) != 0) throw std::invalid_argument(std::string("expected ") + name);
@@ -29,12 +31,12 @@ int main(int argc, char** argv) try {
   const auto seed = static_cast<uint64_t>(value(8, "--seed"));
   const int64_t rank = value(10, "--rank"), world = value(12, "--world-size");
 
-  auto dataset = gl::open_dataset(argv[1]);
+  auto dataset = gd::open_dataset(argv[1]);
   gpufeed::sampler::DistributedSampler sampler(
       dataset->size(), {.num_replicas = world, .rank = rank, .seed = seed});
   gl::LoaderOptions options;
   options.seed = seed;
-  options.transform = gl::TransformOptions::imagenet(gl::TransformOptions::Kind::kTrain, size);
+  options.transform = gt::TransformOptions::imagenet(gt::TransformOptions::Kind::kTrain, size);
   std::vector<uint8_t> pixels(static_cast<size_t>(size) * size * 3);
   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
     sampler.set_epoch(epoch);

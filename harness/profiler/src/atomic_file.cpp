@@ -1,4 +1,4 @@
-#include "gpufeed/harness/atomic_file.h"
+#include "gpufeed/profiler/atomic_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 
 #include "gpufeed/unique_fd.h"
 
-namespace gpufeed::harness {
+namespace gpufeed::profiler {
 namespace {
 
 namespace fs = std::filesystem;
@@ -103,4 +103,4 @@ void write_file_atomically(const fs::path& requested, const std::vector<char>& b
   fsync_dir(path.parent_path());
 }
 
-}  // namespace gpufeed::harness
+}  // namespace gpufeed::profiler

@@ -1,4 +1,4 @@
-#include "gpufeed/harness/nvml.h"
+#include "gpufeed/profiler/nvml.h"
 
 #include <dlfcn.h>
 
@@ -8,7 +8,7 @@
 #include <mutex>
 #include <thread>
 
-namespace gpufeed::harness {
+namespace gpufeed::profiler {
 namespace {
 
 // The handful of NVML declarations we need, written out here instead of including nvml.h
@@ -193,4 +193,4 @@ std::optional<GpuSample> NvmlSampler::read_now() {
   return s;
 }
 
-}  // namespace gpufeed::harness
+}  // namespace gpufeed::profiler

@@ -1,4 +1,4 @@
-#include "gpufeed/harness/profiler.h"
+#include "gpufeed/profiler/profiler.h"
 
 #include <algorithm>
 #include <cctype>
@@ -12,15 +12,15 @@
 #include <vector>
 
 #include "gpufeed/fields_json.h"
-#include "gpufeed/harness/nvml.h"
-#include "gpufeed/harness/profile_fields.h"
-#include "gpufeed/harness/trace.h"
+#include "gpufeed/profiler/nvml.h"
+#include "gpufeed/profiler/profile_fields.h"
+#include "gpufeed/profiler/trace.h"
 #include "gpufeed/log_text.h"
 #include "gpufeed/json_text.h"
 #include "gpufeed/loader/stats_fields.h"
 
 
-namespace gpufeed::harness {
+namespace gpufeed::profiler {
 namespace {
 
 int64_t now_ns() {
@@ -799,4 +799,4 @@ RunProfile Profiler::finish() {
   return p;
 }
 
-}  // namespace gpufeed::harness
+}  // namespace gpufeed::profiler

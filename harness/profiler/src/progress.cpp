@@ -1,11 +1,11 @@
-#include "gpufeed/harness/progress.h"
+#include "gpufeed/profiler/progress.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
 
-namespace gpufeed::harness {
+namespace gpufeed::profiler {
 
 ProgressMode parse_progress_mode(const std::string& text) {
   if (text == "auto") return ProgressMode::kAuto;
@@ -77,4 +77,4 @@ void ProgressPrinter::break_line() {
   }
 }
 
-}  // namespace gpufeed::harness
+}  // namespace gpufeed::profiler

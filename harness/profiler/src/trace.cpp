@@ -1,6 +1,6 @@
-#include "gpufeed/harness/trace.h"
+#include "gpufeed/profiler/trace.h"
 
-#include "gpufeed/harness/atomic_file.h"
+#include "gpufeed/profiler/atomic_file.h"
 #include "gpufeed/json_text.h"
 
 #include <algorithm>
@@ -11,7 +11,7 @@
 #include <stdexcept>
 #include <vector>
 
-namespace gpufeed::harness {
+namespace gpufeed::profiler {
 
 struct TraceRecorder::Impl {
   size_t head_cap = 0, tail_cap = 0;
@@ -143,4 +143,4 @@ void TraceRecorder::write(const std::filesystem::path& path, const std::string& 
   }
 }
 
-}  // namespace gpufeed::harness
+}  // namespace gpufeed::profiler

@@ -8,7 +8,7 @@
 #define GPUFEED_CRC32C_X86 1
 #endif
 
-namespace gpufeed::loader::detail {
+namespace gpufeed::datasets::detail {
 namespace {
 
 constexpr uint32_t kPoly = 0x82f63b78;  // CRC-32C, reflected
@@ -55,4 +55,4 @@ uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
   return crc32c_table(crc, p, n);
 }
 
-}  // namespace gpufeed::loader::detail
+}  // namespace gpufeed::datasets::detail

@@ -4,10 +4,10 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace gpufeed::loader::detail {
+namespace gpufeed::datasets::detail {
 
 /// CRC-32C of `n` bytes, continuing `crc` (0 to start): crc32c(crc32c(0, a), b) is the CRC of a
 /// followed by b. The SSE4.2 instruction where the CPU has it (about 10 GB/s), else a table.
 uint32_t crc32c(uint32_t crc, const void* data, size_t n);
 
-}  // namespace gpufeed::loader::detail
+}  // namespace gpufeed::datasets::detail

@@ -5,9 +5,9 @@
 // defaults on purpose, which GCC's -Wextra would report one by one.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 
-namespace gpufeed::loader {
+namespace gpufeed::datasets {
 namespace {
 
 using options::Schema;
@@ -56,4 +56,4 @@ const options::Schema<DataOptions>& data_options_schema() {
   return options::made_once<make_data_schema>();
 }
 
-}  // namespace gpufeed::loader
+}  // namespace gpufeed::datasets

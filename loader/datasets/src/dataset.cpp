@@ -1,4 +1,4 @@
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -24,18 +24,18 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
-#include "gpufeed/loader/tbb_tsan.h"
+#include "gpufeed/datasets/tbb_tsan.h"
 
 #include "gpufeed/cpu_budget.h"
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/decode/error.h"
-#include "gpufeed/loader/remote.h"
-#include "gpufeed/loader/shards.h"
+#include "gpufeed/datasets/remote.h"
+#include "gpufeed/datasets/shards.h"
 #include "gpufeed/log.h"
 #include "gpufeed/unique_fd.h"
 #include "index_cache.h"
 
-namespace gpufeed::loader {
+namespace gpufeed::datasets {
 namespace fs = std::filesystem;
 namespace {
 
@@ -729,4 +729,4 @@ std::shared_ptr<Dataset> open_dataset(const fs::path& path, const DataOptions& d
   return std::make_shared<FlatFolder>(path, flat);
 }
 
-}  // namespace gpufeed::loader
+}  // namespace gpufeed::datasets

@@ -18,7 +18,7 @@
 #include "gpufeed/log.h"
 #include "gpufeed/unique_fd.h"
 
-namespace gpufeed::loader::detail {
+namespace gpufeed::datasets::detail {
 namespace fs = std::filesystem;
 namespace {
 
@@ -409,4 +409,4 @@ void write_cache(const fs::path& file, const CacheKey& key, const std::vector<De
   }
 }
 
-}  // namespace gpufeed::loader::detail
+}  // namespace gpufeed::datasets::detail

@@ -1,6 +1,6 @@
 #pragma once
 // The index cache (internal): a dataset's listing written once and read back on the next start
-// instead of walking the tree (DataOptions in gpufeed/loader/dataset.h says where it lives
+// instead of walking the tree (DataOptions in gpufeed/datasets/dataset.h says where it lives
 // and when it is used).
 //
 // File layout (native byte order; a cache is a local artefact, rebuilt on any mismatch):
@@ -24,9 +24,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 
-namespace gpufeed::loader::detail {
+namespace gpufeed::datasets::detail {
 
 /// What the listing depended on: a folder (or list file, or shard) and its identity then.
 struct Dependency {
@@ -156,4 +156,4 @@ constexpr int64_t kRacyWindowNs = 1000000000;
 void write_cache(const std::filesystem::path& file, const CacheKey& key, const std::vector<Dependency>& deps,
                  int64_t listing_started_ns, const std::function<void(CacheWriter&)>& payload);
 
-}  // namespace gpufeed::loader::detail
+}  // namespace gpufeed::datasets::detail

@@ -14,12 +14,12 @@
 #include <fmt/format.h>
 
 #include "gpufeed/log.h"
-#include "gpufeed/loader/remote.h"
+#include "gpufeed/datasets/remote.h"
 #include "gpufeed/unique_fd.h"
 #include "crc32c.h"
 #include "index_cache.h"
 
-namespace gpufeed::loader::remote {
+namespace gpufeed::datasets::remote {
 namespace fs = std::filesystem;
 namespace {
 
@@ -280,4 +280,4 @@ void Cache::evict() {
   }
 }
 
-}  // namespace gpufeed::loader::remote
+}  // namespace gpufeed::datasets::remote

@@ -29,7 +29,7 @@
 
 #include "gpufeed/decode/decoder.h"
 
-namespace gpufeed::loader::remote {
+namespace gpufeed::datasets::remote {
 
 /// What the cache served and refused, summed over its life (RemoteShards::cache_stats).
 struct CacheStats {
@@ -84,4 +84,4 @@ class Cache {
   CacheStats stats_;  // under mu_
 };
 
-}  // namespace gpufeed::loader::remote
+}  // namespace gpufeed::datasets::remote

@@ -17,9 +17,9 @@
 #include <thread>
 
 #include "gpufeed/log.h"
-#include "gpufeed/loader/remote.h"
+#include "gpufeed/datasets/remote.h"
 
-namespace gpufeed::loader::remote {
+namespace gpufeed::datasets::remote {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -536,4 +536,4 @@ Response Client::fetch(Request r) {
   return response;
 }
 
-}  // namespace gpufeed::loader::remote
+}  // namespace gpufeed::datasets::remote

@@ -12,14 +12,14 @@
 #include <vector>
 
 #include "gpufeed/decode/decoder.h"
-#include "gpufeed/loader/dataset.h"
-#include "gpufeed/loader/remote.h"
+#include "gpufeed/datasets/dataset.h"
+#include "gpufeed/datasets/remote.h"
 
-namespace gpufeed::loader::remote {
+namespace gpufeed::datasets::remote {
 
-using loader::S3Config;
-using loader::s3_config;
-using loader::s3_http_url;
+using datasets::S3Config;
+using datasets::s3_config;
+using datasets::s3_http_url;
 
 /// One request: a HEAD, or a GET of bytes [offset, offset + size) (size < 0: the whole object).
 struct Request {
@@ -68,4 +68,4 @@ class Client {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace gpufeed::loader::remote
+}  // namespace gpufeed::datasets::remote

@@ -21,10 +21,10 @@
 
 #include <fmt/format.h>
 
-#include "gpufeed/loader/remote.h"
+#include "gpufeed/datasets/remote.h"
 #include "remote_client.h"
 
-namespace gpufeed::loader {
+namespace gpufeed::datasets {
 namespace {
 
 std::string trim(std::string_view s) {
@@ -510,4 +510,4 @@ std::string s3_http_url(const std::string& s3_url, const S3Config& config) {
   return "https://" + bucket + ".s3." + config.region + ".amazonaws.com/" + key;
 }
 
-}  // namespace gpufeed::loader
+}  // namespace gpufeed::datasets

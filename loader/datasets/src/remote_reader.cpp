@@ -11,12 +11,12 @@
 
 #include <fmt/format.h>
 
-#include "gpufeed/loader/remote.h"
+#include "gpufeed/datasets/remote.h"
 #include "remote_cache.h"
 #include "remote_client.h"
 #include "remote_store.h"
 
-namespace gpufeed::loader {
+namespace gpufeed::datasets {
 namespace {
 
 // Samples coalesced into one request: consecutive in the order and adjacent in one shard (sample
@@ -264,4 +264,4 @@ class RemoteReader final : public SampleReader {
 
 std::unique_ptr<SampleReader> RemoteShards::reader() const { return std::make_unique<RemoteReader>(*store_); }
 
-}  // namespace gpufeed::loader
+}  // namespace gpufeed::datasets

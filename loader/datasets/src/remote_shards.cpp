@@ -19,14 +19,14 @@
 #include <fmt/format.h>
 
 #include "gpufeed/log.h"
-#include "gpufeed/loader/remote.h"
-#include "gpufeed/loader/shards.h"
+#include "gpufeed/datasets/remote.h"
+#include "gpufeed/datasets/shards.h"
 #include "index_cache.h"
 #include "remote_cache.h"
 #include "remote_client.h"
 #include "remote_store.h"
 
-namespace gpufeed::loader {
+namespace gpufeed::datasets {
 namespace fs = std::filesystem;
 namespace {
 
@@ -420,4 +420,4 @@ RemoteStats RemoteShards::stats() const {
   return s;
 }
 
-}  // namespace gpufeed::loader
+}  // namespace gpufeed::datasets

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 #include "remote_cache.h"
 #include "remote_client.h"
 
-namespace gpufeed::loader::remote {
+namespace gpufeed::datasets::remote {
 
 struct Store {
   DataOptions options;
@@ -43,4 +43,4 @@ struct Store {
   void read(int64_t i, const SampleRef& ref, decode::ByteBuffer& out) const;
 };
 
-}  // namespace gpufeed::loader::remote
+}  // namespace gpufeed::datasets::remote

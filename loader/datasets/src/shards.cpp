@@ -1,4 +1,4 @@
-#include "gpufeed/loader/shards.h"
+#include "gpufeed/datasets/shards.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -19,7 +19,7 @@
 #include "gpufeed/unique_fd.h"
 #include "index_cache.h"
 
-namespace gpufeed::loader {
+namespace gpufeed::datasets {
 namespace fs = std::filesystem;
 namespace {
 
@@ -644,4 +644,4 @@ ShardIndex parse_shard_index(std::string_view text, const std::string& source) {
   return index;
 }
 
-}  // namespace gpufeed::loader
+}  // namespace gpufeed::datasets

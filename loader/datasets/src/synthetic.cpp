@@ -1,10 +1,10 @@
-#include "gpufeed/loader/synthetic.h"
+#include "gpufeed/datasets/synthetic.h"
 
 #include <fmt/format.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
-#include "gpufeed/loader/tbb_tsan.h"
+#include "gpufeed/datasets/tbb_tsan.h"
 
 #include <algorithm>
 #include <array>
@@ -16,7 +16,7 @@
 
 #include "gpufeed/decode/decoder.h"
 
-namespace gpufeed::loader {
+namespace gpufeed::datasets {
 namespace {
 
 // HSV (h in [0,1), s, v in [0,1]) to RGB in [0,255].
@@ -97,4 +97,4 @@ int64_t write_synthetic_image_folder(const std::filesystem::path& root, const Sy
   return total;
 }
 
-}  // namespace gpufeed::loader
+}  // namespace gpufeed::datasets

@@ -1,4 +1,4 @@
-#include "gpufeed/loader/inspect.h"
+#include "gpufeed/pack/inspect.h"
 
 #include <fmt/format.h>
 
@@ -10,9 +10,9 @@
 
 #include "gpufeed/decode/error.h"
 #include "gpufeed/json_text.h"
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 
-namespace gpufeed::loader {
+namespace gpufeed::pack {
 
 namespace {
 
@@ -40,7 +40,7 @@ std::vector<Target> collect(const std::vector<std::string>& paths, bool all_file
     // folder is an error naming it).
     std::vector<fs::path> found;
     try {
-      found = list_files(root, all_files ? std::vector<std::string>{} : default_image_extensions());
+      found = datasets::list_files(root, all_files ? std::vector<std::string>{} : datasets::default_image_extensions());
     } catch (const std::runtime_error& e) {
       throw std::runtime_error(std::string("inspect: ") + e.what());
     }
@@ -181,4 +181,4 @@ std::string inspect_json(const std::vector<InspectReport>& reports, int indent) 
                    indent);
 }
 
-}  // namespace gpufeed::loader
+}  // namespace gpufeed::pack

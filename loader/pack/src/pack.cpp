@@ -1,7 +1,7 @@
-// `gpufeed pack`: datasets written as WebDataset tar shards (gpufeed/loader/pack.h). Workers
+// `gpufeed pack`: datasets written as WebDataset tar shards (gpufeed/pack/pack.h). Workers
 // decode/resize/encode one chunk of samples in parallel; the calling thread then writes that
 // chunk in dataset order, so the bytes never depend on the thread count.
-#include "gpufeed/loader/pack.h"
+#include "gpufeed/pack/pack.h"
 
 #include <fmt/format.h>
 #include <tbb/blocked_range.h>
@@ -29,14 +29,14 @@
 
 #include "gpufeed/cpu_budget.h"
 #include "gpufeed/json_text.h"
-#include "gpufeed/loader/resize.h"
-#include "gpufeed/loader/shards.h"
+#include "gpufeed/transforms/resize.h"
+#include "gpufeed/datasets/shards.h"
 #include "gpufeed/version.h"
-#include "gpufeed/loader/tbb_tsan.h"
+#include "gpufeed/datasets/tbb_tsan.h"
 
 namespace fs = std::filesystem;
 
-namespace gpufeed::loader {
+namespace gpufeed::pack {
 namespace {
 
 std::string os_reason(int err) { return std::error_code(err, std::generic_category()).message(); }
@@ -133,7 +133,7 @@ void TarWriter::close() {
   static const char zeros[1024] = {};
   write(zeros, sizeof zeros);
   sha256_ = digest_->hex();
-  const std::string trailer = format_shard_trailer({.sha256 = sha256_, .tar_bytes = bytes_});
+  const std::string trailer = datasets::format_shard_trailer({.sha256 = sha256_, .tar_bytes = bytes_});
   if (std::fwrite(trailer.data(), 1, trailer.size(), file_) != trailer.size())
     throw std::runtime_error("pack: cannot write " + path_.string() + ": " + os_reason(errno));
   bytes_ += static_cast<int64_t>(trailer.size());
@@ -224,7 +224,7 @@ struct WorkerState {
   decode::Decoder decoder;
   decode::ImageBuffer image;
   std::vector<uint8_t> bytes, resized;
-  Resizer resizer;
+  transforms::Resizer resizer;
   std::string source;
 };
 
@@ -238,7 +238,7 @@ std::pair<int, int> target_size(int w, int h, int max_side) {
 std::string ppm_header(int w, int h) { return fmt::format("P6\n{} {}\n255\n", w, h); }
 
 // `raw`: store the sample as PPM (the raw budget chose it).
-void process(const Dataset& dataset, int64_t i, const PackOptions& o, bool raw, WorkerState& st, Item& it) {
+void process(const datasets::Dataset& dataset, int64_t i, const PackOptions& o, bool raw, WorkerState& st, Item& it) {
   it.bytes.clear();
   it.ext.clear();
   it.reencoded = it.raw = false;
@@ -248,9 +248,9 @@ void process(const Dataset& dataset, int64_t i, const PackOptions& o, bool raw, 
   it.reason.clear();
   st.source.clear();
   try {
-    const SampleRef s = dataset.at(i);
+    const datasets::SampleRef s = dataset.at(i);
     s.source(st.source);
-    read_sample(s, st.bytes);
+    datasets::read_sample(s, st.bytes);
     it.bytes_in = static_cast<int64_t>(st.bytes.size());
     const decode::ImageInfo info = decode::probe(st.bytes, st.source);
     decode::DecodeOptions d = o.decode;
@@ -273,7 +273,7 @@ void process(const Dataset& dataset, int64_t i, const PackOptions& o, bool raw, 
       std::tie(w, h) = target_size(st.image.width, st.image.height, o.max_side);
       st.resized.resize(static_cast<size_t>(w) * h * 3);
       st.resizer.resize(st.image.pixels.data(), st.image.width, st.image.height, static_cast<size_t>(st.image.width) * 3,
-                        BoxF{0, 0, static_cast<double>(st.image.width), static_cast<double>(st.image.height)},
+                        transforms::BoxF{0, 0, static_cast<double>(st.image.width), static_cast<double>(st.image.height)},
                         st.resized.data(), w, h, static_cast<size_t>(w) * 3);
       pixels = st.resized.data();
     }
@@ -326,13 +326,13 @@ struct SampleModel {
 // (RawPlan::encoded, ppm).
 class RawSurvey {
  public:
-  RawSurvey(const Dataset& dataset, const PackOptions& o)
+  RawSurvey(const datasets::Dataset& dataset, const PackOptions& o)
       : models(static_cast<size_t>(dataset.size())), kept(models.size()), kept_ppm(models.size()),
         dataset_(dataset), o_(o), n_(dataset.size()) {}
 
   void run(tbb::task_arena& arena, tbb::enumerable_thread_specific<WorkerState>& states) {
     arena.execute([&] {
-      detail::parallel_for_ordered(tbb::blocked_range<int64_t>(0, n_, 1), [&](const tbb::blocked_range<int64_t>& range) {
+      datasets::detail::parallel_for_ordered(tbb::blocked_range<int64_t>(0, n_, 1), [&](const tbb::blocked_range<int64_t>& range) {
         std::vector<uint8_t> bytes;
         std::string source;
         Item encoded;
@@ -357,9 +357,9 @@ class RawSurvey {
   void model(int64_t i, std::vector<uint8_t>& bytes, std::string& source, Item& encoded,
              tbb::enumerable_thread_specific<WorkerState>& states) {
     SampleModel& m = models[static_cast<size_t>(i)];
-    const SampleRef s = dataset_.at(i);
+    const datasets::SampleRef s = dataset_.at(i);
     s.source(source);
-    read_sample(s, bytes);
+    datasets::read_sample(s, bytes);
     const decode::ImageInfo info = decode::probe(bytes, source);
     const bool resize = o_.max_side > 0 && std::max(info.width, info.height) > o_.max_side;
     const auto [w, h] = resize ? target_size(info.width, info.height, o_.max_side) : std::pair{info.width, info.height};
@@ -417,7 +417,7 @@ class RawSurvey {
     return budget_seen / extra_seen >= 0.125;
   }
 
-  const Dataset& dataset_;
+  const datasets::Dataset& dataset_;
   const PackOptions& o_;
   const int64_t n_;
   std::atomic<int64_t> kept_jpeg_bytes_{0}, kept_ppm_bytes_{0};
@@ -460,7 +460,7 @@ RawPlan choose_raw(RawSurvey& survey, const PackOptions& o) {
   return plan;
 }
 
-RawPlan plan_raw(const Dataset& dataset, const PackOptions& o, tbb::task_arena& arena,
+RawPlan plan_raw(const datasets::Dataset& dataset, const PackOptions& o, tbb::task_arena& arena,
                  tbb::enumerable_thread_specific<WorkerState>& states) {
   RawSurvey survey(dataset, o);
   survey.run(arena, states);
@@ -476,7 +476,7 @@ bool is_shard_name(const std::string& name, const std::string& prefix) {
 
 // "<prefix>-NNNNNN.tar.gpufeed-idx": a shard's index (format_shard_index).
 bool is_shard_index_name(const std::string& name, const std::string& prefix) {
-  const std::string_view suffix = kShardIndexSuffix;
+  const std::string_view suffix = datasets::kShardIndexSuffix;
   return name.size() > suffix.size() && name.ends_with(suffix) &&
          is_shard_name(name.substr(0, name.size() - suffix.size()), prefix);
 }
@@ -531,7 +531,7 @@ nlohmann::json manifest(const PackResult& r, const PackOptions& o, const fs::pat
         {"reencode", o.reencode},
         {"raw_budget", o.raw_budget},
         {"raw_budget_fraction", o.raw_budget_fraction},
-        {"on_error", o.error_policy == ErrorPolicy::kSkip ? "skip" : "raise"},
+        {"on_error", o.error_policy == loader::ErrorPolicy::kSkip ? "skip" : "raise"},
         {"max_skips", o.max_skips},
         {"strict_decode", o.decode.strict}}},
       {"skipped", skipped},
@@ -590,7 +590,7 @@ void remove_leftovers(const fs::path& out_dir, const OutputFolder& folder, const
   for (const std::string& name : folder.existing) {
     if (name == "manifest.json") continue;
     if (std::none_of(r.shards.begin(), r.shards.end(),
-                     [&](const PackedShard& s) { return s.file == name || s.file + kShardIndexSuffix == name; }))
+                     [&](const PackedShard& s) { return s.file == name || s.file + datasets::kShardIndexSuffix == name; }))
       fs::remove(out_dir / name, ec);
   }
   for (const std::string& name : folder.stale) fs::remove(out_dir / name, ec);
@@ -663,10 +663,10 @@ class ShardSet {
     // Its index beside it (shard_index.h's format), for opening it remotely without its headers.
     index_.shard_size = r_.shards.back().bytes;
     index_.sha256 = r_.shards.back().sha256;
-    const fs::path index_path = final_path.string() + kShardIndexSuffix;
-    write_text_atomically(index_path, format_shard_index(index_));
+    const fs::path index_path = final_path.string() + datasets::kShardIndexSuffix;
+    write_text_atomically(index_path, datasets::format_shard_index(index_));
     written_.push_back(index_path);
-    index_ = ShardIndex{};
+    index_ = datasets::ShardIndex{};
   }
 
   const fs::path& out_dir_;
@@ -677,17 +677,17 @@ class ShardSet {
   fs::path tmp_;
   std::vector<fs::path> written_;  // renamed into place by this pack
   std::vector<uint8_t> cls_;       // the label member's bytes
-  ShardIndex index_;               // the open shard's samples
+  datasets::ShardIndex index_;               // the open shard's samples
   bool armed_ = true;
 };
 
 // Fills items[0, end - start) with samples start..end-1, in parallel: what the raw plan's first
 // pass kept (made, and so validated, already), else process()'s output.
-void process_chunk(const Dataset& dataset, const PackOptions& o, int64_t start, int64_t end, RawPlan& raw_plan,
+void process_chunk(const datasets::Dataset& dataset, const PackOptions& o, int64_t start, int64_t end, RawPlan& raw_plan,
                    tbb::task_arena& arena, tbb::enumerable_thread_specific<WorkerState>& states,
                    std::vector<Item>& items) {
   arena.execute([&] {
-    detail::parallel_for_ordered(tbb::blocked_range<int64_t>(start, end, 1), [&](const tbb::blocked_range<int64_t>& range) {
+    datasets::detail::parallel_for_ordered(tbb::blocked_range<int64_t>(start, end, 1), [&](const tbb::blocked_range<int64_t>& range) {
       WorkerState& st = states.local();
       for (int64_t i = range.begin(); i < range.end(); ++i) {
         const bool raw = raw_plan.pick[static_cast<size_t>(i)] != 0;
@@ -707,9 +707,9 @@ void process_chunk(const Dataset& dataset, const PackOptions& o, int64_t start, 
 
 // Sample i, which failed: rethrown under ErrorPolicy::kRaise, else recorded as skipped (by
 // kind), which throws std::runtime_error once more than max_skips are.
-void skip(const Dataset& dataset, int64_t i, const PackOptions& o, const Item& it, PackResult& r) {
-  if (o.error_policy == ErrorPolicy::kRaise) std::rethrow_exception(it.error);
-  const SampleRef s = dataset.at(i);
+void skip(const datasets::Dataset& dataset, int64_t i, const PackOptions& o, const Item& it, PackResult& r) {
+  if (o.error_policy == loader::ErrorPolicy::kRaise) std::rethrow_exception(it.error);
+  const datasets::SampleRef s = dataset.at(i);
   r.skipped.push_back({i, s.source(), it.kind, it.reason});
   ++r.skipped_by_kind[it.kind];
   if (static_cast<int64_t>(r.skipped.size()) > o.max_skips)
@@ -743,7 +743,7 @@ std::string PackResult::summary() const {
       seconds > 0 ? static_cast<double>(samples + static_cast<int64_t>(skipped.size())) / seconds : 0.0);
 }
 
-PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs::path& out_dir,
+PackResult pack_dataset(const datasets::Dataset& dataset, const fs::path& source, const fs::path& out_dir,
                         const PackOptions& o, const std::function<void(const PackProgress&)>& progress) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
@@ -779,7 +779,7 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
         skip(dataset, i, o, it, r);
         continue;
       }
-      const SampleRef s = dataset.at(i);
+      const datasets::SampleRef s = dataset.at(i);
       shards.add(pack_key(i, n, s.path, s.member, base), s.label, it);
       count_packed(it, r);
     }
@@ -800,4 +800,4 @@ PackResult pack_dataset(const Dataset& dataset, const fs::path& source, const fs
   return r;
 }
 
-}  // namespace gpufeed::loader
+}  // namespace gpufeed::pack

@@ -15,9 +15,9 @@
 #include <utility>
 
 #include "gpufeed/loader/loader.h"
-#include "gpufeed/loader/pack.h"
+#include "gpufeed/pack/pack.h"
 
-namespace gpufeed::loader {
+namespace gpufeed::pack {
 namespace {
 
 using options::OptionError;
@@ -31,7 +31,7 @@ constexpr double kMostBytes = 9e18;                           // below INT64_MAX
 
 /// The loader's row of the same name, with pack's own help where the loader's would mislead.
 Spec loader_spec(std::string_view name, std::string help = "") {
-  Spec s = loader_options_schema().find(name)->spec;
+  Spec s = loader::loader_options_schema().find(name)->spec;
   if (!help.empty()) s.help = std::move(help);
   return s;
 }
@@ -110,7 +110,7 @@ void add_worker_rows(Schema<PackOptions>& s) {
   s.member(std::move(workers), &PackOptions::num_workers);
   s.add(loader_spec("on_error", "a file that cannot be read or decoded: raise (stop, naming it) or skip (leave it "
                                 "out, counted and listed in the summary and manifest.json)"),
-        [](PackOptions& o, const Value& v) { o.error_policy = parse_error_policy(std::get<std::string>(v)); },
+        [](PackOptions& o, const Value& v) { o.error_policy = loader::parse_error_policy(std::get<std::string>(v)); },
         [](const PackOptions& o) -> Value { return std::string(to_string(o.error_policy)); });
   s.member(loader_spec("max_skips", "on_error skip: more skipped files than this is an error"),
            &PackOptions::max_skips);
@@ -141,4 +141,4 @@ const options::Schema<PackOptions>& pack_options_schema() {
   return options::made_once<make_pack_schema>();
 }
 
-}  // namespace gpufeed::loader
+}  // namespace gpufeed::pack

@@ -3,7 +3,7 @@
 // the same float32 operations are done here in the same order (fused multiply-adds where ATen's
 // vectorised CPU kernels fuse), so the goldens can hold most ops to every pixel; colour ops whose
 // result depends on the pixel value alone run through 256-entry lookup tables.
-#include "gpufeed/loader/augment.h"
+#include "gpufeed/transforms/augment.h"
 
 #include <algorithm>
 #include <bit>
@@ -21,7 +21,7 @@
 #include <immintrin.h>
 #endif
 
-namespace gpufeed::loader {
+namespace gpufeed::transforms {
 namespace {
 
 using Op = AugmentOp;
@@ -1203,4 +1203,4 @@ void apply_augment(const AugmentPlan& plan, uint8_t* image, int height, int widt
   }
 }
 
-}  // namespace gpufeed::loader
+}  // namespace gpufeed::transforms

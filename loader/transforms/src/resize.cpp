@@ -11,7 +11,7 @@
 // exactly the same integer sums with one rounding per pass, so their outputs are identical bytes
 // (tests/test_resize.cpp).
 
-#include "gpufeed/loader/resize.h"
+#include "gpufeed/transforms/resize.h"
 
 #include <algorithm>
 #include <cmath>
@@ -27,7 +27,7 @@
 #define GPUFEED_RESIZE_X86 1
 #endif
 
-namespace gpufeed::loader {
+namespace gpufeed::transforms {
 namespace {
 
 constexpr int kPrecisionBits = 14;
@@ -675,4 +675,4 @@ void Resizer::resize_rows(const uint8_t* src, size_t src_stride, Columns columns
   }
 }
 
-}  // namespace gpufeed::loader
+}  // namespace gpufeed::transforms

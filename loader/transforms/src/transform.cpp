@@ -1,4 +1,4 @@
-#include "gpufeed/loader/transform.h"
+#include "gpufeed/transforms/transform.h"
 
 #include <algorithm>
 #include <cfenv>
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace gpufeed::loader {
+namespace gpufeed::transforms {
 namespace {
 
 constexpr uint32_t kPhiloxM0 = 0xD2511F53u;
@@ -239,4 +239,4 @@ void resize_sample(const SamplePlan& plan, const decode::DecodeResult& result,
                  static_cast<size_t>(s) * 3, plan.flip, plan.filter);
 }
 
-}  // namespace gpufeed::loader
+}  // namespace gpufeed::transforms

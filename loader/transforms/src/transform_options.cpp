@@ -10,9 +10,9 @@
 
 #include <cmath>
 
-#include "gpufeed/loader/transform.h"
+#include "gpufeed/transforms/transform.h"
 
-namespace gpufeed::loader {
+namespace gpufeed::transforms {
 namespace {
 
 using options::Schema;
@@ -198,4 +198,4 @@ const options::Schema<TransformOptions>& transform_options_schema() {
   return options::made_once<make_transform_schema>();
 }
 
-}  // namespace gpufeed::loader
+}  // namespace gpufeed::transforms

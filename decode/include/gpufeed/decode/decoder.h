@@ -231,7 +231,7 @@ struct DefaultInitAllocator : std::allocator<T> {
 };
 
 /// A byte vector whose resize() leaves the bytes it adds uninitialised: the loader's per-thread
-/// file buffer (read_file, loader::read_sample), which a read then fills.
+/// file buffer (read_file, datasets::read_sample), which a read then fills.
 using ByteBuffer = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
 
 /// Reads a whole file into `out` (reusing its capacity). Throws DecodeError kIo naming the path

@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "gpufeed/device/cuda.h"
-#include "gpufeed/loader/transform.h"
+#include "gpufeed/transforms/transform.h"
 
 namespace gpufeed::device {
 
@@ -24,10 +24,10 @@ enum class OutputType {
 int64_t element_size(OutputType type);
 
 /// Normalisation applied to x / 255: (x / 255 - mean) / std, per RGB channel. Defaults are the
-/// ImageNet statistics torchvision's models were trained with (gpufeed/loader/transform.h).
+/// ImageNet statistics torchvision's models were trained with (gpufeed/transforms/transform.h).
 struct NormalizeOptions {
-  std::array<float, 3> mean = loader::kImageNetMean;
-  std::array<float, 3> std = loader::kImageNetStd;
+  std::array<float, 3> mean = transforms::kImageNetMean;
+  std::array<float, 3> std = transforms::kImageNetStd;
 };
 
 /// The conversion as a multiply then a subtract in float32 (two roundings, no fused multiply-add):

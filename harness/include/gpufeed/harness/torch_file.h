@@ -12,7 +12,7 @@
 
 #include <ATen/core/ivalue.h>
 
-#include "gpufeed/harness/atomic_file.h"  // write_file_atomically, set_write_fault_hook
+#include "gpufeed/profiler/atomic_file.h"  // write_file_atomically, set_write_fault_hook
 
 #include <cstdint>
 #include <filesystem>

@@ -22,7 +22,7 @@
 
 #include "gpufeed/harness/amp.h"
 #include "gpufeed/harness/lr_schedule.h"
-#include "gpufeed/harness/profiler.h"
+#include "gpufeed/profiler/profiler.h"
 #include "gpufeed/harness/recipe.h"
 #include "gpufeed/harness/resnet.h"
 #include "gpufeed/harness/schedule_options.h"
@@ -93,7 +93,7 @@ struct TrainOptions {
   /// validation crop) and per-sample augmentations transform.augment (augment.h). The trainer
   /// sets the transform's kind and max_image_size, and builds the validation transform itself.
   loader::LoaderOptions loader = default_train_loader_options();
-  loader::DataOptions index_cache;  ///< the datasets' index cache ("" the user's cache folder)
+  datasets::DataOptions index_cache;  ///< the datasets' index cache ("" the user's cache folder)
   /// Validation Resize (shorter side) and CenterCrop, pixels (the references' --val-resize-size,
   /// --val-crop-size). 0: val_crop_size = loader.transform.rrc.size, val_resize_size = round(crop x
   /// 256 / 224).
@@ -246,10 +246,10 @@ struct TrainOptions {
   const std::atomic<int>* stop_flag = nullptr;
   /// Set to true by fit() just before its first training step (after the rendezvous, dataset
   /// listing, model and loader setup). A signal handler reads it to tell "nothing to save yet,
-  /// exit now" from "finish the step and checkpoint" (tools/cmd_train.cpp). May be null.
+  /// exit now" from "finish the step and checkpoint" (tools/cli/cmd_train.cpp). May be null.
   std::atomic<bool>* steps_started = nullptr;
 
-  ProfileOptions profile{};         ///< metrics file, trace, progress callback (profiler.h)
+  profiler::ProfileOptions profile{};         ///< metrics file, trace, progress callback (profiler.h)
 
   /// The rules these options must keep on their own (no world size, device or dataset needed):
   /// epochs, batch_size and accum_steps >= 1, image_size >= 8 (and every progressive-resizing
@@ -391,7 +391,7 @@ class Trainer {
   /// The profile of the last fit(): step breakdown, GPU busy fraction, loader counters and the
   /// input-bound / compute-bound verdict. Empty (no steps) before fit(). With gradient
   /// accumulation a profiled "step" is one micro-batch.
-  const RunProfile& profile() const;
+  const profiler::RunProfile& profile() const;
 
  private:
   struct Impl;

@@ -25,10 +25,10 @@
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/option.h"
 #include "gpufeed/loader/batch.h"
-#include "gpufeed/loader/dataset.h"
+#include "gpufeed/datasets/dataset.h"
 #include "gpufeed/loader/host_allocator.h"
 #include "gpufeed/loader/thread_tuner.h"
-#include "gpufeed/loader/transform.h"
+#include "gpufeed/transforms/transform.h"
 #include "gpufeed/sampler/sampler.h"
 
 namespace gpufeed::loader {
@@ -101,7 +101,7 @@ struct LoaderOptions {
   int num_workers = 0;        ///< decode threads in the loader's arena; 0 = the CPU budget (gpufeed/cpu_budget.h: the affinity mask and cgroup quota); kAutoNumWorkers = chosen from measurements; at most kMaxNumWorkers
   int prefetch_depth = 3;     ///< batch slots that exist, held by the consumer included; >= 1, or kAutoPrefetchDepth
   uint64_t seed = 0;          ///< augmentation seed: sample i of epoch e draws from (seed, e, i)
-  TransformOptions transform{};        ///< train or eval transform and its parameters
+  transforms::TransformOptions transform{};        ///< train or eval transform and its parameters
   decode::DecodeOptions decode{};      ///< pixel limit, truncated-data policy (scale/crop ignored)
   ErrorPolicy error_policy = ErrorPolicy::kRaise;
   int64_t max_skips = 100;    ///< skip policy: more skips than this in one epoch is an error
@@ -269,7 +269,7 @@ class Loader {
   /// std::runtime_error naming the sizes when the slots cannot be allocated. Logs a warning
   /// when num_workers exceeds the process's CPU budget (as DataLoader does), saying what the
   /// budget is made of (affinity mask, cgroup quota).
-  Loader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<sampler::Sampler> sampler,
+  Loader(std::shared_ptr<const datasets::Dataset> dataset, std::shared_ptr<sampler::Sampler> sampler,
          LoaderOptions options, std::shared_ptr<HostAllocator> allocator = nullptr);
   ~Loader();
   Loader(const Loader&) = delete;
@@ -343,7 +343,7 @@ class Loader {
   /// kAutoPrefetchStart it began with plus those added since. Thread-safe.
   int prefetch_depth() const;
   /// The dataset.
-  const Dataset& dataset() const;
+  const datasets::Dataset& dataset() const;
   /// Counters so far.
   LoaderStats stats() const;
   /// Skips in the batches next() has returned in the current epoch (epoch_summary().skipped).
@@ -368,7 +368,7 @@ class Loader {
 /// box, region and flip (plan_sample), and the decode's DCT scale and crop window
 /// (decode_options_for).
 struct PlannedSample {
-  SamplePlan plan;
+  transforms::SamplePlan plan;
   decode::DecodeOptions decode;
 };
 
@@ -384,12 +384,12 @@ PlannedSample plan_for(const decode::ImageInfo& info, const LoaderOptions& optio
 /// Decodes and transforms one sample exactly as the loader's workers do, into `out`
 /// ([S, S, 3] uint8, S = options.transform.output_size()). For tests and tools; uses a
 /// thread-local decoder. Throws decode::DecodeError.
-void load_sample(const Dataset& dataset, int64_t index, int64_t epoch, const LoaderOptions& options,
+void load_sample(const datasets::Dataset& dataset, int64_t index, int64_t epoch, const LoaderOptions& options,
                  uint8_t* out);
 /// The same, its bytes read through `reader` (dataset.reader()) as plan `tag`'s (announce the
 /// index first): once the reader forgets `tag`, a read waiting there throws decode::DecodeError
 /// kIo ("cancelled"), so another thread can abandon a stalled remote read.
-void load_sample(const Dataset& dataset, SampleReader& reader, uint64_t tag, int64_t index, int64_t epoch,
+void load_sample(const datasets::Dataset& dataset, datasets::SampleReader& reader, uint64_t tag, int64_t index, int64_t epoch,
                  const LoaderOptions& options, uint8_t* out);
 
 }  // namespace gpufeed::loader

@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""gpufeed reading tar shards from local disk, over HTTP and over S3, beside WebDataset streaming
+the same shards over HTTP, with added per-request latency, in one run.
+
+Same shards (``gpufeed pack`` output with its ``.gpufeed-idx`` indexes), batch size, output size,
+train transform (RandomResizedCrop + horizontal flip, uint8 out) and worker count for every row:
+
+  local       gpufeed.DataLoader on the shards on local disk (page cache warm after the first pass)
+  http        gpufeed.DataLoader on http://.../train-{000000..000005}.tar served by nginx
+              (tests/remote_servers.NginxServer) through a LatencyProxy adding L ms per request
+  http-direct the same straight from nginx (no proxy): what the proxy itself costs, at latency 0
+  s3          gpufeed.DataLoader on s3://bucket/shards/train-{...}.tar from moto's S3 server
+              (MotoS3, filled with boto3 uploads of the pack output) through a LatencyProxy
+  wds         webdataset.WebDataset("pipe:curl -s URL") over the same shard URLs, through the
+              same LatencyProxy in front of nginx at the same latency, decoded with PIL +
+              torchvision RandomResizedCrop + RandomHorizontalFlip + PILToTensor (uint8), torch
+              DataLoader(num_workers, persistent_workers=True), the same batch size
+
+gpufeed runs with shuffle=True (DistributedSampler's order, a global shuffle over all shards, so
+every sample is a separate ranged GET, issued ahead in the sampler's order up to --max-requests
+in flight and --read-ahead MiB ahead); set_epoch each epoch. WebDataset streams each shard with
+one GET (in shard order, shards split over its workers), so latency costs it one round trip per
+shard. Every configuration runs in its own child process (``--one``: its VmHWM, the peak RSS, is
+that configuration's; for wds the sum over the child and its DataLoader workers). The servers
+and proxies run in this (parent) process (nginx in its own); their CPU time during each run is
+reported as "srv cpu" (seconds per epoch: the proxy and moto, plus nginx), since on a small
+machine it comes out of the loader's CPUs. moto's server is pure Python and may itself be the
+limit of the s3 rows: their rate is printed as measured, with no target.
+
+Each configuration runs --epochs passes per round, --rounds rounds (the whole set again,
+interleaved: on a shared machine its load then falls on every configuration alike); the table
+gives the best pass's rate (and the mean and the spread, min..max, over all passes). Targets
+(PASS/FAIL): at 50 ms, gpufeed http >= 0.9 x gpufeed local and >= 3 x wds. At L ms per request
+gpufeed completes at most max_requests / L requests per second (128 / 50 ms: 2560 samples/s),
+printed beside the targets.
+
+  .venv/bin/python tools/bench/bench_remote.py
+  .venv/bin/python tools/bench/bench_remote.py --epochs 3 --latencies 0,10,50 --out remote.json
+  .venv/bin/python tools/bench/bench_remote.py --shards /path/to/pack/output --skip s3
+
+The package is the build's (build/release/python, --build); without --shards, --data is packed
+into a temporary folder with ``gpufeed pack --shard-size 20000000`` (and --samples-per-shard,
+so WebDataset's workers get equal shares).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TESTS = ROOT / "python" / "tests"
+DEFAULT_DATA = pathlib.Path("/work/shared/data/imagenet-sample")
+BUCKET = "gpufeed-bench"
+S3_PREFIX = "shards"
+TARGET_LATENCY_MS = 50.0
+TARGET_VS_LOCAL = 0.9
+TARGET_VS_WDS = 3.0
+
+
+# --- memory ----------------------------------------------------------------------------------------
+
+def _vm_hwm_kib(pid: int | str = "self") -> int:
+    """VmHWM (peak resident set) of a process, KiB; 0 when unreadable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _child_pids(pid: int | str = "self") -> list[int]:
+    """The direct children of a process (every thread's), from /proc."""
+    out = []
+    base = f"/proc/{pid}/task"
+    try:
+        for tid in os.listdir(base):
+            try:
+                with open(f"{base}/{tid}/children") as f:
+                    out += [int(p) for p in f.read().split()]
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return sorted(set(out))
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """utime + stime of a process, seconds; 0 when unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+# --- children: one configuration each -------------------------------------------------------------
+
+def child_gpufeed(a, cfg: dict) -> dict:
+    import torch
+
+    import gpufeed
+
+    kw = dict(batch_size=a.batch_size, num_workers=a.num_workers, image_size=a.image_size,
+              dtype=torch.uint8, index_cache="off", shuffle=True)
+    if cfg["remote"]:
+        kw.update(max_requests=a.max_requests, read_ahead=a.read_ahead)
+    t0 = time.perf_counter()
+    loader = gpufeed.DataLoader(cfg["root"], **kw)
+    open_s = time.perf_counter() - t0
+    hwm_open = _vm_hwm_kib()
+    epochs = []
+    c0 = os.times()
+    for e in range(a.epochs):
+        loader.set_epoch(e)
+        n = 0
+        t0 = time.perf_counter()
+        for images, _labels in loader:
+            n += images.shape[0]
+            del images, _labels
+        epochs.append({"samples": n, "seconds": time.perf_counter() - t0})
+    c1 = os.times()
+    stats = loader.stats()
+    return {"epochs": epochs, "open_s": open_s, "vm_hwm_kib": _vm_hwm_kib(), "vm_hwm_open_kib": hwm_open,
+            "cpu_s": (c1.user + c1.system) - (c0.user + c0.system),
+            "num_samples": len(loader.samples),
+            "stats": {k: v for k, v in stats.items() if isinstance(v, (int, float, str))}}
+
+
+def child_wds(a, cfg: dict) -> dict:
+    import warnings
+
+    import torch
+    import torchvision.transforms as T
+    import webdataset as wds
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message=".*pin_memory.*")
+    tf = T.Compose([T.RandomResizedCrop(a.image_size), T.RandomHorizontalFlip(), T.PILToTensor()])
+    ds = (wds.WebDataset(cfg["root"], shardshuffle=False, empty_check=False).decode("pil")
+          .to_tuple("jpg;jpeg;png;ppm", "cls").map_tuple(tf, int))
+    loader = torch.utils.data.DataLoader(ds, batch_size=a.batch_size, num_workers=a.num_workers,
+                                         persistent_workers=a.num_workers > 0)
+    epochs = []
+    workers_hwm = 0
+    c0 = os.times()
+    for _ in range(a.epochs):
+        n = 0
+        t0 = time.perf_counter()
+        for images, _labels in loader:
+            n += images.shape[0]
+        epochs.append({"samples": n, "seconds": time.perf_counter() - t0})
+        # The DataLoader's workers (persistent: alive between passes); their curl children are small.
+        workers_hwm = max(workers_hwm, sum(_vm_hwm_kib(p) for p in _child_pids()))
+    c1 = os.times()
+    # The workers' CPU (their curl children's is not counted: streaming a shard costs curl little).
+    workers_cpu = sum(_proc_cpu_s(p) for p in _child_pids())
+    own = _vm_hwm_kib()
+    return {"epochs": epochs, "vm_hwm_kib": own + workers_hwm, "vm_hwm_self_kib": own,
+            "vm_hwm_workers_kib": workers_hwm,
+            "cpu_s": (c1.user + c1.system) - (c0.user + c0.system) + workers_cpu}
+
+
+def run_child(a) -> None:
+    cfg = json.loads(a.one)
+    result = (child_wds if cfg["kind"] == "wds" else child_gpufeed)(a, cfg)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# --- the parent ------------------------------------------------------------------------------------
+
+def shard_pattern(folder: pathlib.Path) -> tuple[str, list[pathlib.Path]]:
+    """('<prefix>-{000000..00000N}.tar', the shard paths) of a pack output folder."""
+    tars = sorted(p for p in folder.iterdir() if p.name.endswith(".tar"))
+    if not tars:
+        raise SystemExit(f"no .tar shards in {folder}")
+    m = re.fullmatch(r"(.+)-(\d+)\.tar", tars[0].name)
+    if not m:
+        raise SystemExit(f"{tars[0].name}: expected <prefix>-NNNNNN.tar (gpufeed pack's names)")
+    prefix, width = m.group(1), len(m.group(2))
+    names = [f"{prefix}-{i:0{width}d}.tar" for i in range(len(tars))]
+    if [t.name for t in tars] != names:
+        raise SystemExit(f"{folder}: shards are not {names[0]} .. {names[-1]} without gaps")
+    missing = [t.name for t in tars if not (folder / (t.name + ".gpufeed-idx")).is_file()]
+    if missing:
+        raise SystemExit(f"{folder}: no .gpufeed-idx beside {missing[0]} (remote opening needs them: "
+                         f"pack with `gpufeed pack ... --index-cache off`)")
+    if len(tars) == 1:
+        return names[0], tars
+    return f"{prefix}-{{{0:0{width}d}..{len(tars) - 1:0{width}d}}}.tar", tars
+
+
+def machine_info() -> dict:
+    try:
+        nproc = int(subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip())
+    except (OSError, ValueError):
+        nproc = len(os.sched_getaffinity(0))
+    flags = set()
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+                elif line.startswith("model name") and not model:
+                    model = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return {"nproc": nproc, "cpu_count": os.cpu_count(), "avx512f": "avx512f" in flags, "cpu": model,
+            "python": sys.version.split()[0]}
+
+
+class Bench:
+    """Runs configurations in child processes and keeps every run, per (source, latency)."""
+
+    def __init__(self, a):
+        self.a = a
+        self.rows: dict[tuple, dict] = {}  # (source, latency_ms) -> row (runs appended per round)
+        self.env = dict(os.environ)
+        pkg = str(pathlib.Path(a.build) / "python")
+        self.env["PYTHONPATH"] = pkg + (os.pathsep + self.env["PYTHONPATH"] if self.env.get("PYTHONPATH") else "")
+        for k in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+            self.env.pop(k, None)
+        self.env["no_proxy"] = self.env["NO_PROXY"] = "127.0.0.1,localhost"
+        self.server_pids: list[int] = []  # nginx: its CPU counts as the servers'
+
+    def server_cpu_s(self) -> float:
+        """CPU seconds of this process (the proxies, moto) and of nginx so far."""
+        t = os.times()
+        return t.user + t.system + sum(_proc_cpu_s(p) for p in self.server_pids)
+
+    def run(self, c: dict) -> None:
+        """One child run of configuration c (see main: source, latency_ms, kind, root, remote,
+        env, proxy); its passes join the row of (source, latency_ms)."""
+        a = self.a
+        source, latency_ms, kind, remote, proxy = c["source"], c["latency_ms"], c["kind"], c["remote"], c.get("proxy")
+        if proxy is not None:
+            proxy.latency_s = (latency_ms or 0.0) / 1000
+        cfg = {"kind": kind, "root": c["root"], "remote": remote}
+        cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--one", json.dumps(cfg),
+               "--epochs", str(a.epochs), "--num-workers", str(a.num_workers),
+               "--batch-size", str(a.batch_size), "--image-size", str(a.image_size),
+               "--max-requests", str(a.max_requests), "--read-ahead", str(a.read_ahead)]
+        row = self.rows.setdefault((source, latency_ms), {
+            "source": source, "latency_ms": latency_ms, "kind": kind, "root": c["root"],
+            "read_ahead_mib": a.read_ahead if remote and kind == "gpufeed" else None,
+            "max_requests": a.max_requests if remote and kind == "gpufeed" else None, "runs": []})
+        run: dict = {}
+        req0, bytes0 = (proxy.requests, proxy.bytes) if proxy is not None else (0, 0)
+        cpu0 = self.server_cpu_s()
+        print(f"  {source}" + ("" if latency_ms is None else f" @ {latency_ms:g} ms") + " ...", end="", flush=True)
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, env=dict(self.env, **c.get("env", {})),
+                               cwd=ROOT, timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            run["error"] = f"timed out after {a.timeout:g} s"
+            print(f" {run['error']}")
+            row["runs"].append(run)
+            return
+        run["wall_s"] = time.perf_counter() - t0
+        run["server_cpu_s"] = self.server_cpu_s() - cpu0
+        if proxy is not None:
+            run["proxy_requests"] = proxy.requests - req0
+            run["proxy_body_bytes"] = proxy.bytes - bytes0
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        if p.returncode != 0 or not lines:
+            tail = (p.stderr or p.stdout).strip().splitlines()[-8:]
+            run["error"] = f"exit {p.returncode}: " + " | ".join(tail)
+            print(f" FAILED ({run['error'][:300]})")
+            row["runs"].append(run)
+            return
+        run.update(json.loads(lines[-1][len("RESULT "):]))
+        run["rates"] = [e["samples"] / e["seconds"] for e in run["epochs"] if e["seconds"] > 0]
+        print(f" {max(run['rates']):.0f} images/s (passes: {', '.join(f'{r:.0f}' for r in run['rates'])})",
+              flush=True)
+        row["runs"].append(run)
+        self._summarise(row)
+
+    @staticmethod
+    def _summarise(row: dict) -> None:
+        """The row's figures over all its good runs: best/mean/min pass rate, per-pass means."""
+        runs = [r for r in row["runs"] if "rates" in r]
+        rates = [x for r in runs for x in r["rates"]]
+        passes = sum(len(r["epochs"]) for r in runs)
+        row["rates"] = rates
+        row["best"], row["mean"], row["min"] = max(rates), statistics.fmean(rates), min(rates)
+        row["passes"] = passes
+        row["vm_hwm_kib"] = max(r["vm_hwm_kib"] for r in runs)
+        row["cpu_s_per_epoch"] = sum(r.get("cpu_s", 0.0) for r in runs) / passes
+        row["server_cpu_s_per_epoch"] = sum(r["server_cpu_s"] for r in runs) / passes
+        if all("proxy_requests" in r for r in runs):
+            row["requests_per_epoch"] = sum(r["proxy_requests"] for r in runs) / passes
+        if all("read_s" in r.get("stats", {}) for r in runs):
+            row["read_s_per_epoch"] = sum(r["stats"]["read_s"] for r in runs) / passes
+
+    def find(self, source: str, latency_ms: float | None) -> dict | None:
+        row = self.rows.get((source, latency_ms))
+        return row if row is not None and "best" in row else None
+
+
+def pack(a, out: pathlib.Path) -> None:
+    gpufeed_bin = pathlib.Path(a.build) / "tools" / "gpufeed"
+    cmd = [str(gpufeed_bin), "pack", a.data, str(out), "--shard-size", str(a.shard_size),
+           "--max-samples-per-shard", str(a.samples_per_shard), "--index-cache", "off", "--progress", "off"]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    first = p.stdout.strip().splitlines()[0] if p.stdout.strip() else ""
+    print(f"packed {a.data} -> {out} in {time.perf_counter() - t0:.1f} s: {first}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--data", default=str(DEFAULT_DATA),
+                     help="image folder packed into a temporary folder (default: %(default)s)")
+    src.add_argument("--shards", help="folder of existing `gpufeed pack` output (with .gpufeed-idx files)")
+    ap.add_argument("--epochs", type=int, default=2, help="timed passes per configuration and round (default 2)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the whole set this many times, interleaved (a shared machine's load then "
+                         "falls on every configuration alike); rates are over all passes (default 1)")
+    ap.add_argument("--num-workers", type=int, default=2,
+                    help="gpufeed decode threads / DataLoader worker processes (default 2)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--latencies", default="0,10,50", help="added ms per request, comma-separated (default 0,10,50)")
+    ap.add_argument("--max-requests", type=int, default=128, help="gpufeed max_requests (default 128, gpufeed's)")
+    ap.add_argument("--read-ahead", type=int, default=256, help="gpufeed read_ahead, MiB (default 256)")
+    ap.add_argument("--shard-size", type=int, default=20_000_000, help="pack --shard-size, bytes (default 20000000)")
+    ap.add_argument("--samples-per-shard", type=int, default=150,
+                    help="pack --max-samples-per-shard (0: no limit); the default splits the 900 "
+                         "sample images into 6 equal shards, so WebDataset's 2 workers get equal "
+                         "work (with only the 20 MB cap the last shard holds a few samples)")
+    ap.add_argument("--skip", default="", help="comma-separated, of: local,http,s3,wds")
+    ap.add_argument("--build", default=str(ROOT / "build" / "release"),
+                    help="build folder (its python/ package and tools/gpufeed; default %(default)s)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per child run at most (default 900)")
+    ap.add_argument("--out", help="write every measurement to this JSON file")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one configuration, print RESULT
+    a = ap.parse_args(argv)
+    if a.one:
+        return run_child(a)
+
+    skip = {s.strip() for s in a.skip.split(",") if s.strip()}
+    latencies = [float(x) for x in a.latencies.split(",") if x.strip()]
+    info = machine_info()
+    print(f"machine: nproc {info['nproc']} (os.cpu_count {info['cpu_count']}), "
+          f"avx512f {'yes' if info['avx512f'] else 'no'}, {info['cpu']}, Python {info['python']}")
+    sys.path.insert(0, str(TESTS))
+    import remote_servers as rs
+
+    skipped: dict[str, str] = {}
+    if ("http" not in skip or "wds" not in skip) and not rs.NginxServer.available():
+        for what in ("http", "wds"):
+            if what not in skip:
+                skipped[what] = f"nginx is not available ({rs.NGINX} not found)"
+    if "wds" not in skip and "wds" not in skipped:
+        if shutil.which("curl") is None:
+            skipped["wds"] = "curl is not on PATH (webdataset's pipe:curl reader)"
+        else:
+            try:
+                import webdataset  # noqa: F401
+            except ImportError as e:
+                skipped["wds"] = f"webdataset is not installed in {sys.executable} ({e})"
+    if "s3" not in skip:
+        try:
+            import boto3  # noqa: F401
+            import moto.server  # noqa: F401
+        except ImportError as e:
+            skipped["s3"] = f"moto[server] and boto3 are needed ({e})"
+    skip |= set(skipped)
+
+    with tempfile.TemporaryDirectory(prefix="gpufeed-bench-remote-") as tmp, contextlib.ExitStack() as stack:
+        if a.shards:
+            shards = pathlib.Path(a.shards).resolve()
+        else:
+            shards = pathlib.Path(tmp) / "shards"
+            pack(a, shards)
+        pattern, tars = shard_pattern(shards)
+        total_mb = sum(t.stat().st_size for t in tars) / 1e6
+        print(f"shards: {shards}/{pattern} ({len(tars)} shards, {total_mb:.1f} MB); batch {a.batch_size}, "
+              f"image {a.image_size}, {a.num_workers} workers, {a.epochs} passes per run, {a.rounds} round(s), "
+              f"gpufeed max_requests {a.max_requests}, read_ahead {a.read_ahead} MiB")
+        b = Bench(a)
+        configs: list[dict] = []
+        if "local" not in skip:
+            configs.append({"source": "gpufeed local", "latency_ms": None, "kind": "gpufeed",
+                            "root": str(shards / pattern), "remote": False})
+        if "http" not in skip or "wds" not in skip:
+            ng = stack.enter_context(rs.NginxServer(shards))
+            px = stack.enter_context(rs.LatencyProxy(ng.url))
+            if ng._proc is not None:
+                b.server_pids.append(ng._proc.pid)
+            print(f"nginx {ng.url} serving {shards}; LatencyProxy {px.url} in front of it")
+            if "http" not in skip:
+                configs.append({"source": "gpufeed http-direct", "latency_ms": 0.0, "kind": "gpufeed",
+                                "root": f"{ng.url}/{pattern}", "remote": True})
+            for lat in latencies:
+                if "http" not in skip:
+                    configs.append({"source": "gpufeed http", "latency_ms": lat, "kind": "gpufeed",
+                                    "root": f"{px.url}/{pattern}", "remote": True, "proxy": px})
+                if "wds" not in skip:
+                    configs.append({"source": "webdataset http", "latency_ms": lat, "kind": "wds",
+                                    "root": f"pipe:curl -s {px.url}/{pattern}", "remote": True, "proxy": px})
+        if "s3" not in skip:
+            s3 = stack.enter_context(rs.MotoS3())
+            s3.make_bucket(BUCKET)
+            t0 = time.perf_counter()
+            keys = s3.upload_tree(BUCKET, S3_PREFIX, shards)
+            spx = stack.enter_context(rs.LatencyProxy(s3.endpoint_url))
+            print(f"moto S3 {s3.endpoint_url}: {len(keys)} objects uploaded to s3://{BUCKET}/{S3_PREFIX}/ in "
+                  f"{time.perf_counter() - t0:.1f} s; LatencyProxy {spx.url} in front of it")
+            env = dict(s3.env(spx.url), AWS_EC2_METADATA_DISABLED="true")
+            for lat in latencies:
+                configs.append({"source": "gpufeed s3 (moto)", "latency_ms": lat, "kind": "gpufeed",
+                                "root": f"s3://{BUCKET}/{S3_PREFIX}/{pattern}", "remote": True, "env": env,
+                                "proxy": spx})
+        for rnd in range(a.rounds):
+            if a.rounds > 1:
+                print(f"round {rnd + 1} of {a.rounds}")
+            for c in configs:
+                b.run(c)
+        for what, why in skipped.items():
+            print(f"skipped {what}: {why}")
+        report(b, a, info, latencies, skipped, f"{shards}/{pattern}")
+
+
+def report(b: Bench, a, info: dict, latencies, skipped: dict, shards: str):
+    local = b.find("gpufeed local", None)
+    print()
+    hdr = (f"{'source':<22}{'lat ms':>7}{'images/s':>10}{'mean':>8}{'spread':>13}{'x local':>9}"
+           f"{'x wds':>7}{'peak RSS':>10}{'read_ahead':>11}{'reqs/pass':>10}{'cpu/pass':>9}{'srv cpu':>9}"
+           f"{'read wait':>10}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in b.rows.values():
+        lat = "-" if r["latency_ms"] is None else f"{r['latency_ms']:g}"
+        if "best" not in r:
+            err = next((x["error"] for x in r["runs"] if "error" in x), "failed")
+            print(f"{r['source']:<22}{lat:>7}  {err[:100]}")
+            continue
+        wds = b.find("webdataset http", r["latency_ms"] if r["latency_ms"] is not None else
+                     (latencies[0] if latencies else None))
+        r["x_local"] = r["best"] / local["best"] if local else None
+        r["x_wds"] = r["best"] / wds["best"] if wds else None
+        x_local = f"{r['x_local']:.2f}" if local else "-"
+        x_wds = f"{r['x_wds']:.2f}" if wds else "-"
+        spread = f"{r['min']:.0f}..{r['best']:.0f}"
+        rss = f"{r['vm_hwm_kib'] / 1024:.0f} MiB"
+        ra = f"{r['read_ahead_mib']} MiB" if r.get("read_ahead_mib") else "-"
+        gets = f"{r['requests_per_epoch']:.0f}" if "requests_per_epoch" in r else "-"
+        cpu = f"{r['cpu_s_per_epoch']:.2f} s"
+        srv = f"{r['server_cpu_s_per_epoch']:.2f} s" if r["source"] != "gpufeed local" else "-"
+        wait = f"{r['read_s_per_epoch']:.2f} s" if "read_s_per_epoch" in r else "-"
+        print(f"{r['source']:<22}{lat:>7}{r['best']:>10.0f}{r['mean']:>8.0f}{spread:>13}{x_local:>9}"
+              f"{x_wds:>7}{rss:>10}{ra:>11}{gets:>10}{cpu:>9}{srv:>9}{wait:>10}")
+    print()
+    print("images/s: the best pass; mean and spread (min..best) over the passes. x local: / gpufeed local; "
+          "x wds: / webdataset at the same latency (local: at the first latency). peak RSS: VmHWM of the "
+          "configuration's process (webdataset: + its workers', shared pages counted in each). reqs/pass: "
+          "requests through the proxy per pass (gpufeed: one ranged GET per sample, plus the indexes "
+          "fetched on opening and the next epoch's first samples, prefetched). cpu/pass: CPU s per pass "
+          "of the loader (its process; webdataset: + its workers). srv cpu: CPU s per pass of the "
+          f"proxy, moto and nginx, on the same {info['nproc']} CPUs as the loader. read wait: gpufeed's "
+          "stats()['read_s'] per pass, its decode threads' time in reads (waiting for sample bytes).")
+    print(f"machine: nproc {info['nproc']}, avx512f {'yes' if info['avx512f'] else 'no'}")
+    direct = b.find("gpufeed http-direct", 0.0)
+    via0 = b.find("gpufeed http", 0.0)
+    if direct and via0:
+        print(f"proxy cost at 0 ms: gpufeed http through the LatencyProxy {via0['best']:.0f} images/s vs "
+              f"straight from nginx {direct['best']:.0f} ({via0['best'] / direct['best']:.2f}x)")
+    http_rows = [r for r in b.rows.values() if r["source"] in ("gpufeed http-direct", "gpufeed http") and "best" in r]
+    if local and http_rows:
+        print(f"loader CPU per pass: gpufeed local {local['cpu_s_per_epoch']:.2f} s; " + "; ".join(
+            f"{r['source'].split()[-1]} @ {r['latency_ms']:g} ms {r['cpu_s_per_epoch']:.2f} s "
+            f"({r['cpu_s_per_epoch'] / local['cpu_s_per_epoch']:.2f}x) + servers {r['server_cpu_s_per_epoch']:.2f} s"
+            for r in http_rows))
+
+    for lat in latencies:
+        if lat > 0 and "http" not in skipped:
+            print(f"in-flight cap at {lat:g} ms: max_requests {a.max_requests} / {lat / 1000:g} s = "
+                  f"{a.max_requests / (lat / 1000):.0f} requests/s (one sample each) before any transfer time")
+
+    targets = []
+    http50 = b.find("gpufeed http", TARGET_LATENCY_MS)
+    wds50 = b.find("webdataset http", TARGET_LATENCY_MS)
+    if TARGET_LATENCY_MS not in latencies:
+        print(f"targets: not measured (--latencies lacks {TARGET_LATENCY_MS:g})")
+    else:
+        for name, num, den, need in (
+                (f"gpufeed http @ {TARGET_LATENCY_MS:g} ms >= {TARGET_VS_LOCAL} x gpufeed local", http50, local,
+                 TARGET_VS_LOCAL),
+                (f"gpufeed http @ {TARGET_LATENCY_MS:g} ms >= {TARGET_VS_WDS:g} x webdataset @ "
+                 f"{TARGET_LATENCY_MS:g} ms", http50, wds50, TARGET_VS_WDS)):
+            if num is None or den is None:
+                print(f"SKIP {name}: not measured")
+                targets.append({"target": name, "status": "SKIP"})
+                continue
+            ratio = num["best"] / den["best"]
+            ok = ratio >= need
+            print(f"{'PASS' if ok else 'FAIL'} {name}: {ratio:.2f} ({num['best']:.0f} / {den['best']:.0f} images/s)")
+            targets.append({"target": name, "status": "PASS" if ok else "FAIL", "ratio": ratio})
+    s3rows = [r for r in b.rows.values() if r["source"].startswith("gpufeed s3") and "best" in r]
+    if s3rows:
+        print("s3 (moto, pure Python, no target): " + ", ".join(
+            f"{r['latency_ms']:g} ms {r['best']:.0f} images/s (servers {r['server_cpu_s_per_epoch']:.1f} CPU s per pass)"
+            for r in s3rows))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"machine": info, "args": vars(a), "shards": shards, "skipped": skipped,
+                       "results": list(b.rows.values()), "targets": targets}, f, indent=1)
+        print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
