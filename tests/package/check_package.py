@@ -40,6 +40,10 @@ PUBLIC_HEADERS = [
     "gpufeed/profiler/progress.h", "gpufeed/harness/recipe.h", "gpufeed/harness/resnet.h", "gpufeed/harness/torch_file.h",
     "gpufeed/harness/train_checkpoint.h",
     "gpufeed/harness/trainer.h",
+    # The sub-rooms' forwarding headers at their old paths (docs/API.md, "Header paths and namespaces").
+    "gpufeed/loader/dataset.h", "gpufeed/loader/remote.h", "gpufeed/loader/shards.h", "gpufeed/loader/synthetic.h",
+    "gpufeed/loader/augment.h", "gpufeed/loader/resize.h", "gpufeed/loader/transform.h",
+    "gpufeed/harness/profiler.h", "gpufeed/harness/progress.h", "gpufeed/harness/atomic_file.h",
 ]
 # pack/inspect.h belongs to gpufeed_inspect, the report `gpufeed inspect` and gpufeed.inspect()
 # share: a library of the CLI and the Python package, not of the installed package; likewise
