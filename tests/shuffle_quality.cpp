@@ -1,6 +1,6 @@
 // Measures the shard-aware order (gpufeed/sampler/shard_order.h) against DistributedSampler's exact
-// order; prints the Markdown tables of docs/DESIGN-NOTES.md, "Shard-aware order". Not a test:
-// nothing is asserted, the figures are what they are.
+// order; prints the Markdown tables of docs/DESIGN-NOTES.md, "sampler: shard-aware order". Not a
+// test: nothing is asserted, the figures are what they are.
 //
 //   shuffle_quality            both tables
 //
@@ -34,8 +34,8 @@ Indices equal_shards(int64_t n, int64_t shard) {
 }
 
 struct Quality {
-  double classes = 0;       // mean distinct classes per batch
-  double entropy = 0;       // mean label entropy per batch, bits
+  double classes = 0;  // mean distinct classes per batch
+  double entropy = 0;  // mean label entropy per batch, bits
 };
 
 Quality quality_of(const Indices& order, int64_t per_class) {
@@ -67,10 +67,13 @@ Indices rank_part(const Indices& list, int64_t world, int64_t rank) {
 void print_quality() {
   const int64_t classes = 1000, per_class = 1300, n = classes * per_class;
   const Indices sizes = equal_shards(n, 1000);
-  std::printf("Quality: %lld classes x %lld samples in class order, %zu shards of 1000, batches of %lld\n\n",
-              static_cast<long long>(classes), static_cast<long long>(per_class), sizes.size(),
-              static_cast<long long>(kBatch));
-  std::printf("| order | classes / batch | entropy (bits) | vs exact | classes / rank batch, 8 ranks |\n");
+  std::printf(
+      "Quality: %lld classes x %lld samples in class order, %zu shards of 1000, batches of "
+      "%lld\n\n",
+      static_cast<long long>(classes), static_cast<long long>(per_class), sizes.size(),
+      static_cast<long long>(kBatch));
+  std::printf(
+      "| order | classes / batch | entropy (bits) | vs exact | classes / rank batch, 8 ranks |\n");
   std::printf("|---|---|---|---|---|\n");
   auto row = [&](const std::string& name, const Indices& list, double exact_entropy) {
     const Quality q = quality_of(list, per_class);
@@ -79,14 +82,16 @@ void print_quality() {
                 exact_entropy > 0 ? q.entropy / exact_entropy : 1.0, r.classes);
     return q.entropy;
   };
-  const double exact = row("DistributedSampler (exact)", distributed_epoch_list(n, {1, 0, true, kSeed, false}, 0), 0);
+  const double exact = row("DistributedSampler (exact)",
+                           distributed_epoch_list(n, {1, 0, true, kSeed, false}, 0), 0);
   for (const int64_t partitions : {64, 8}) {
     for (const int64_t window : {1, 4, 8, 16, 64}) {
       ShardOrderOptions o;
       o.seed = kSeed;
       o.window = window;
       o.partitions = partitions;
-      row("shard-aware, partitions " + std::to_string(partitions) + ", window " + std::to_string(window),
+      row("shard-aware, partitions " + std::to_string(partitions) + ", window " +
+              std::to_string(window),
           shard_aware_epoch_list(sizes, o, 0), exact);
     }
   }
@@ -139,15 +144,20 @@ Locality locality_of(const Indices& list, const Indices& sizes, int64_t world) {
 void print_locality(const std::string& name, const Indices& sizes) {
   int64_t n = 0;
   for (const int64_t s : sizes) n += s;
-  std::printf("\nLocality: %s (%lld samples, %zu shards), window 8, partitions 64 (capped at the shards)\n\n",
-              name.c_str(), static_cast<long long>(n), sizes.size());
-  std::printf("| world | order | shards / rank (max) | open at once / rank (max) | shard reads / shards |\n");
+  std::printf(
+      "\nLocality: %s (%lld samples, %zu shards), window 8, partitions 64 (capped at the "
+      "shards)\n\n",
+      name.c_str(), static_cast<long long>(n), sizes.size());
+  std::printf(
+      "| world | order | shards / rank (max) | open at once / rank (max) | shard reads / shards "
+      "|\n");
   std::printf("|---|---|---|---|---|\n");
   for (const int64_t world : {1, 2, 3, 4, 8}) {
     ShardOrderOptions o;
     o.seed = kSeed;
     o.num_replicas = world;
-    const Locality exact = locality_of(distributed_epoch_list(n, {world, 0, true, kSeed, false}, 0), sizes, world);
+    const Locality exact =
+        locality_of(distributed_epoch_list(n, {world, 0, true, kSeed, false}, 0), sizes, world);
     const Locality aware = locality_of(shard_aware_epoch_list(sizes, o, 0), sizes, world);
     for (const auto& [label, l] : {std::pair{"exact", exact}, std::pair{"shard-aware", aware}}) {
       std::printf("| %lld | %s | %lld | %lld | %.2f |\n", static_cast<long long>(world), label,

@@ -1,7 +1,7 @@
 #pragma once
 // A shuffled order made of whole shards, for datasets stored as shards (WebDataset tars, local or
 // remote): the same global list for every world size, as DistributedSampler's is, so resume.h's
-// elastic resume applies unchanged (docs/DESIGN-NOTES.md, "Shard-aware order").
+// elastic resume applies unchanged (docs/DESIGN-NOTES.md, "sampler: shard-aware order").
 //
 // DistributedSampler's order draws every sample from anywhere in the dataset: each rank touches
 // every shard every epoch, one ranged read per sample. This order keeps the samples of a few shards
@@ -36,7 +36,8 @@
 // list's start. A rank's order interleaves its P / W partitions, so about window * P / W shards are
 // open at once (a shard is open from its first to its last sample in that rank's order). The whole
 // list mixes about window * P shards at a time: the quality of the shuffle and the memory a single
-// rank would need to fetch whole shards grow together. Figures: docs/DESIGN-NOTES.md.
+// rank would need to fetch whole shards grow together. Figures: docs/DESIGN-NOTES.md
+// (tests/shuffle_quality.cpp).
 //
 // Compared with MosaicML streaming's py1e (its default): streaming also permutes shards, cuts them
 // into num_canonical_nodes partitions and mixes samples locally, but its shard-to-partition
