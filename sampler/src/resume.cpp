@@ -4,6 +4,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "gpufeed/sampler/randperm.h"
 
@@ -45,17 +46,25 @@ std::vector<int64_t> distributed_epoch_list(int64_t n, const DistributedSamplerO
     all.resize(static_cast<size_t>(n));
     std::iota(all.begin(), all.end(), int64_t{0});
   }
-  if (!options.drop_last) {
-    // Pad by repeating from the start; wraps more than once when n < total - n.
-    if (n == 0) return {};
-    all.reserve(static_cast<size_t>(total));
-    for (int64_t k = 0; static_cast<int64_t>(all.size()) < total; ++k) {
-      all.push_back(all[static_cast<size_t>(k % n)]);
-    }
-  } else {
-    all.resize(static_cast<size_t>(std::min<int64_t>(total, n)));
+  return fit_to_total_size(std::move(all), total);
+}
+
+std::vector<int64_t> fit_to_total_size(std::vector<int64_t> list, int64_t total_size) {
+  if (total_size < 0) {
+    throw std::invalid_argument("fit_to_total_size: total_size must be >= 0, got " +
+                                std::to_string(total_size));
   }
-  return all;
+  const auto n = static_cast<int64_t>(list.size());
+  if (n >= total_size || n == 0) {
+    list.resize(static_cast<size_t>(std::min(n, total_size)));
+    return list;
+  }
+  // Pad by repeating from the start; wraps more than once when n < total_size - n.
+  list.reserve(static_cast<size_t>(total_size));
+  for (int64_t k = 0; static_cast<int64_t>(list.size()) < total_size; ++k) {
+    list.push_back(list[static_cast<size_t>(k % n)]);
+  }
+  return list;
 }
 
 int64_t remaining_count(int64_t total_size, int64_t consumed, int64_t num_replicas, int64_t rank) {

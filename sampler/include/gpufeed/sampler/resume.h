@@ -36,6 +36,12 @@ struct EpochResume {
 std::vector<int64_t> distributed_epoch_list(int64_t n, const DistributedSamplerOptions& options,
                                             int64_t epoch);
 
+/// DistributedSampler's padding rule applied to an epoch's `list` of n samples: longer than
+/// total_size (drop_last) it is cut to total_size; shorter, it is padded by repeating its start,
+/// wrapping as many times as needed (n < total_size - n). An empty list stays empty. Returns the
+/// list of total_size positions (none when n = 0). Throws std::invalid_argument for total_size < 0.
+std::vector<int64_t> fit_to_total_size(std::vector<int64_t> list, int64_t total_size);
+
 /// Positions [consumed, list.size()) of `list`, dealt round-robin: rank takes
 /// list[consumed + rank], list[consumed + rank + num_replicas], ... (no padding, so ranks' counts
 /// differ by at most one; a rank may get none). With consumed = 0 and a DistributedSampler list
