@@ -280,7 +280,7 @@ TEST(PackCli, HelpListsEveryPackOptionWithPackOptionsDefault) {
       {"--max-side", std::to_string(d.max_side)},
       {"--quality", std::to_string(d.quality)},
       {"--num-workers", std::to_string(d.num_workers)},
-      {"--on-error", std::string(gpufeed::transforms::to_string(d.error_policy))},
+      {"--on-error", std::string(gpufeed::loader::to_string(d.error_policy))},
       {"--max-skips", std::to_string(d.max_skips)},
       {"--raw-budget", std::to_string(d.raw_budget)},
       {flag("reencode", d.reencode), ""},  // a flag: its spelling is the default

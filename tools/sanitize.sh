@@ -5,7 +5,8 @@
 #         path, every bug case);
 #   tsan  ThreadSanitizer: the loader's concurrency tests (start/stop, destroy mid-epoch,
 #         exception mid-batch, slow consumer, prefetch_depth 1, error policies, files changing
-#         under a run, the bug-case folder), with tools/tsan.supp for oneTBB's internals.
+#         under a run, the bug-case folder, the worker-count and prefetch-depth autotuners), with
+#         tools/tsan.supp for oneTBB's internals.
 #
 #   tools/sanitize.sh [asan|tsan|all]     # default all
 #
@@ -37,5 +38,5 @@ if [ "$WHICH" = tsan ] || [ "$WHICH" = all ]; then
   echo "sanitize: TSan, the loader's concurrency tests"
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tools/tsan.supp" \
     ctest --test-dir "$ROOT/tsan" --output-on-failure --timeout 900 -j "$JOBS" \
-      -R '^(make_goldens|Loader\.|ErrorPolicy\.|Shutdown\.|ChangingFiles\.|Acceptance\.)'
+      -R '^(make_goldens|Loader\.|ErrorPolicy\.|Shutdown\.|ChangingFiles\.|Acceptance\.|AutoNumWorkers\.|AutoPrefetchDepth\.)'
 fi
