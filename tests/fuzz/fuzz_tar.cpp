@@ -9,9 +9,7 @@
 #include "gpufeed/datasets/shards.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace gpufeed::loader;
   using namespace gpufeed::datasets;
-  using namespace gpufeed::transforms;
   const ReadAt read = [&](int64_t offset, void* buf, size_t n) -> size_t {
     if (offset < 0 || static_cast<uint64_t>(offset) >= size) return 0;
     const size_t k = std::min(n, size - static_cast<size_t>(offset));
