@@ -151,10 +151,10 @@ double LrSchedule::onecycle(int64_t k, bool want_momentum) const {
   const int64_t total = o.total_steps - o.warmup_steps;
   const double initial_lr = o.base_lr / o.div_factor;
   const double min_lr = initial_lr / o.final_div_factor;
-  struct profiler::Phase {
+  struct Phase {
     double end_step, start_lr, end_lr, start_m, end_m;
   };
-  std::vector<profiler::Phase> phases;
+  std::vector<Phase> phases;
   const std::vector<double> e = onecycle_phase_ends();
   if (o.three_phase) {
     phases = {{e[0], initial_lr, o.base_lr, o.max_momentum, o.base_momentum},
@@ -167,7 +167,7 @@ double LrSchedule::onecycle(int64_t k, bool want_momentum) const {
   const double step_num = static_cast<double>(std::min(k, total - 1));
   double start_step = 0.0;
   for (size_t i = 0; i < phases.size(); ++i) {
-    const profiler::Phase& p = phases[i];
+    const Phase& p = phases[i];
     if (step_num <= p.end_step || i + 1 == phases.size()) {
       const double pct = (step_num - start_step) / (p.end_step - start_step);
       return want_momentum ? anneal(o.anneal, p.start_m, p.end_m, pct)
