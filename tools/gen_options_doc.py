@@ -92,7 +92,7 @@ def render(schemas) -> str:
         "",
         "## Packing: `gpufeed pack`",
         "",
-        "`loader::PackOptions` (`gpufeed/pack/pack.h`); `num_workers`, `on_error`, `max_skips` and",
+        "`pack::PackOptions` (`gpufeed/pack/pack.h`); `num_workers`, `on_error`, `max_skips` and",
         "`strict_decode` are the loader's own rows.",
         "",
         *table(schemas["pack"], keyword=False),
