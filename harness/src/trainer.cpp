@@ -223,6 +223,7 @@ void Trainer::Impl::build_data() {
     so.seed = o.loader.seed;
     // DistributedSampler's order, or the shard-aware one (`shuffle_order`, rank_sampler.h).
     resumable = loader::make_rank_sampler(*train_set, o.loader, so, o.data.string());
+    shuffle_order = loader::resolve_shuffle_order(*train_set, o.loader.shuffle_order, o.data.string());
     train_sampler = resumable;
   }
   if (o.val_data) {  // before any training, not after the first epoch

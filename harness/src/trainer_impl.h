@@ -129,6 +129,7 @@ struct Trainer::Impl {
   // (`shuffle_order`), null with RASampler: an epoch resumed on another world size deals the
   // saved run's remaining positions (resume_position).
   std::shared_ptr<sampler::ResumableSampler> resumable;
+  loader::ShuffleOrder shuffle_order = loader::ShuffleOrder::kExact;  // resumable's, as resolved
   int64_t full_micro_batches = 0;  // micro-batches of a whole (not resumed) epoch on this rank
   std::shared_ptr<loader::Loader> train_loader;
   std::unique_ptr<prefetch::Prefetcher> prefetcher;
