@@ -31,7 +31,9 @@
 #include "gpufeed/harness/lr_schedule.h"
 #include "gpufeed/harness/resnet.h"
 #include "gpufeed/harness/torch_file.h"
+#include "gpufeed/harness/train_checkpoint.h"
 #include "gpufeed/harness/trainer.h"
+#include "gpufeed/pack/pack.h"
 #include "gpufeed/datasets/synthetic.h"
 #include "gpufeed/sampler/sampler.h"
 #include "test_util.h"
@@ -1486,4 +1488,44 @@ TEST(Trainer, AnOlderCheckpointResumesOnlyOnItsOwnWorldSize) {
                    "drop_last, which resuming on another world size needs; resume it on world size 2"),
             std::string::npos)
       << m;
+}
+
+// shuffle_order: the trainer deals the shard-aware order over shards, records it (with its window
+// and partitions) in the training checkpoint, and refuses to resume it in another order.
+TEST(Trainer, TheShardOrderIsRecordedInTheCheckpointAndAnotherOrderIsRefused) {
+  TempDir dir("shard_order");
+  const fs::path data = tiny_dataset(dir.path / "data");
+  pack::PackOptions po;
+  po.max_samples_per_shard = 5;
+  pack::pack_dataset(datasets::ImageFolder(data, {.index_cache = "off"}), data, dir.path / "shards", po);
+  harness::TrainOptions o = tiny_run(dir.path / "shards");
+  o.index_cache.index_cache = "off";
+  o.max_steps_per_epoch = 1;
+  o.loader.shuffle_order = loader::ShuffleOrder::kShards;
+  o.loader.shard_window = 2;
+  o.save_checkpoint = dir.path / "train.pt";
+  {
+    harness::Trainer a(o);
+    a.fit();
+  }
+  const harness::TrainCheckpoint ck = harness::load_train_checkpoint(*o.save_checkpoint);
+  EXPECT_EQ(ck.run.shuffle_order, "shards");
+  EXPECT_EQ(ck.run.shard_window, 2);
+  EXPECT_EQ(ck.run.shard_partitions, 64);
+  harness::TrainOptions r = o;
+  r.resume = o.save_checkpoint;
+  r.save_checkpoint = dir.path / "resumed.pt";
+  r.loader.shuffle_order = loader::ShuffleOrder::kAuto;  // exact for local shards
+  EXPECT_NE(construction_error(r).find("cannot resume: shuffle_order was shards, this run has exact"),
+            std::string::npos)
+      << construction_error(r);
+  r.loader.shuffle_order = loader::ShuffleOrder::kShards;
+  r.loader.shard_window = 3;
+  EXPECT_NE(construction_error(r).find("cannot resume: shard_window was 2, this run has 3"), std::string::npos)
+      << construction_error(r);
+  // The shard order on a folder is an error naming the option and the data.
+  harness::TrainOptions f = tiny_run(data);
+  f.loader.shuffle_order = loader::ShuffleOrder::kShards;
+  EXPECT_NE(construction_error(f).find("`shuffle_order` shards needs a dataset of shards"), std::string::npos)
+      << construction_error(f);
 }

@@ -50,7 +50,11 @@ TEST(OptionSchema, DefaultsAreTheStructsOwnAsWritten) {
     EXPECT_TRUE(seen.insert(f.spec.name).second) << f.spec.name;
     for (const char c : f.spec.name) EXPECT_TRUE((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_');
   }
-  EXPECT_EQ(seen.size(), 32u);
+  EXPECT_EQ(seen.size(), 35u);
+  // shuffle_order and its knobs: auto, and ShardOrderOptions' own window and partitions.
+  EXPECT_EQ(std::get<std::string>(default_of("shuffle_order")), "auto");
+  EXPECT_EQ(std::get<int64_t>(default_of("shard_window")), 8);
+  EXPECT_EQ(std::get<int64_t>(default_of("shard_partitions")), 64);
 }
 
 TEST(OptionSchema, ApplySetsTheFieldsAndResolvesDerivedDefaults) {

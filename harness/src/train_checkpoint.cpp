@@ -88,6 +88,11 @@ void save_train_checkpoint(const TrainCheckpoint& ckpt, const fs::path& path) {
   sa.insert("ra_reps", ckpt.run.ra_reps);
   if (ckpt.run.dataset_size) sa.insert("dataset_size", *ckpt.run.dataset_size);
   if (ckpt.run.drop_last) sa.insert("drop_last", *ckpt.run.drop_last);
+  sa.insert("shuffle_order", ckpt.run.shuffle_order);
+  if (ckpt.run.shuffle_order == "shards") {
+    sa.insert("shard_window", ckpt.run.shard_window);
+    sa.insert("shard_partitions", ckpt.run.shard_partitions);
+  }
   sa.insert("sampler_drop_last", false);  // the Trainer's DistributedSampler pads
   sa.insert("epoch_world_size", ckpt.progress.epoch_world_size > 0 ? ckpt.progress.epoch_world_size : ckpt.run.world_size);
   sa.insert("epoch_start", ckpt.progress.epoch_start);
@@ -122,6 +127,9 @@ TrainCheckpoint load_train_checkpoint(const fs::path& path) {
   if (auto it = sa.find("ra_reps"); it != sa.end()) c.run.ra_reps = it->value().toInt();
   if (auto it = sa.find("dataset_size"); it != sa.end()) c.run.dataset_size = it->value().toInt();
   if (auto it = sa.find("drop_last"); it != sa.end()) c.run.drop_last = it->value().toBool();
+  if (auto it = sa.find("shuffle_order"); it != sa.end()) c.run.shuffle_order = it->value().toStringRef();
+  if (auto it = sa.find("shard_window"); it != sa.end()) c.run.shard_window = it->value().toInt();
+  if (auto it = sa.find("shard_partitions"); it != sa.end()) c.run.shard_partitions = it->value().toInt();
   if (auto it = sa.find("epoch_world_size"); it != sa.end()) c.progress.epoch_world_size = it->value().toInt();
   if (auto it = sa.find("epoch_start"); it != sa.end()) c.progress.epoch_start = it->value().toInt();
   if (auto it = sa.find("sampler_drop_last"); it != sa.end() && it->value().toBool()) {
@@ -151,12 +159,15 @@ void check_same_run(const TrainRunIdentity& saved, const TrainRunIdentity& now, 
     throw std::runtime_error(file + ": cannot resume: " + what + " was " + was + ", this run has " + is);
   };
   if (saved.arch != now.arch) differs("arch", saved.arch, now.arch);
+  if (saved.shuffle_order != now.shuffle_order) differs("shuffle_order", saved.shuffle_order, now.shuffle_order);
   const std::pair<const char*, std::pair<int64_t, int64_t>> numbers[] = {
       {"num_classes", {saved.num_classes, now.num_classes}},
       {"batch size", {saved.batch_size, now.batch_size}},
       {"accum steps", {saved.accum_steps, now.accum_steps}},
       {"seed", {saved.seed, now.seed}},
       {"ra_reps (0: no `ra_sampler`)", {saved.ra_reps, now.ra_reps}},
+      {"shard_window", {saved.shard_window, now.shard_window}},
+      {"shard_partitions", {saved.shard_partitions, now.shard_partitions}},
   };
   if (saved.dataset_size && now.dataset_size && *saved.dataset_size != *now.dataset_size) {
     differs("the dataset's size", std::to_string(*saved.dataset_size), std::to_string(*now.dataset_size));

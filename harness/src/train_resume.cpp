@@ -27,6 +27,7 @@ int64_t padded_total(int64_t n, int64_t replicas) {
 }  // namespace
 
 TrainRunIdentity Trainer::Impl::run_identity() const {
+  const bool shards = shuffle_order == loader::ShuffleOrder::kShards;
   return {options.arch,
           resnet_options.num_classes,
           world,
@@ -35,7 +36,10 @@ TrainRunIdentity Trainer::Impl::run_identity() const {
           static_cast<int64_t>(options.loader.seed),
           options.ra_sampler ? options.ra_reps : 0,
           train_set->size(),
-          options.loader.drop_last};  // as applied (a forced drop included)
+          options.loader.drop_last,  // as applied (a forced drop included)
+          std::string(loader::to_string(shuffle_order)),
+          shards ? options.loader.shard_window : 0,
+          shards ? options.loader.shard_partitions : 0};
 }
 
 int64_t Trainer::Impl::batches_of(int64_t samples) const {

@@ -21,6 +21,7 @@
 #include "gpufeed/harness/train_checkpoint.h"
 #include "gpufeed/log_text.h"
 #include "gpufeed/sampler/ra_sampler.h"
+#include "gpufeed/loader/rank_sampler.h"
 #include "trainer_impl.h"
 
 namespace gpufeed::harness {
@@ -220,7 +221,9 @@ void Trainer::Impl::build_data() {
     so.num_replicas = world;
     so.rank = rank;
     so.seed = o.loader.seed;
-    resumable = std::make_shared<sampler::ResumedDistributedSampler>(train_set->size(), so);
+    // DistributedSampler's order, or the shard-aware one (`shuffle_order`, rank_sampler.h).
+    resumable = loader::make_rank_sampler(*train_set, o.loader, so, o.data.string());
+    shuffle_order = loader::resolve_shuffle_order(*train_set, o.loader.shuffle_order, o.data.string());
     train_sampler = resumable;
   }
   if (o.val_data) {  // before any training, not after the first epoch

@@ -125,9 +125,11 @@ struct Trainer::Impl {
   std::shared_ptr<datasets::Dataset> train_set;
   std::shared_ptr<datasets::Dataset> val_set;  // options.val_data, listed and checked once at start
   std::shared_ptr<sampler::Sampler> train_sampler;  // DistributedSampler (resumable, below) or RASampler
-  // The DistributedSampler as a ResumedDistributedSampler (null with RASampler): an epoch
-  // resumed on another world size deals the saved run's remaining positions (resume_position).
-  std::shared_ptr<sampler::ResumedDistributedSampler> resumable;
+  // The DistributedSampler (a ResumedDistributedSampler) or the shard-aware order
+  // (`shuffle_order`), null with RASampler: an epoch resumed on another world size deals the
+  // saved run's remaining positions (resume_position).
+  std::shared_ptr<sampler::ResumableSampler> resumable;
+  loader::ShuffleOrder shuffle_order = loader::ShuffleOrder::kExact;  // resumable's, as resolved
   int64_t full_micro_batches = 0;  // micro-batches of a whole (not resumed) epoch on this rank
   std::shared_ptr<loader::Loader> train_loader;
   std::unique_ptr<prefetch::Prefetcher> prefetcher;

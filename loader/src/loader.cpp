@@ -563,6 +563,9 @@ void LoaderOptions::validate() const {
   if (prefetch_depth < 1 && prefetch_depth != kAutoPrefetchDepth)
     throw std::invalid_argument("Loader: prefetch_depth must be >= 1 or kAutoPrefetchDepth");
   if (transform.output_size() < 1) throw std::invalid_argument("Loader: output size must be >= 1");
+  if (shard_window < 1) throw std::invalid_argument(fmt::format("Loader: shard_window must be >= 1, not {}", shard_window));
+  if (shard_partitions < 1)
+    throw std::invalid_argument(fmt::format("Loader: shard_partitions must be >= 1, not {}", shard_partitions));
   if (max_image_size < 0 ||
       (max_image_size > 0 && max_image_size < transform.output_size())) {
     throw std::invalid_argument(fmt::format(

@@ -10,6 +10,7 @@
 #include "gpufeed/datasets/dataset.h"
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/loader/option_sets.h"
+#include "gpufeed/loader/rank_sampler.h"
 #include "gpufeed/transforms/transform.h"
 
 namespace gpufeed::loader {
@@ -58,6 +59,22 @@ Schema<LoaderOptions> make_loader_schema() {
          .seed_range = true},
         [](LoaderOptions& o, const Value& v) { o.seed = static_cast<uint64_t>(std::get<int64_t>(v)); },
         [](const LoaderOptions& o) -> Value { return static_cast<int64_t>(o.seed); });
+  s.add({.name = "shuffle_order", .type = Type::kChoice,
+         .help = "the shuffled order dealt to the ranks: exact = DistributedSampler's, index for index PyTorch's; "
+                 "shards = the shard-aware order (whole shards mixed within a window, the same global order for any "
+                 "world size; needs .tar shards); auto = shards for remote (URL) shards, exact otherwise",
+         .words = {"auto", "exact", "shards"}},
+        [](LoaderOptions& o, const Value& v) { o.shuffle_order = parse_shuffle_order(std::get<std::string>(v)); },
+        [](const LoaderOptions& o) -> Value { return std::string(to_string(o.shuffle_order)); });
+  s.member({.name = "shard_window", .type = Type::kInt,
+            .help = "shuffle_order shards: shards (or pieces of shards) whose samples are shuffled together",
+            .unit = "shards", .min = 1},
+           &LoaderOptions::shard_window);
+  s.member({.name = "shard_partitions", .type = Type::kInt,
+            .help = "shuffle_order shards: streams of shards interleaved into the global order; each shard goes to "
+                    "one rank per epoch when the world size divides it",
+            .min = 1},
+           &LoaderOptions::shard_partitions);
   s.add({.name = "on_error", .type = Type::kChoice,
          .help = "a file that cannot be read or decoded: raise (stop, naming it) or skip (replace it by the "
                  "next good sample, counted and reported)",

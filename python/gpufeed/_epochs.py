@@ -278,7 +278,19 @@ class _EpochState:
         loader = self._loader
         return {"dataset_size": len(loader.samples), "batch_size": loader.batch_size, "shuffle": loader.shuffle,
                 "drop_last": loader.drop_last, "sampler_drop_last": loader._sampler_drop_last, "seed": loader.seed,
-                "rank": loader.rank, "world_size": loader.world_size}
+                "rank": loader.rank, "world_size": loader.world_size, "shuffle_order": loader.shuffle_order,
+                "shard_window": loader.shard_window, "shard_partitions": loader.shard_partitions}
+
+    @staticmethod
+    def _check_order(state: Dict[str, Any], mine: Dict[str, Any]) -> None:
+        """The state's order is this loader's: shuffle_order (a state without it is DistributedSampler's,
+        "exact"), and for "shards" its window and partitions."""
+        keys = ("shuffle_order",) + (("shard_window", "shard_partitions") if mine["shuffle_order"] == "shards" else ())
+        for key in keys:
+            theirs = state.get(key, "exact" if key == "shuffle_order" else None)
+            if theirs != mine[key]:
+                raise ValueError(f"gpufeed.DataLoader.load_state_dict: the state has {key}={theirs!r}, "
+                                 f"this loader {mine[key]!r}: resuming would yield other batches")
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """DataLoader.load_state_dict (its docstring gives the rules and the errors)."""
@@ -293,6 +305,7 @@ class _EpochState:
             if state[key] != mine[key]:
                 raise ValueError(f"gpufeed.DataLoader.load_state_dict: the state has {key}={state[key]!r}, "
                                  f"this loader {mine[key]!r}: resuming would yield other batches")
+        self._check_order(state, mine)
         if state["sampler_drop_last"] not in (None, mine["sampler_drop_last"]):
             raise ValueError(f"gpufeed.DataLoader.load_state_dict: the state has the sampler's drop_last="
                              f"{state['sampler_drop_last']!r}, this loader {mine['sampler_drop_last']!r}: "

@@ -236,6 +236,10 @@ class DataLoader:
                          if self.device.type == "cpu" and kw.dtype != torch.uint8 else None)
         self.rank = kw.rank
         self.world_size = kw.world_size
+        # shuffle_order as resolved for this dataset ("auto" never stays): "exact" or "shards".
+        self.shuffle_order = self._c.shuffle_order()
+        self.shard_window = int(kw.in_force("shard_window"))
+        self.shard_partitions = int(kw.in_force("shard_partitions"))
 
     def _init_torch_attributes(self, sampler: Any, sample_only: bool) -> None:
         """torch.utils.data.DataLoader's attributes, as scripts and frameworks read them."""
@@ -308,8 +312,9 @@ class DataLoader:
         epoch's DistributedSampler list is the one for epoch_world_size ranks, and its first
         epoch_start positions were consumed before this run's ranks were dealt the rest: world_size
         and 0 unless the epoch was resumed from another number of ranks), and the options it was
-        taken with (dataset_size, batch_size, shuffle, drop_last, seed, which resuming must match;
-        rank and world_size, which it need not: see load_state_dict)."""
+        taken with (dataset_size, batch_size, shuffle, drop_last, seed, shuffle_order and, for
+        "shards", shard_window and shard_partitions, which resuming must match; a state without
+        shuffle_order is "exact"; rank and world_size, which it need not: see load_state_dict)."""
         return self._epochs.state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -385,8 +390,14 @@ class DataLoader:
     def sampler(self) -> "torch.utils.data.Sampler":
         """This rank's index sampler: the DistributedSampler given as ``sampler=``, else a view
         with DistributedSampler's interface (``len`` = this rank's samples per epoch; iteration
-        = this rank's indices of the current epoch; ``set_epoch``)."""
-        return self._torch_sampler if self._torch_sampler is not None else _RankSampler(self)
+        = this rank's indices of the current epoch; ``set_epoch``). With
+        ``shuffle_order="shards"`` (chosen, or "auto" on remote shards) it is always the view,
+        whose ``shuffle_order`` is "shards" and whose iteration is the shard-aware order the
+        loader reads (a DistributedSampler given as ``sampler=`` still sets the epoch, but its
+        own iteration would not be the loader's order)."""
+        if self._torch_sampler is not None and self.shuffle_order == "exact":
+            return self._torch_sampler
+        return _RankSampler(self)
 
     @property
     def batch_sampler(self) -> torch.utils.data.BatchSampler:

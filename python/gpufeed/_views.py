@@ -27,7 +27,9 @@ def distributed_rank_world_size() -> Tuple[int, int]:
 class _RankSampler(torch.utils.data.Sampler):
     """``loader.sampler``: this rank's dataset indices, as the DistributedSampler a
     torch.utils.data.DataLoader would hold (``len`` = samples per epoch for this rank, padding
-    included; iteration = the indices of the loader's current epoch; ``set_epoch``)."""
+    included; iteration = the indices of the loader's current epoch; ``set_epoch``).
+    ``shuffle_order`` says whose order iteration gives: "exact" (DistributedSampler's, index for
+    index) or "shards" (the shard-aware order: the same length and padding, another order)."""
 
     def __init__(self, loader: "DataLoader"):
         self._loader = loader
@@ -35,6 +37,7 @@ class _RankSampler(torch.utils.data.Sampler):
         self.rank = loader.rank
         self.shuffle = loader.shuffle
         self.seed = loader.seed
+        self.shuffle_order = loader.shuffle_order
 
     @property
     def epoch(self) -> int:

@@ -50,6 +50,7 @@
 #include "gpufeed/pack/inspect.h"
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/loader/option_sets.h"
+#include "gpufeed/loader/rank_sampler.h"
 #include "gpufeed/datasets/remote.h"
 #include "gpufeed/datasets/remote_fields.h"
 #include "gpufeed/loader/stats_fields.h"
@@ -286,13 +287,14 @@ class PyLoader {
     dataset_ = open_interruptibly(path, k.data, extensions);
     sample_reader_ = dataset_->reader();
     nb::gil_scoped_release nogil;  // allocating slots takes a while
-    sampler::DistributedSamplerOptions so;
+    sampler::DistributedSamplerOptions& so = distributed_;
     so.num_replicas = world_size;
     so.rank = rank;
     so.shuffle = shuffle;
     so.seed = o.seed;
     so.drop_last = sampler_drop_last;
-    sampler_ = std::make_shared<sampler::ResumedDistributedSampler>(dataset_->size(), so);
+    sampler_ = loader::make_rank_sampler(*dataset_, o, so, path);
+    shuffle_order_ = loader::resolve_shuffle_order(*dataset_, o.shuffle_order, path);
     if (sample_only) return;  // load_sample only: no slots, no threads (a worker's copy of loader.dataset)
     if (device_ < 0) {
       // CPU: the slots' uint8 views; the package converts other dtypes with torch's ops.
@@ -406,7 +408,7 @@ class PyLoader {
   /// Batches of a whole epoch of this rank (DistributedSampler's, whatever epoch is resumed).
   int64_t num_batches() {
     loader();
-    auto plain = std::make_shared<sampler::DistributedSampler>(dataset_->size(), sampler_->options());
+    auto plain = std::make_shared<sampler::DistributedSampler>(dataset_->size(), distributed_);
     return sampler::BatchSampler(plain, options_.batch_size, options_.drop_last).size();
   }
   void set_image_size(int size) { loader().set_image_size(size); }
@@ -418,12 +420,14 @@ class PyLoader {
   /// This rank's indices of `epoch`: its part of the resumed epoch's remaining positions (set_resume),
   /// else DistributedSampler's.
   std::vector<int64_t> sampler_indices(int64_t epoch) {
-    sampler::ResumedDistributedSampler s = *sampler_;
-    s.set_epoch(epoch);
-    return s.indices();
+    const auto s = sampler_->clone();
+    s->set_epoch(epoch);
+    return s->indices();
   }
   /// DistributedSampler's samples per epoch for this rank (len(sampler)).
-  int64_t sampler_size() const { return sampler::DistributedSampler(dataset_->size(), sampler_->options()).size(); }
+  int64_t sampler_size() const { return sampler::DistributedSampler(dataset_->size(), distributed_).size(); }
+  /// The order the sampler deals: "exact" or "shards" (shuffle_order resolved for this dataset).
+  std::string shuffle_order() const { return std::string(loader::to_string(shuffle_order_)); }
   /// The epoch the next start_epoch resumes, (epoch, num_replicas of its list, positions consumed),
   /// or None: every epoch is DistributedSampler's (gpufeed/sampler/resume.h).
   void set_resume(std::optional<std::tuple<int64_t, int64_t, int64_t>> resume) {
@@ -438,7 +442,7 @@ class PyLoader {
   int64_t consumed_after_batches(int64_t list_world_size, int64_t start, int64_t world_size, int64_t rank,
                                  int64_t batches_consumed) const {
     if (list_world_size < 1) throw nb::value_error("the epoch list's world size must be >= 1");
-    sampler::DistributedSamplerOptions o = sampler_->options();
+    sampler::DistributedSamplerOptions o = distributed_;
     o.num_replicas = list_world_size;
     o.rank = 0;
     const int64_t total = sampler::DistributedSampler(dataset_->size(), o).total_size();
@@ -512,7 +516,11 @@ class PyLoader {
   // the others. Destroyed before the dataset.
   std::unique_ptr<datasets::SampleReader> sample_reader_;
   uint64_t sample_tags_ = 0;  // changed with the GIL held
-  std::shared_ptr<sampler::ResumedDistributedSampler> sampler_;
+  // The sampler's order (ResumedDistributedSampler's or ShardAwareSampler's); distributed_ holds
+  // the DistributedSampler options both take, whose sizes and total_size they share.
+  std::shared_ptr<sampler::ResumableSampler> sampler_;
+  sampler::DistributedSamplerOptions distributed_;
+  loader::ShuffleOrder shuffle_order_ = loader::ShuffleOrder::kExact;
   std::shared_ptr<loader::Loader> loader_;
   std::unique_ptr<device::CudaEngine> engine_;  // CUDA only; destroyed before loader_
   std::optional<loader::Batch> held_;                // taken by an interrupted next(): the next one's
@@ -599,6 +607,7 @@ NB_MODULE(_C, m) {
       .def("state", &PyLoader::state)
       .def("sampler_indices", &PyLoader::sampler_indices, "epoch"_a)
       .def("sampler_size", &PyLoader::sampler_size)
+      .def("shuffle_order", &PyLoader::shuffle_order)
       .def("set_resume", &PyLoader::set_resume, "resume"_a.none())
       .def("consumed_after_batches", &PyLoader::consumed_after_batches, "list_world_size"_a, "start"_a,
            "world_size"_a, "rank"_a, "batches_consumed"_a)

@@ -25,7 +25,9 @@ from conftest import make_image_folder
 from remote_servers import FaultProxy, MotoS3, NginxServer, RangeHTTPServer
 
 PATTERN = "train-{000000..000003}.tar"
-COMMON = dict(batch_size=5, image_size=32, dtype=torch.uint8, index_cache="off", num_workers=2)
+# DistributedSampler's order (remote shards default to the shard-aware one, shuffle_order="auto"):
+# these tests compare remote batches and reads with the local disk's in that order.
+COMMON = dict(batch_size=5, image_size=32, dtype=torch.uint8, index_cache="off", num_workers=2, shuffle_order="exact")
 
 
 @pytest.fixture(scope="module")
@@ -507,7 +509,7 @@ def test_processes_share_one_cache(packed, tmp_path):
 import sys, torch, gpufeed
 loader = gpufeed.DataLoader(sys.argv[1], shuffle=True, seed=3, batch_size=5, image_size=32, dtype=torch.uint8,
                             index_cache="off", num_workers=1, cache_dir={str(cache)!r}, rank=int(sys.argv[2]),
-                            world_size=2, prefetch_next_epoch=False)
+                            world_size=2, prefetch_next_epoch=False, shuffle_order="exact")
 loader.set_epoch(1)
 print(sum(int(y.sum()) for _, y in loader))
 """

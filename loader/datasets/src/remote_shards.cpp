@@ -373,6 +373,9 @@ RemoteShards::~RemoteShards() = default;
 
 int64_t RemoteShards::size() const { return store_->size(); }
 const std::vector<std::string>& RemoteShards::shards() const { return store_->urls; }
+std::vector<int64_t> RemoteShards::shard_sizes() const {
+  return contiguous_shard_sizes(store_->shard, store_->urls.size());
+}
 SampleRef RemoteShards::at(int64_t i) const { return store_->at(i); }
 void RemoteShards::read(int64_t i, const SampleRef& ref, decode::ByteBuffer& out) const { store_->read(i, ref, out); }
 

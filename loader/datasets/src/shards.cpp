@@ -332,6 +332,21 @@ std::vector<ShardSample> index_shard(const ReadAt& read, int64_t file_size, cons
 
 // ---- shard sets
 
+std::vector<int64_t> contiguous_shard_sizes(const std::vector<uint32_t>& shard_of_sample, size_t shards) {
+  std::vector<int64_t> sizes(shards, 0);
+  uint32_t last = 0;
+  for (size_t i = 0; i < shard_of_sample.size(); ++i) {
+    const uint32_t s = shard_of_sample[i];
+    if (s >= shards || s < last)
+      throw std::logic_error(fmt::format("sample {} is in shard {} after shard {} of {}: a shard's samples are not "
+                                         "one contiguous run in shard order",
+                                         i, s, last, shards));
+    last = s;
+    ++sizes[s];
+  }
+  return sizes;
+}
+
 std::vector<std::string> expand_braces(const std::string& pattern) {
   const size_t open = pattern.find('{');
   if (open == std::string::npos) {

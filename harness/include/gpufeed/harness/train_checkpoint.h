@@ -17,6 +17,8 @@
 //    "sampler": {"epoch", "batches_consumed" (micro-batches of that epoch already trained on),
 //                "seed", "num_replicas", "batch_size", "accum_steps", "ra_reps" (0: no RASampler),
 //                "dataset_size", "drop_last" (the loader's, as the run applied it),
+//                "shuffle_order" ("exact" or "shards": the order dealt, as `shuffle_order` resolved;
+//                absent: "exact") and with "shards" its "shard_window" and "shard_partitions",
 //                "sampler_drop_last" (DistributedSampler's: false), "epoch_world_size" and
 //                "epoch_start" (the epoch's list is DistributedSampler's for epoch_world_size
 //                ranks, of which epoch_start positions were consumed before this run's ranks were
@@ -67,6 +69,10 @@ struct TrainRunIdentity {
   int64_t ra_reps = 0;     ///< "ra_reps": RASampler's repetitions, 0 = DistributedSampler (absent: 0)
   std::optional<int64_t> dataset_size;  ///< "dataset_size" (absent in older checkpoints)
   std::optional<bool> drop_last;        ///< "drop_last": the loader's, as applied (absent in older ones)
+  /// "shuffle_order": the order the sampler dealt, "exact" or "shards" (resolved; absent in older
+  /// checkpoints: "exact"); "shard_window", "shard_partitions" with "shards" only (else 0).
+  std::string shuffle_order = "exact";
+  int64_t shard_window = 0, shard_partitions = 0;
 };
 
 /// Where a run stands.

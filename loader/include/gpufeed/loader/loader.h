@@ -30,6 +30,7 @@
 #include "gpufeed/loader/thread_tuner.h"
 #include "gpufeed/transforms/transform.h"
 #include "gpufeed/sampler/sampler.h"
+#include "gpufeed/sampler/shard_order.h"
 
 namespace gpufeed::loader {
 
@@ -52,6 +53,25 @@ enum class ErrorPolicy {
 std::string_view to_string(ErrorPolicy policy);
 /// Parses the names above; throws options::OptionError naming `on_error` otherwise.
 ErrorPolicy parse_error_policy(std::string_view name);
+
+/// Which order the fronts (gpufeed.DataLoader, the trainer) deal a shuffled epoch in: the
+/// `shuffle_order` option (make_rank_sampler, gpufeed/loader/rank_sampler.h). The Loader itself
+/// takes any sampler; these fields only choose the one a front builds.
+enum class ShuffleOrder {
+  /// kShards for remote shards (Dataset::remote(): a read is a request, and DistributedSampler's
+  /// order costs one request per sample), kExact otherwise.
+  kAuto,
+  /// DistributedSampler's global order, index for index PyTorch's (sampler::ResumedDistributedSampler).
+  kExact,
+  /// The shard-aware order (sampler::ShardAwareSampler): whole shards mixed within a window,
+  /// the same global list for every world size. Needs a dataset of shards (Dataset::shard_sizes).
+  kShards,
+};
+
+/// "auto", "exact", "shards".
+std::string_view to_string(ShuffleOrder order);
+/// Parses the names above; throws options::OptionError naming `shuffle_order` otherwise.
+ShuffleOrder parse_shuffle_order(std::string_view name);
 
 /// The most threads a Loader (or gpufeed pack) runs: more is refused with std::invalid_argument
 /// instead of failing inside the thread pool (pthread_create runs out of resources somewhere
@@ -114,6 +134,11 @@ struct LoaderOptions {
   /// starts without a wait (Loader::start_epoch). Off for a loader used for one epoch only (the
   /// trainer's validation loader), where that work would be thrown away.
   bool prefetch_next_epoch = true;
+  /// The shuffled order the fronts build (ShuffleOrder); shard_window and shard_partitions are
+  /// sampler::ShardOrderOptions' window and partitions (its defaults), used by kShards only.
+  ShuffleOrder shuffle_order = ShuffleOrder::kAuto;
+  int64_t shard_window = sampler::ShardOrderOptions{}.window;
+  int64_t shard_partitions = sampler::ShardOrderOptions{}.partitions;
   /// Not an option (no flag or keyword): for tests and tools that replay measurements. Called
   /// once per batch next() hands out while num_workers or prefetch_depth is auto, on the
   /// consumer's thread with the loader's lock held (it must not call the Loader), with what the

@@ -12,6 +12,7 @@
 // The next epoch is plain DistributedSampler(num_replicas = W') order.
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -71,21 +72,38 @@ int64_t consumed_after_batches(int64_t total_size, int64_t consumed, int64_t num
                                int64_t rank, int64_t batches_consumed, int64_t batch_size,
                                bool drop_last);
 
+/// A sampler whose epochs are one global list of DistributedSampler's total_size positions dealt
+/// round-robin to the ranks, so that an epoch can be resumed on another world size as above:
+/// ResumedDistributedSampler (DistributedSampler's list) and ShardAwareSampler (shard_order.h).
+/// The fronts (gpufeed.DataLoader, the trainer) hold their sampler as this.
+class ResumableSampler : public Sampler {
+ public:
+  /// The epoch to resume (std::nullopt: none). Throws std::invalid_argument for
+  /// resume.num_replicas < 1 or consumed outside [0, that world size's total_size].
+  virtual void set_resume(std::optional<EpochResume> resume) = 0;
+  virtual const std::optional<EpochResume>& resume() const = 0;
+  /// A copy (same options, epoch and resume), e.g. to read another epoch's indices.
+  virtual std::unique_ptr<ResumableSampler> clone() const = 0;
+};
+
 /// DistributedSampler(n, options) (options.num_replicas = this run's world size), except in the
 /// epoch of `resume` (set_resume): there, this rank's part of that epoch's remaining positions,
 /// remaining_for_rank(distributed_epoch_list(n, {resume.num_replicas, ...}, epoch),
 /// resume.consumed, options.num_replicas, options.rank) (shuffle, seed and drop_last from
 /// options). A resume with consumed = 0 changes nothing: that epoch is DistributedSampler's own.
 /// size() is the current epoch's count (set_epoch first, as the loader does).
-class ResumedDistributedSampler : public Sampler {
+class ResumedDistributedSampler : public ResumableSampler {
  public:
   /// Throws what DistributedSampler's constructor and set_resume throw.
   ResumedDistributedSampler(int64_t n, DistributedSamplerOptions options,
                             std::optional<EpochResume> resume = std::nullopt);
   /// The epoch to resume (std::nullopt: none, every epoch is DistributedSampler's). Throws
   /// std::invalid_argument for resume.num_replicas < 1 or consumed outside [0, total_size].
-  void set_resume(std::optional<EpochResume> resume);
-  const std::optional<EpochResume>& resume() const { return resume_; }
+  void set_resume(std::optional<EpochResume> resume) override;
+  const std::optional<EpochResume>& resume() const override { return resume_; }
+  std::unique_ptr<ResumableSampler> clone() const override {
+    return std::make_unique<ResumedDistributedSampler>(*this);
+  }
   std::vector<int64_t> indices() const override;
   int64_t size() const override;
   const DistributedSamplerOptions& options() const { return plain_.options(); }

@@ -52,6 +52,7 @@
 // assignment depends on the world size) and permutes samples within each chunk only (window 1).
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -106,7 +107,7 @@ std::vector<int64_t> shard_of_samples(const std::vector<int64_t>& shard_sizes);
 /// ResumedDistributedSampler deals them: the list of resume.num_replicas, from resume.consumed on,
 /// dealt to this run's num_replicas ranks without padding. consumed_after_batches() turns a rank's
 /// batch count into resume.consumed, as for DistributedSampler.
-class ShardAwareSampler : public Sampler {
+class ShardAwareSampler : public ResumableSampler {
  public:
   /// Throws std::invalid_argument for what shard_aware_epoch_list rejects, a rank outside
   /// [0, num_replicas), and what set_resume rejects.
@@ -114,8 +115,9 @@ class ShardAwareSampler : public Sampler {
                     std::optional<EpochResume> resume = std::nullopt);
   /// The epoch to resume (std::nullopt: none). Throws std::invalid_argument for
   /// resume.num_replicas < 1 or consumed outside [0, that world size's total_size].
-  void set_resume(std::optional<EpochResume> resume);
-  const std::optional<EpochResume>& resume() const { return resume_; }
+  void set_resume(std::optional<EpochResume> resume) override;
+  const std::optional<EpochResume>& resume() const override { return resume_; }
+  std::unique_ptr<ResumableSampler> clone() const override { return std::make_unique<ShardAwareSampler>(*this); }
   std::vector<int64_t> indices() const override;
   /// The current epoch's count: num_samples as DistributedSampler's, or the resumed share.
   int64_t size() const override;

@@ -85,6 +85,14 @@ class Dataset {
   virtual void read(int64_t i, const SampleRef& ref, decode::ByteBuffer& out) const { read_sample(ref, out); }
   /// A reader for one loader, or null (the default): the loader then calls read(i).
   virtual std::unique_ptr<SampleReader> reader() const { return nullptr; }
+  /// The samples of each shard, in shard order, for a dataset stored as shards (TarShards,
+  /// RemoteShards): shard s holds the contiguous sample indices [offset_s, offset_s + sizes[s]),
+  /// offset_s the sum of the sizes before it, and the sizes sum to size(). This is the layout
+  /// sampler::shard_aware_epoch_list takes (gpufeed/sampler/shard_order.h). Empty (the default)
+  /// for a dataset that is not made of shards (ImageFolder, FileList, ...).
+  virtual std::vector<int64_t> shard_sizes() const { return {}; }
+  /// The data is remote (read over HTTP(S) or S3: RemoteShards), where each read is a request.
+  virtual bool remote() const { return false; }
 };
 
 /// The compact sample table behind the in-memory datasets: every path in one arena of bytes

@@ -142,6 +142,9 @@ class RemoteShards : public Dataset {
   void read(int64_t i, const SampleRef& ref, decode::ByteBuffer& out) const override;
   std::unique_ptr<SampleReader> reader() const override;
   const std::vector<std::string>& shards() const;
+  /// Samples per shard in shards() order (each shard's samples are contiguous, in archive order).
+  std::vector<int64_t> shard_sizes() const override;
+  bool remote() const override { return true; }
   /// How many shards' indexes came from `<shard>.gpufeed-idx`, from the index cache, and from
   /// reading their tar headers.
   int64_t indexes_beside() const { return beside_; }

@@ -140,6 +140,11 @@ std::vector<std::string> expand_braces(const std::string& pattern);
 /// not exist.
 std::optional<std::vector<std::string>> shard_paths(const std::filesystem::path& data);
 
+/// Dataset::shard_sizes() from a per-sample shard number: the count of each of `shards` shards.
+/// Throws std::logic_error when the numbers decrease or are >= shards (a shard's samples would
+/// not be one contiguous run of indices in shard order, which the shard-aware order relies on).
+std::vector<int64_t> contiguous_shard_sizes(const std::vector<uint32_t>& shard_of_sample, size_t shards);
+
 /// A dataset over WebDataset tar shards: samples in shard order, then archive order (the order
 /// webdataset.WebDataset(urls, shardshuffle=False) yields them). The member index is read once
 /// from the headers and cached as DataOptions says (keyed by each shard's identity);
@@ -155,6 +160,8 @@ class TarShards : public Dataset {
   SampleRef at(int64_t i) const override;
   const std::vector<std::string>& classes() const override { return classes_; }
   const std::vector<std::string>& shards() const { return shards_; }
+  /// Samples per shard in shards() order (shard order, then archive order: contiguous runs).
+  std::vector<int64_t> shard_sizes() const override { return contiguous_shard_sizes(shard_, shards_.size()); }
   bool from_cache() const { return from_cache_; }
 
  private:

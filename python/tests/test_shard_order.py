@@ -1,0 +1,135 @@
+"""gpufeed.DataLoader's shard-aware order (shuffle_order="shards", docs/DATASETS.md, "Shuffle
+order") over shards packed by `gpufeed pack`: every sample once per epoch, one global order for
+every world size, a mid-epoch state_dict resumed on another world size delivering the rest once,
+and `auto` choosing "shards" for remote shards (over a local HTTP server) and "exact" otherwise."""
+import pathlib
+import re
+import subprocess
+
+import pytest
+import torch
+
+import gpufeed
+from conftest import make_image_folder
+from remote_servers import RangeHTTPServer
+
+N = 27  # 3 classes x 9 images, packed 4 per shard: 7 shards of 4, 4, 4, 4, 4, 4, 3
+PATTERN = "train-{000000..000006}.tar"
+ORDER = dict(shuffle_order="shards", shard_window=2, shard_partitions=4)
+EPOCH = 3
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory, gpufeed_cli) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("shard_order")
+    make_image_folder(root / "train", per_class=9, seed=21)
+    subprocess.run([str(gpufeed_cli), "pack", str(root / "train"), str(root / "shards"), "--max-samples-per-shard",
+                    "4", "--index-cache", "off", "--progress", "off"], check=True, capture_output=True)
+    assert len(list((root / "shards").glob("*.tar"))) == 7
+    return root / "shards"
+
+
+def loader_for(data, world, rank, **kw):
+    kw = dict(batch_size=2, image_size=8, dtype=torch.uint8, num_workers=1, prefetch_depth=2, index_cache="off",
+              **{**ORDER, **kw})
+    return gpufeed.DataLoader(str(data), shuffle=True, seed=7, rank=rank, world_size=world, **kw)
+
+
+def take(loader, it, k=None):
+    """Up to k batches (None: the rest of the epoch): the indices, and checks each label."""
+    out = []
+    targets = loader.targets
+    for _, labels in it:
+        idx = list(loader.last_batch["indices"])
+        assert labels.tolist() == [targets[i] for i in idx]
+        out += idx
+        if k is not None and len(out) == k * loader.batch_size:
+            break
+    return out
+
+
+def global_order(data, world, epoch=EPOCH, iterate=False):
+    """The epoch's global list as the ranks deal it: position p is rank p % world's p // world-th index."""
+    ranks = []
+    for rank in range(world):
+        loader = loader_for(data, world, rank)
+        loader.set_epoch(epoch)
+        mine = list(loader.indices())
+        assert list(loader.sampler) == mine and len(loader.sampler) == len(mine)
+        if iterate:
+            assert take(loader, iter(loader)) == mine
+        ranks.append(mine)
+    return [ranks[p % world][p // world] for p in range(len(ranks[0]) * world)]
+
+
+def test_every_sample_once_per_epoch_and_one_global_order_for_world_sizes_1_to_4(packed):
+    orders = {w: global_order(packed, w, iterate=w in (1, 3)) for w in (1, 2, 3, 4)}
+    for w, order in orders.items():
+        assert sorted(order[:N]) == list(range(N)), w
+        assert order[N:] == order[:len(order) - N], w  # DistributedSampler's padding: the list's start
+        assert order[:N] == orders[1], w
+    # Not DistributedSampler's order, and another one each epoch.
+    exact = loader_for(packed, 1, 0, shuffle_order="exact")
+    exact.set_epoch(EPOCH)
+    assert list(exact.indices()) != orders[1]
+    assert global_order(packed, 1, EPOCH + 1) != orders[1]
+    # Whole shards stay together: with window 2 and 4 partitions, a run of 4 positions on one
+    # rank of 4 comes from few shards (samples 4s..4s+3 are shard s).
+    loader = loader_for(packed, 4, 0)
+    assert loader.shuffle_order == "shards" and loader.sampler.shuffle_order == "shards"
+    loader.set_epoch(EPOCH)
+    assert len({i // 4 for i in loader.indices()}) <= 3
+
+
+@pytest.mark.parametrize("world,new_world", [(4, 3), (2, 4)])
+def test_a_mid_epoch_state_resumes_on_another_world_size_each_remaining_sample_once(packed, world, new_world):
+    expected = global_order(packed, world)
+    k = 1  # batches each old rank takes
+    consumed, state = [], None
+    for rank in range(world):
+        loader = loader_for(packed, world, rank)
+        loader.set_epoch(EPOCH)
+        consumed += take(loader, iter(loader), k)
+        if rank == 0:
+            state = loader.state_dict()
+    start = k * 2 * world
+    assert sorted(consumed) == sorted(expected[:start])
+    assert state["shuffle_order"] == "shards" and state["batches_yielded"] == k
+    delivered = []
+    for rank in range(new_world):
+        loader = loader_for(packed, new_world, rank)
+        loader.load_state_dict(state)
+        mine = take(loader, iter(loader))
+        assert mine == expected[start + rank::new_world]  # the rest, dealt without padding
+        delivered += mine
+    assert sorted(consumed + delivered) == sorted(expected)
+    assert sorted(set(consumed + delivered)) == list(range(N))
+    # A state of the shard-aware order does not resume in DistributedSampler's.
+    with pytest.raises(ValueError, match="shuffle_order"):
+        loader_for(packed, new_world, 0, shuffle_order="exact").load_state_dict(state)
+
+
+def test_auto_is_shards_for_remote_shards_and_exact_for_local_data(packed, capfd):
+    local = loader_for(packed, 1, 0, shuffle_order="auto")
+    assert local.shuffle_order == "exact" and local.sampler.shuffle_order == "exact"
+    with RangeHTTPServer(packed.parent) as http:
+        url = http.url + "/shards/" + PATTERN
+        remote = loader_for(url, 2, 1, shuffle_order="auto")
+        assert remote.shuffle_order == "shards" and remote.sampler.shuffle_order == "shards"
+        remote.set_epoch(EPOCH)
+        assert take(remote, iter(remote)) == global_order(packed, 2)[1::2]  # the local shards' order
+        capfd.readouterr()
+        exact = loader_for(url, 1, 0, shuffle_order="exact")
+        assert exact.shuffle_order == "exact"
+        err = capfd.readouterr().err
+        assert f"about {N} requests (one per sample) over 7 shards" in err
+        assert err.count("shuffle_order exact on remote data") == 1
+        assert http.url not in err
+
+
+def test_shards_on_a_folder_is_an_error_naming_the_option_and_the_dataset(packed):
+    folder = packed.parent / "train"
+    with pytest.raises(ValueError, match=r"shuffle_order.*" + re.escape(str(folder))):
+        loader_for(folder, 1, 0)
+    with pytest.raises(ValueError, match="shuffle_order"):
+        loader_for(packed, 1, 0, shuffle_order="sharded")

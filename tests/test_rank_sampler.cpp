@@ -1,0 +1,186 @@
+// The order a front deals (gpufeed/loader/rank_sampler.h): Dataset::shard_sizes() of tar shards,
+// `shuffle_order` resolved (auto = exact for local data; shards on a folder is an error), and a
+// Loader over packed shards in the shard-aware order: every sample once per epoch, in
+// shard_aware_epoch_list's order for its rank, resumable on another world size.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "gpufeed/datasets/dataset.h"
+#include "gpufeed/datasets/shards.h"
+#include "gpufeed/loader/loader.h"
+#include "gpufeed/loader/rank_sampler.h"
+#include "gpufeed/pack/pack.h"
+#include "gpufeed/sampler/resume.h"
+#include "gpufeed/sampler/shard_order.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using namespace gpufeed;
+using gpufeed::test::TempDir;
+
+namespace {
+
+// tiny_dataset (4 classes x 8 JPEGs) packed 5 samples per shard: 7 shards of 5, 5, 5, 5, 5, 5, 2.
+struct PackedSet {
+  TempDir dir{"rank_sampler"};
+  fs::path folder, shards;
+  pack::PackResult packed;
+  PackedSet() {
+    folder = gpufeed::test::tiny_dataset(dir.path / "src");
+    const datasets::ImageFolder images(folder, {.index_cache = "off"});
+    pack::PackOptions o;
+    o.max_samples_per_shard = 5;
+    shards = dir.path / "shards";
+    packed = pack::pack_dataset(images, folder, shards, o);
+  }
+  std::shared_ptr<datasets::Dataset> open() const { return datasets::open_dataset(shards, {.index_cache = "off"}); }
+};
+
+loader::LoaderOptions small_loader(loader::ShuffleOrder order) {
+  loader::LoaderOptions o;
+  o.batch_size = 3;
+  o.num_workers = 2;
+  o.prefetch_depth = 2;
+  o.transform = transforms::TransformOptions::imagenet(transforms::TransformOptions::Kind::kEval, 16);
+  o.shuffle_order = order;
+  o.shard_window = 2;
+  o.shard_partitions = 4;
+  return o;
+}
+
+sampler::DistributedSamplerOptions rank_of(int64_t rank, int64_t world) {
+  sampler::DistributedSamplerOptions so;
+  so.num_replicas = world;
+  so.rank = rank;
+  so.shuffle = true;
+  so.seed = 11;
+  return so;
+}
+
+// The indices and labels a Loader hands out for one epoch, batch by batch flattened.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> run_epoch(const std::shared_ptr<datasets::Dataset>& ds,
+                                                                 std::shared_ptr<sampler::Sampler> s,
+                                                                 const loader::LoaderOptions& o, int64_t epoch) {
+  loader::Loader l(ds, std::move(s), o);
+  l.start_epoch(epoch);
+  std::vector<int64_t> indices, labels;
+  while (auto b = l.next()) {
+    indices.insert(indices.end(), b->indices.begin(), b->indices.end());
+    labels.insert(labels.end(), b->labels, b->labels + b->size);
+  }
+  return {indices, labels};
+}
+
+}  // namespace
+
+TEST(ShardSizes, TarShardsCountEachShardsContiguousSamplesAndFoldersHaveNone) {
+  const PackedSet set;
+  ASSERT_EQ(set.packed.shards.size(), 7u);
+  const auto ds = set.open();
+  EXPECT_EQ(ds->shard_sizes(), (std::vector<int64_t>{5, 5, 5, 5, 5, 5, 2}));
+  EXPECT_FALSE(ds->remote());
+  // Shard s's samples are indices [5s, 5s + size): each one's path is that shard's file.
+  const auto* tar = dynamic_cast<const datasets::TarShards*>(ds.get());
+  ASSERT_NE(tar, nullptr);
+  for (int64_t i = 0; i < ds->size(); ++i) EXPECT_EQ(std::string(ds->at(i).path), tar->shards()[i / 5]) << i;
+  const datasets::ImageFolder folder(set.folder, {.index_cache = "off"});
+  EXPECT_TRUE(folder.shard_sizes().empty());
+}
+
+TEST(ShardSizes, ContiguousShardSizesRefusesShardsOutOfOrder) {
+  EXPECT_EQ(datasets::contiguous_shard_sizes({0, 0, 2, 2, 2}, 4), (std::vector<int64_t>{2, 0, 3, 0}));
+  EXPECT_THROW(datasets::contiguous_shard_sizes({0, 1, 0}, 2), std::logic_error);
+  EXPECT_THROW(datasets::contiguous_shard_sizes({0, 2}, 2), std::logic_error);
+}
+
+TEST(RankSampler, AutoIsExactForLocalShardsAndShardsOnAFolderIsAnError) {
+  const PackedSet set;
+  const auto ds = set.open();
+  EXPECT_EQ(loader::resolve_shuffle_order(*ds, loader::ShuffleOrder::kAuto, "x"), loader::ShuffleOrder::kExact);
+  EXPECT_EQ(loader::resolve_shuffle_order(*ds, loader::ShuffleOrder::kShards, "x"), loader::ShuffleOrder::kShards);
+  const auto exact = loader::make_rank_sampler(*ds, small_loader(loader::ShuffleOrder::kAuto), rank_of(1, 2), "x");
+  ASSERT_NE(dynamic_cast<sampler::ResumedDistributedSampler*>(exact.get()), nullptr);
+  exact->set_epoch(3);
+  sampler::DistributedSampler plain(ds->size(), rank_of(1, 2));
+  plain.set_epoch(3);
+  EXPECT_EQ(exact->indices(), plain.indices());
+  const datasets::ImageFolder folder(set.folder, {.index_cache = "off"});
+  EXPECT_EQ(loader::resolve_shuffle_order(folder, loader::ShuffleOrder::kAuto, "f"), loader::ShuffleOrder::kExact);
+  try {
+    loader::resolve_shuffle_order(folder, loader::ShuffleOrder::kShards, "data/train");
+    FAIL() << "shards on a folder";
+  } catch (const options::OptionError& e) {
+    EXPECT_EQ(e.option(), "shuffle_order");
+    EXPECT_NE(std::string(e.what()).find("data/train"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(loader::parse_shuffle_order("shards"), loader::ShuffleOrder::kShards);
+  EXPECT_THROW(loader::parse_shuffle_order("exactly"), options::OptionError);
+}
+
+TEST(RankSampler, LoaderOverShardsDealsTheShardAwareListEverySampleOncePerEpoch) {
+  const PackedSet set;
+  const auto ds = set.open();
+  const auto o = small_loader(loader::ShuffleOrder::kShards);
+  const int64_t world = 3;
+  std::vector<int64_t> labels_of(static_cast<size_t>(ds->size()));
+  for (int64_t i = 0; i < ds->size(); ++i) labels_of[static_cast<size_t>(i)] = ds->at(i).label;
+  sampler::ShardOrderOptions so;
+  so.num_replicas = world;
+  so.seed = 11;
+  so.window = 2;
+  so.partitions = 4;
+  for (const int64_t epoch : {0, 1}) {
+    const auto list = sampler::shard_aware_epoch_list(ds->shard_sizes(), so, epoch);
+    ASSERT_EQ(list.size(), 33u);  // 32 samples padded to 11 per rank
+    std::vector<int64_t> seen;
+    for (int64_t r = 0; r < world; ++r) {
+      auto s = loader::make_rank_sampler(*ds, o, rank_of(r, world), "shards");
+      ASSERT_NE(dynamic_cast<sampler::ShardAwareSampler*>(s.get()), nullptr);
+      const auto [indices, labels] = run_epoch(ds, s, o, epoch);
+      EXPECT_EQ(indices, sampler::remaining_for_rank(list, 0, world, r)) << "epoch " << epoch << " rank " << r;
+      for (size_t k = 0; k < indices.size(); ++k) EXPECT_EQ(labels[k], labels_of[static_cast<size_t>(indices[k])]);
+      seen.insert(seen.end(), indices.begin(), indices.end());
+    }
+    std::vector<int64_t> firsts(list.begin(), list.begin() + 32);  // the list without its padding
+    std::sort(firsts.begin(), firsts.end());
+    std::vector<int64_t> all(32);
+    std::iota(all.begin(), all.end(), 0);
+    EXPECT_EQ(firsts, all);
+    std::sort(seen.begin(), seen.end());
+    std::vector<int64_t> expected = all;
+    expected.push_back(list[0]);  // the one padding position repeats the list's start
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(seen, expected);
+  }
+  // Not DistributedSampler's order: the shard-aware list keeps shards together.
+  sampler::DistributedSampler exact(ds->size(), rank_of(0, world));
+  auto s = loader::make_rank_sampler(*ds, o, rank_of(0, world), "shards");
+  EXPECT_NE(s->indices(), exact.indices());
+}
+
+TEST(RankSampler, ShardOrderResumedOnAnotherWorldSizeDeliversTheRestOnce) {
+  const PackedSet set;
+  const auto ds = set.open();
+  const auto o = small_loader(loader::ShuffleOrder::kShards);
+  sampler::ShardOrderOptions so;
+  so.num_replicas = 4;
+  so.seed = 11;
+  so.window = 2;
+  so.partitions = 4;
+  const auto list = sampler::shard_aware_epoch_list(ds->shard_sizes(), so, 2);  // 32 positions
+  const int64_t consumed = 12;  // 4 ranks x one batch of 3
+  std::vector<int64_t> rest;
+  for (int64_t r = 0; r < 3; ++r) {
+    auto s = loader::make_rank_sampler(*ds, o, rank_of(r, 3), "shards");
+    s->set_resume(sampler::EpochResume{2, 4, consumed});
+    const auto [indices, labels] = run_epoch(ds, s, o, 2);
+    rest.insert(rest.end(), indices.begin(), indices.end());
+  }
+  std::vector<int64_t> expected(list.begin() + consumed, list.end());
+  std::sort(rest.begin(), rest.end());
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(rest, expected);
+  EXPECT_EQ(rest.size(), 20u);
+}
