@@ -19,7 +19,11 @@
 
 #include "gpufeed/datasets/dataset.h"
 #include "gpufeed/datasets/remote.h"
+#include "gpufeed/datasets/shards.h"
+#include "gpufeed/loader/loader.h"
 #include "gpufeed/pack/pack.h"
+#include "gpufeed/sampler/sampler.h"
+#include "golden.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -297,6 +301,8 @@ TEST_F(RemoteReads, ShardOrderFetchesEachShardOrChunkOncePerEpoch) {
   EXPECT_GT(s.peak_held_bytes, 0);
   EXPECT_LE(s.peak_held_bytes, 2 * (int64_t{2} << 20));
   EXPECT_LT(s.peak_held_bytes, shards.bytes / 2);
+  RecordProperty("peak_held_bytes", static_cast<int>(s.peak_held_bytes));
+  RecordProperty("dataset_bytes", static_cast<int>(s.dataset_bytes));
   // A second epoch (another plan) fetches them again: the first epoch's were evicted once read.
   read_epoch(*reader, 2, iota(d.size()), expected, 4);
   s = d.stats();
@@ -320,6 +326,10 @@ TEST_F(RemoteReads, RandomOrderIsExactAndBoundedInShardsAndSamplesModes) {
   EXPECT_LE(s.chunks_fetched, 2 * whole.size());
   // The window (2) plus the units of the reads in progress (3 threads, up to 2 units each).
   EXPECT_LE(s.peak_held_bytes, (2 + 3 * 2) * (int64_t{2} << 20));
+  RecordProperty("shards_gets", static_cast<int>(s.chunks_fetched));
+  RecordProperty("shards_refetched", static_cast<int>(s.chunks_refetched));
+  RecordProperty("shards_peak_held_bytes", static_cast<int>(s.peak_held_bytes));
+  RecordProperty("shards_bytes_fetched", static_cast<int>(s.bytes_fetched));
 
   RemoteShards samples(shards.urls(server.url), source, options("samples", 2));
   gets = server.gets();
@@ -327,6 +337,8 @@ TEST_F(RemoteReads, RandomOrderIsExactAndBoundedInShardsAndSamplesModes) {
   EXPECT_EQ(samples.stats().chunks_fetched, 0);
   EXPECT_LE(server.gets() - gets, samples.size());  // one ranged GET per sample at most
   EXPECT_GE(server.gets() - gets, samples.size() / 2);
+  RecordProperty("samples_gets", static_cast<int>(server.gets() - gets));
+  RecordProperty("dataset_bytes", static_cast<int>(whole.stats().dataset_bytes));
 }
 
 TEST_F(RemoteReads, AutoPicksShardsForAShardLocalOrderAndSamplesForARandomOne) {
@@ -398,4 +410,93 @@ TEST_F(RemoteReads, ThrottledGetsAreRetried) {
   EXPECT_EQ(server.fail_gets.load(), 0);
   EXPECT_EQ(d.stats().chunks_fetched, kUnits);
   EXPECT_EQ(server.gets() - gets, kUnits + 3);
+}
+
+namespace {
+
+// Every batch of one epoch: indices, labels and pixels.
+struct Epoch {
+  std::vector<int64_t> indices, labels;
+  std::vector<uint8_t> pixels;
+  bool operator==(const Epoch&) const = default;
+};
+
+Epoch run_epoch(std::shared_ptr<Dataset> d, std::shared_ptr<gpufeed::sampler::Sampler> sampler) {
+  gpufeed::loader::LoaderOptions o;
+  o.batch_size = 16;
+  o.num_workers = 2;
+  o.transform.rrc.size = 48;
+  o.prefetch_next_epoch = false;
+  gpufeed::loader::Loader loader(std::move(d), std::move(sampler), o);
+  loader.start_epoch(1);
+  Epoch e;
+  while (auto b = loader.next()) {
+    e.indices.insert(e.indices.end(), b->indices.begin(), b->indices.end());
+    e.labels.insert(e.labels.end(), b->labels, b->labels + b->size);
+    e.pixels.insert(e.pixels.end(), b->images, b->images + b->image_bytes());
+  }
+  return e;
+}
+
+}  // namespace
+
+// The loader over real JPEGs in 3 shards: the local tars, per-sample reads and shard reads give the
+// same batches (pixels and labels), in the sequential order and in DistributedSampler's shuffled one.
+TEST(RemoteReadsLoader, BatchesEqualTheLocalShardsInEveryMode) {
+  const fs::path shared = gpufeed::test::shared_dir();
+  if (shared.empty() || !fs::exists(shared / "data/imagenet-sample")) {
+    GTEST_SKIP() << "../shared/data/imagenet-sample is absent in this checkout";
+  }
+  std::vector<fs::path> jpegs;
+  for (const auto& f : fs::directory_iterator(shared / "data/imagenet-sample")) jpegs.push_back(f.path());
+  std::sort(jpegs.begin(), jpegs.end());
+  ASSERT_GE(jpegs.size(), 120u);
+  gpufeed::test::TempDir dir("remote_reads_loader");
+  std::vector<std::string> local;
+  int64_t units = 0;
+  for (int s = 0; s < 3; ++s) {
+    const fs::path p = dir.path / ("train-" + std::to_string(s) + ".tar");
+    gpufeed::pack::TarWriter w(p);
+    for (int k = 0; k < 40; ++k) {
+      std::ifstream in(jpegs[static_cast<size_t>(s * 40 + k)], std::ios::binary);
+      const std::vector<uint8_t> img((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      std::string key = "k";
+      key += std::to_string(s * 40 + k);
+      w.add(key + ".jpg", img);
+      const std::string label = std::to_string((s * 40 + k) % 7);
+      w.add(key + ".cls", std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(label.data()), label.size()));
+    }
+    w.close();
+    local.push_back(p.string());
+    units += std::max<int64_t>(1, static_cast<int64_t>(fs::file_size(p)) >> 20);  // 1 MiB chunks
+  }
+  Server server(dir.path);
+  std::vector<std::string> urls;
+  for (const std::string& l : local) urls.push_back(server.url + "/" + fs::path(l).filename().string());
+  auto tars = std::make_shared<TarShards>(local, dir.path);
+  auto whole = std::make_shared<RemoteShards>(urls, "loader", options("shards", 4));
+  auto samples = std::make_shared<RemoteShards>(urls, "loader", options("samples", 4));
+  const int64_t n = tars->size();
+  ASSERT_EQ(n, 120);
+  const auto sequential = [n] { return std::make_shared<gpufeed::sampler::SequentialSampler>(n); };
+  const Epoch want = run_epoch(tars, sequential());
+  ASSERT_EQ(want.indices.size(), 120u);
+  const int64_t gets = server.gets(), fetched = whole->stats().bytes_fetched;
+  EXPECT_EQ(run_epoch(whole, sequential()), want);
+  EXPECT_EQ(whole->stats().bytes_fetched - fetched, whole->stats().dataset_bytes);  // one copy
+  EXPECT_EQ(whole->stats().chunks_fetched, units);
+  EXPECT_EQ(server.gets() - gets, units);  // one GET per shard or 1 MiB chunk: 3 shards of ~4 MiB
+  RecordProperty("units", static_cast<int>(units));
+  RecordProperty("bytes_fetched_epoch", static_cast<int>(whole->stats().bytes_fetched - fetched));
+  RecordProperty("dataset_bytes", static_cast<int>(whole->stats().dataset_bytes));
+  EXPECT_EQ(run_epoch(samples, sequential()), want);
+  const auto shuffled_order = [n] {
+    return std::make_shared<gpufeed::sampler::DistributedSampler>(n, gpufeed::sampler::DistributedSamplerOptions{});
+  };
+  const Epoch random = run_epoch(tars, shuffled_order());
+  EXPECT_NE(random.indices, want.indices);
+  EXPECT_EQ(run_epoch(whole, shuffled_order()), random);
+  EXPECT_EQ(run_epoch(samples, shuffled_order()), random);
+  EXPECT_EQ(samples->stats().chunks_fetched, 0);
+  RecordProperty("shards_mode_random_gets", static_cast<int>(whole->stats().chunks_fetched - units));
 }
