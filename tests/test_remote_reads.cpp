@@ -316,6 +316,7 @@ TEST_F(RemoteReads, RandomOrderIsExactAndBoundedInShardsAndSamplesModes) {
   const std::vector<ByteBuffer> expected = local_bytes(whole, dir.path);
   const std::vector<int64_t> order = shuffled(whole.size(), 3);
   int64_t gets = server.gets();
+  const int64_t fetched = whole.stats().bytes_fetched;
   read_epoch(*whole.reader(), 1, order, expected, 3);
   const RemoteStats s = whole.stats();
   // Every GET is a unit; a unit is fetched again when evicted while samples of it were still to
@@ -329,15 +330,17 @@ TEST_F(RemoteReads, RandomOrderIsExactAndBoundedInShardsAndSamplesModes) {
   RecordProperty("shards_gets", static_cast<int>(s.chunks_fetched));
   RecordProperty("shards_refetched", static_cast<int>(s.chunks_refetched));
   RecordProperty("shards_peak_held_bytes", static_cast<int>(s.peak_held_bytes));
-  RecordProperty("shards_bytes_fetched", static_cast<int>(s.bytes_fetched));
+  RecordProperty("shards_bytes_fetched", static_cast<int>(s.bytes_fetched - fetched));
 
   RemoteShards samples(shards.urls(server.url), source, options("samples", 2));
   gets = server.gets();
+  const int64_t fetched_samples = samples.stats().bytes_fetched;
   read_epoch(*samples.reader(), 1, order, expected, 3);
   EXPECT_EQ(samples.stats().chunks_fetched, 0);
   EXPECT_LE(server.gets() - gets, samples.size());  // one ranged GET per sample at most
   EXPECT_GE(server.gets() - gets, samples.size() / 2);
   RecordProperty("samples_gets", static_cast<int>(server.gets() - gets));
+  RecordProperty("samples_bytes_fetched", static_cast<int>(samples.stats().bytes_fetched - fetched_samples));
   RecordProperty("dataset_bytes", static_cast<int>(whole.stats().dataset_bytes));
 }
 
