@@ -20,6 +20,7 @@
 #include <mutex>
 #include <set>
 #include <unordered_map>
+#include <vector>
 
 #include "gpufeed/datasets/remote.h"
 #include "remote_cache.h"
@@ -43,10 +44,38 @@ struct Unit {
   bool evicted_early = false;  // dropped while pending > 0: its next fetch is a refetch
 };
 
+// A count per sample index, dense (4 bytes per sample of the dataset, allocated at the first
+// add: a hash map of an epoch's 1.28M samples would take ~50 bytes each).
+class Counts {
+ public:
+  void add(int64_t i, int64_t dataset_size) {
+    if (n_.empty()) n_.resize(static_cast<size_t>(dataset_size));
+    ++n_[static_cast<size_t>(i)];
+    ++total_;
+  }
+  bool take(int64_t i) {
+    if (n_.empty() || n_[static_cast<size_t>(i)] == 0) return false;
+    --n_[static_cast<size_t>(i)];
+    --total_;
+    return true;
+  }
+  bool empty() const { return total_ == 0; }
+  template <class F>
+  void each(F f) const {
+    for (size_t i = 0; i < n_.size() && total_ > 0; ++i) {
+      if (n_[i] > 0) f(static_cast<int64_t>(i), static_cast<int64_t>(n_[i]));
+    }
+  }
+
+ private:
+  std::vector<int32_t> n_;
+  int64_t total_ = 0;
+};
+
 struct Plan {
   std::vector<int64_t> order;
-  size_t cursor = 0;                                           // the read-ahead's position
-  std::unordered_map<int64_t, int64_t> unread, passed, early;  // counts per sample index
+  size_t cursor = 0;             // the read-ahead's position
+  Counts unread, passed, early;  // per sample index
 };
 
 void raise_peak(std::atomic<int64_t>& peak, int64_t v) {
@@ -174,8 +203,7 @@ struct ShardState {
       }
       Plan& p = it->second;
       const int64_t i = p.order[p.cursor];
-      if (auto e = p.early.find(i); e != p.early.end()) {  // read before the read-ahead got there
-        if (--e->second == 0) p.early.erase(e);
+      if (p.early.take(i)) {  // read before the read-ahead got there
         ++p.cursor;
         continue;
       }
@@ -186,7 +214,7 @@ struct ShardState {
         if (u.st == St::kIdle) start(self, k, u);
         ++u.holds;
       });
-      ++p.passed[i];
+      p.passed.add(i, store->size());
       ++p.cursor;
     }
   }
@@ -260,7 +288,7 @@ class ShardReader final : public SampleReader {
     }
     for (const int64_t i : indices) {
       p.order.push_back(i);
-      ++p.unread[i];
+      p.unread.add(i, s.store->size());
       s.for_units(i, [](const UnitKey&, Unit& u) { ++u.pending; });
     }
     if (std::find(s.queue.begin(), s.queue.end(), tag) == s.queue.end()) s.queue.push_back(tag);
@@ -273,10 +301,12 @@ class ShardReader final : public SampleReader {
     s.forgotten.insert(tag);
     std::erase(s.queue, tag);
     if (auto it = s.plans.find(tag); it != s.plans.end()) {
-      for (const auto& [i, n] : it->second.unread)
+      it->second.unread.each([&s](int64_t i, int64_t n) {
         s.for_units(i, [n](const UnitKey&, Unit& u) { u.pending -= n; });
-      for (const auto& [i, n] : it->second.passed)
+      });
+      it->second.passed.each([&s](int64_t i, int64_t n) {
         s.for_units(i, [n](const UnitKey&, Unit& u) { u.holds -= n; });
+      });
       s.plans.erase(it);
       for (auto& [key, u] : s.units) {
         if (u.holds == 0 && u.pending == 0) s.drop(u);
@@ -294,16 +324,9 @@ class ShardReader final : public SampleReader {
     bool unread = false, passed = false;
     if (auto pit = s.plans.find(tag); pit != s.plans.end()) {
       Plan& p = pit->second;
-      if (auto u = p.unread.find(index); u != p.unread.end()) {
-        unread = true;
-        if (--u->second == 0) p.unread.erase(u);
-      }
-      if (auto q = p.passed.find(index); q != p.passed.end()) {
-        passed = true;
-        if (--q->second == 0) p.passed.erase(q);
-      } else if (unread) {
-        ++p.early[index];
-      }
+      unread = p.unread.take(index);
+      passed = p.passed.take(index);
+      if (unread && !passed) p.early.add(index, s.store->size());
       if (p.unread.empty() && p.cursor >= p.order.size()) s.plans.erase(pit);
     }
     std::vector<UnitKey> keys;
