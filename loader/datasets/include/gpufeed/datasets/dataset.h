@@ -192,8 +192,9 @@ struct DataOptions {
   /// How a loader reads remote samples (docs/DESIGN-NOTES.md, "remote: shard-granular reads"):
   /// "shards" fetches each shard whole (one GET, or GETs of remote_chunk MiB for a larger shard)
   /// and serves its samples from memory; "samples" issues a ranged GET per sample (runs of
-  /// adjacent samples coalesced); "auto" picks shards for an announced order that keeps at most
-  /// remote_shards_in_flight shards (or chunks) open at once, samples otherwise.
+  /// adjacent samples coalesced); "auto" picks, per epoch plan, shards for an announced order
+  /// that keeps at most remote_shards_in_flight shards (or chunks) open at once and spans at most
+  /// half as many of them as samples, samples otherwise.
   std::string remote_read = "auto";
   /// The bytes of one GET of shard-granular reads, in MiB: a shard up to this size is one GET, a
   /// larger one is cut into chunks of this size (its last chunk up to twice it).
