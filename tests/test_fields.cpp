@@ -41,7 +41,7 @@ static_assert(member_count<loader::SlotCounts>() == 4);
 static_assert(member_count<loader::ThreadDecision>() == 12);
 static_assert(member_count<loader::SkippedSample>() == 6);
 static_assert(member_count<loader::EpochSummary>() == 9);
-static_assert(member_count<datasets::RemoteStats>() == 6);
+static_assert(member_count<datasets::RemoteStats>() == 10);
 
 // Each counter k times a base of its own (exact in binary for the times), so two differ by
 // stats_times of the difference of their k.
@@ -74,7 +74,8 @@ TEST(Fields, NamesAreTheReportedKeysInOrder) {
                    "wait_s", "first_wait_s"}));
   EXPECT_EQ(fields::field_names<datasets::RemoteStats>(),
             (Names{"requests", "bytes_fetched", "cache_hits", "cache_hit_bytes",
-                   "cache_checksum_failures", "cache_read_errors"}));
+                   "cache_checksum_failures", "cache_read_errors", "dataset_bytes", "chunks_fetched",
+                   "chunks_refetched", "peak_held_bytes"}));
 }
 
 TEST(Fields, JsonKeepsIntegersIntegralAndNestsLists) {

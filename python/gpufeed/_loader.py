@@ -427,7 +427,11 @@ class DataLoader:
         shards remote: {requests, bytes_fetched (requests that succeeded, the open's included, and
         their body bytes), cache_hits, cache_hit_bytes (samples read from cache_dir),
         cache_checksum_failures, cache_read_errors (cached samples whose bytes failed their CRC-32C
-        or could not be read back: dropped and fetched again)}, summed over the dataset's life."""
+        or could not be read back: dropped and fetched again), dataset_bytes (the shards' sizes:
+        bytes_fetched / dataset_bytes is the egress in copies of the dataset), chunks_fetched,
+        chunks_refetched (remote_read="shards": whole shards or chunks fetched, and those fetched
+        again after being dropped to keep remote_shards_in_flight), peak_held_bytes (the most shard
+        bytes one reader held in memory)}, summed over the dataset's life."""
         self._decoding("stats")
         return self._c.stats()
 

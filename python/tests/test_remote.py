@@ -27,7 +27,10 @@ from remote_servers import FaultProxy, MotoS3, NginxServer, RangeHTTPServer
 PATTERN = "train-{000000..000003}.tar"
 # DistributedSampler's order (remote shards default to the shard-aware one, shuffle_order="auto"):
 # these tests compare remote batches and reads with the local disk's in that order.
-COMMON = dict(batch_size=5, image_size=32, dtype=torch.uint8, index_cache="off", num_workers=2, shuffle_order="exact")
+# remote_read="samples": most tests here check per-sample ranged GETs (their ranges, the cache's
+# ranges per sample); shard-granular reads are test_shard_reads_* and tests/test_remote_reads.cpp.
+COMMON = dict(batch_size=5, image_size=32, dtype=torch.uint8, index_cache="off", num_workers=2,
+              shuffle_order="exact", remote_read="samples")
 
 
 @pytest.fixture(scope="module")
@@ -508,7 +511,7 @@ def test_processes_share_one_cache(packed, tmp_path):
     script = f"""
 import sys, torch, gpufeed
 loader = gpufeed.DataLoader(sys.argv[1], shuffle=True, seed=3, batch_size=5, image_size=32, dtype=torch.uint8,
-                            index_cache="off", num_workers=1, cache_dir={str(cache)!r}, rank=int(sys.argv[2]),
+                            index_cache="off", remote_read="samples", num_workers=1, cache_dir={str(cache)!r}, rank=int(sys.argv[2]),
                             world_size=2, prefetch_next_epoch=False, shuffle_order="exact")
 loader.set_epoch(1)
 print(sum(int(y.sum()) for _, y in loader))
@@ -636,7 +639,7 @@ try:
 except OSError as e:
     print("not writable:", e.strerror)
 loader = gpufeed.DataLoader(sys.argv[1], shuffle=True, seed=3, batch_size=5, image_size=32, dtype=torch.uint8,
-                            index_cache="off", num_workers=2, cache_dir={str(cache)!r}, prefetch_next_epoch=False)
+                            index_cache="off", remote_read="samples", num_workers=2, cache_dir={str(cache)!r}, prefetch_next_epoch=False)
 loader.set_epoch(1)
 print(sum(int(y.sum()) for _, y in loader))
 print(json.dumps(loader.stats()["remote"]))
@@ -1089,3 +1092,41 @@ def test_bench_dump_reads_remote_shards(packed, tmp_path, gpufeed_cli):
         assert b["path"].startswith(http.url + "/shards/train-")
         assert b["path"].split(".tar:")[1] == a["path"].split(".tar:")[1]
         assert {k: v for k, v in a.items() if k != "path"} == {k: v for k, v in b.items() if k != "path"}
+
+
+def test_shard_reads_fetch_each_shard_once_and_give_the_local_disks_batches(packed):
+    """remote_read: auto takes whole shards for the unshuffled order (one GET per shard, 4 here),
+    ranged GETs for DistributedSampler's shuffled one when its window is smaller than the shards it
+    keeps open; shards forced on the shuffled order still gives the local batches."""
+    kw = dict(COMMON, prefetch_next_epoch=False)
+    del kw["remote_read"]
+    local = [(list(i), y, x) for i, y, x in _epoch_batches(gpufeed.DataLoader(str(packed / PATTERN), shuffle=False, **kw))]
+    with RangeHTTPServer(packed.parent) as http:
+        url = http.url + "/shards/" + PATTERN
+        before = len(http.requests.snapshot())
+        loader = gpufeed.DataLoader(url, shuffle=False, **kw)  # remote_read="auto", the default
+        assert_same(local, _epoch_batches(loader))
+        gets = shard_gets(http.requests.snapshot()[before:])
+        assert sorted(p for _, p, _, _ in gets) == [f"/shards/train-00000{s}.tar" for s in range(4)]
+        stats = loader.stats()["remote"]
+        assert (stats["chunks_fetched"], stats["chunks_refetched"]) == (4, 0)
+        assert 0 < stats["peak_held_bytes"] <= stats["dataset_bytes"]
+        assert stats["dataset_bytes"] == sum((packed / f"train-00000{s}.tar").stat().st_size for s in range(4))
+        del loader
+        shuffled_local, _ = epoch(str(packed / PATTERN), prefetch_next_epoch=False)
+        for mode, window in (("auto", 1), ("shards", 1), ("shards", 16)):
+            remote, loader = epoch(url, remote_read=mode, remote_shards_in_flight=window, prefetch_next_epoch=False)
+            assert_same(shuffled_local, remote)
+            fetched = loader.stats()["remote"]["chunks_fetched"]
+            if mode == "auto":
+                assert fetched == 0  # 4 shards open at once > 1: ranged GETs
+            elif window == 16:
+                assert fetched == 4  # every shard fits the window: each fetched once
+            else:
+                assert 4 < fetched <= 2 * 27  # fetched again, within the documented bound
+            del loader
+
+
+def _epoch_batches(loader):
+    loader.set_epoch(1)
+    return [(list(loader.last_batch["indices"]), y.clone(), x.clone()) for x, y in loader]

@@ -47,6 +47,23 @@ Schema<DataOptions> make_data_schema() {
             .help = "the cache_dir's size on disk at most: the shards used least recently are removed first",
             .unit = "GiB", .min = 1e-6, .max = 1e6},
            &DataOptions::cache_limit);
+  s.add({.name = "remote_read", .type = Type::kChoice,
+         .help = "remote data read shard by shard (one GET per shard or remote_chunk, served from memory), "
+                 "sample by sample (a ranged GET each), or auto: shards when the order keeps at most "
+                 "remote_shards_in_flight shards open at once",
+         .words = {"auto", "shards", "samples"}},
+        [](DataOptions& o, const options::Value& v) { o.remote_read = std::get<std::string>(v); },
+        [](const DataOptions& o) -> options::Value { return o.remote_read; });
+  s.member({.name = "remote_chunk", .type = Type::kInt,
+            .help = "bytes of one GET of shard-granular remote reads: a larger shard is fetched in chunks of "
+                    "this size, several in flight",
+            .unit = "MiB", .min = 8, .max = 4096},
+           &DataOptions::remote_chunk);
+  s.member({.name = "remote_shards_in_flight", .type = Type::kInt,
+            .help = "shards (or chunks) of shard-granular remote reads fetched ahead or held in memory at once, "
+                    "per loader",
+            .unit = "shards", .min = 1, .max = 4096},
+           &DataOptions::remote_shards_in_flight);
   return s;
 }
 

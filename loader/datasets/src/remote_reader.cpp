@@ -1,4 +1,5 @@
-// The read-ahead of remote shards: ranged GETs issued in the loader's announced order, at most
+// The per-sample read-ahead of remote shards (remote_read = samples; shard-granular reads:
+// remote_shard_reader.cpp): ranged GETs issued in the loader's announced order, at most
 // max_requests in flight and read_ahead MiB requested and not yet read, runs of samples adjacent
 // in one shard coalesced into one request. It reads through the shards' remote::Store (the
 // samples' places, the client, the cache), which the RemoteShards that made the reader owns.
@@ -262,6 +263,8 @@ class RemoteReader final : public SampleReader {
 
 }  // namespace
 
-std::unique_ptr<SampleReader> RemoteShards::reader() const { return std::make_unique<RemoteReader>(*store_); }
+std::unique_ptr<SampleReader> remote::make_sample_reader(const remote::Store& store) {
+  return std::make_unique<RemoteReader>(store);
+}
 
 }  // namespace gpufeed::datasets

@@ -343,6 +343,7 @@ RemoteShards::RemoteShards(std::vector<std::string> urls, const std::string& sou
     }
   }
   prove_indexes(*st.client, st.urls, shard_sizes, st.etags, found);
+  st.shard_sizes = shard_sizes;
   beside_ = std::count_if(found.begin(), found.end(), [](const auto& f) { return f.has_value(); });
   if (!st.options.cache_dir.empty()) {
     st.cache = std::make_shared<remote::Cache>(st.options.cache_dir,
@@ -420,6 +421,10 @@ RemoteStats RemoteShards::stats() const {
     s.cache_checksum_failures = k.checksum_failures;
     s.cache_read_errors = k.read_errors;
   }
+  for (const int64_t b : store_->shard_sizes) s.dataset_bytes += b;
+  s.chunks_fetched = store_->chunks_fetched.load();
+  s.chunks_refetched = store_->chunks_refetched.load();
+  s.peak_held_bytes = store_->peak_held_bytes.load();
   return s;
 }
 

@@ -197,6 +197,19 @@ struct DataOptions {
   std::string cache_dir{};
   /// The cache's size on disk at most, in GiB: the shards used least recently go first.
   double cache_limit = 100;
+  /// How a loader reads remote samples (docs/DESIGN-NOTES.md, "remote: shard-granular reads"):
+  /// "shards" fetches each shard whole (one GET, or GETs of remote_chunk MiB for a larger shard)
+  /// and serves its samples from memory; "samples" issues a ranged GET per sample (runs of
+  /// adjacent samples coalesced); "auto" picks, per epoch plan, shards for an announced order
+  /// that keeps at most remote_shards_in_flight shards (or chunks) open at once and spans at most
+  /// half as many of them as samples, samples otherwise.
+  std::string remote_read = "auto";
+  /// The bytes of one GET of shard-granular reads, in MiB: a shard up to this size is one GET, a
+  /// larger one is cut into chunks of this size (its last chunk up to twice it).
+  int64_t remote_chunk = 16;
+  /// Shards (or chunks) of shard-granular reads fetched ahead or held in memory at once, per
+  /// loader, beyond those the loader's reads are waiting on.
+  int remote_shards_in_flight = 16;
   /// Not an option (no flag or keyword): set by the caller to abandon an open in progress, e.g.
   /// on Ctrl-C. A remote dataset's requests then fail at once ("cancelled (interrupted)") and
   /// opening throws RemoteError; null: never.

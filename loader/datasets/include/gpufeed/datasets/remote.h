@@ -7,12 +7,15 @@
 // trailer (its last 512 bytes, one ranged GET) carries the SHA-256 the index records, so an index
 // left beside another version of its shard is not trusted (a warning names the shard and why). A
 // shard without a usable index is indexed from its tar headers with ranged reads, and that index
-// kept in the index cache. Every sample is
-// then a ranged GET of its image member's bytes, with If-Match on the ETag the index was made
-// against, so an object that changed since is an error, never decoded. A loader reads through a
-// SampleReader that requests ahead in the loader's order (the DistributedSampler's, exactly):
-// at most DataOptions::max_requests requests and read_ahead MiB in flight or buffered per loader,
-// adjacent samples of one shard in one request. With DataOptions::cache_dir the bytes fetched are
+// kept in the index cache. Every request
+// for samples carries If-Match on the ETag the index was made against, so an object that changed
+// since is an error, never decoded. A loader reads through a SampleReader that requests ahead in
+// the loader's announced order, in one of two modes (DataOptions::remote_read): per sample, a
+// ranged GET of its image member (adjacent samples of one shard in one request; at most
+// DataOptions::max_requests requests and read_ahead MiB in flight or buffered per loader), or
+// per shard, each shard fetched whole (or in chunks of remote_chunk MiB) into memory, its samples
+// served from there, dropped once the order's samples of it are read, at most
+// remote_shards_in_flight shards or chunks ahead (src/remote_shard_reader.cpp). With DataOptions::cache_dir the bytes fetched are
 // kept on local disk within cache_limit (least recently used shards out first), shared by the
 // processes of a node, never served once the object's ETag changed.
 //
@@ -123,6 +126,16 @@ struct RemoteStats {
   int64_t cache_hit_bytes = 0;          ///< their bytes
   int64_t cache_checksum_failures = 0;  ///< cached samples whose bytes failed their CRC-32C: fetched again
   int64_t cache_read_errors = 0;        ///< cached samples the disk could not give back: fetched again
+  /// The shards' sizes summed (their HEADs' Content-Length): bytes_fetched / dataset_bytes is the
+  /// egress in copies of the dataset.
+  int64_t dataset_bytes = 0;
+  /// Shard-granular reads (DataOptions::remote_read): whole shards or chunks fetched (GETs that
+  /// succeeded; from the cache: not counted), those fetched again while samples of them were
+  /// still to be read in the same order (evicted to keep remote_shards_in_flight), and the most
+  /// bytes one loader's reader held in memory at once.
+  int64_t chunks_fetched = 0;
+  int64_t chunks_refetched = 0;
+  int64_t peak_held_bytes = 0;
 };
 
 /// WebDataset tar shards read over HTTP(S) or S3: the samples, order and labels of TarShards over

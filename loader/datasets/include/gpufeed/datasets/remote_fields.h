@@ -17,7 +17,11 @@ struct FieldList<datasets::RemoteStats> {
                  field("cache_hits", &S::cache_hits, "samples"),
                  field("cache_hit_bytes", &S::cache_hit_bytes, "bytes"),
                  field("cache_checksum_failures", &S::cache_checksum_failures, "samples"),
-                 field("cache_read_errors", &S::cache_read_errors, "samples")};
+                 field("cache_read_errors", &S::cache_read_errors, "samples"),
+                 field("dataset_bytes", &S::dataset_bytes, "bytes"),
+                 field("chunks_fetched", &S::chunks_fetched, "count"),
+                 field("chunks_refetched", &S::chunks_refetched, "count"),
+                 field("peak_held_bytes", &S::peak_held_bytes, "bytes")};
 };
 
 }  // namespace gpufeed::fields
