@@ -21,6 +21,7 @@
 #include "gpufeed/transforms/augment.h"
 #include "gpufeed/cpu_budget.h"
 #include "gpufeed/log.h"
+#include "gpufeed/sampler/shard_order.h"
 #include "epoch_schedule.h"
 #include "fork_guard.h"
 #include "read_ahead.h"
@@ -35,6 +36,13 @@ using detail::EpochSchedule;
 using detail::InFlight;
 using detail::Slot;
 using Clock = std::chrono::steady_clock;
+
+// The shard-aware order (shuffle_order shards) tells the dataset's reader so: a remote one then
+// reads whole shards under remote_read auto (RemoteShards::reader).
+datasets::ReadOrder read_order(const sampler::Sampler& s) {
+  const bool shard_aware = dynamic_cast<const sampler::ShardAwareSampler*>(&s) != nullptr;
+  return shard_aware ? datasets::ReadOrder::kShardRuns : datasets::ReadOrder::kAny;
+}
 
 // ThreadSanitizer and oneTBB: Debian's libtbb is not instrumented, so TSan cannot see the ordering
 // its scheduler provides between queueing a task and running it, or between a parallel_for's
@@ -315,7 +323,7 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   Impl(std::shared_ptr<const datasets::Dataset> d, std::shared_ptr<sampler::Sampler> s, LoaderOptions o,
        std::shared_ptr<HostAllocator> a)
       : dataset(std::move(d)),
-        read_ahead(*dataset),
+        read_ahead(*dataset, read_order(*s)),
         sampler(std::move(s)),
         options(std::move(o)),
         allocator(a ? std::move(a) : default_host_allocator()),

@@ -18,7 +18,8 @@ namespace gpufeed::loader::detail {
 
 class ReadAhead {
  public:
-  explicit ReadAhead(const datasets::Dataset& dataset) : reader_(dataset.reader()) {}
+  ReadAhead(const datasets::Dataset& dataset, datasets::ReadOrder order)
+      : reader_(dataset.reader(order)) {}
 
   /// The reader the workers read through, or null (they call Dataset::read).
   datasets::SampleReader* reader() const { return reader_.get(); }

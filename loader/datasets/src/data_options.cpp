@@ -49,8 +49,9 @@ Schema<DataOptions> make_data_schema() {
            &DataOptions::cache_limit);
   s.add({.name = "remote_read", .type = Type::kChoice,
          .help = "remote data read shard by shard (one GET per shard or remote_chunk, served from memory), "
-                 "sample by sample (a ranged GET each), or auto: shards when the order keeps at most "
-                 "remote_shards_in_flight shards open at once",
+                 "sample by sample (a ranged GET each), or auto: shards under shuffle_order shards; under "
+                 "any other order shards when it keeps at most remote_shards_in_flight shards open at once, "
+                 "samples otherwise",
          .words = {"auto", "shards", "samples"}},
         [](DataOptions& o, const options::Value& v) { o.remote_read = std::get<std::string>(v); },
         [](const DataOptions& o) -> options::Value { return o.remote_read; });

@@ -450,9 +450,15 @@ std::unique_ptr<SampleReader> make_shard_reader(const Store& store) {
 
 namespace gpufeed::datasets {
 
-std::unique_ptr<SampleReader> RemoteShards::reader() const {
+// auto for the shard-aware order: shards, without judging its plans. shard_local would judge an
+// epoch planned ahead by its first batch (announced batch by batch), which spans more shards than
+// half its samples, and it refuses when the order keeps more shards open than
+// remote_shards_in_flight (window x partitions / world size): those units are then fetched again
+// (chunks_refetched), as with remote_read shards.
+std::unique_ptr<SampleReader> RemoteShards::reader(ReadOrder order) const {
   const std::string& mode = store_->options.remote_read;
-  if (mode == "shards") return remote::make_shard_reader(*store_);
+  if (mode == "shards" || (mode == "auto" && order == ReadOrder::kShardRuns))
+    return remote::make_shard_reader(*store_);
   if (mode == "samples") return remote::make_sample_reader(*store_);
   return std::make_unique<remote::AutoReader>(*store_);
 }

@@ -68,6 +68,11 @@ class SampleReader {
   virtual void read(uint64_t tag, int64_t index, decode::ByteBuffer& out) = 0;
 };
 
+/// What a loader tells Dataset::reader about the orders it will announce: any order (the reader
+/// judges each plan), or sampler::ShardAwareSampler's, made of shards (or pieces of shards) whose
+/// samples are mixed within a window of shards (gpufeed/sampler/shard_order.h).
+enum class ReadOrder { kAny, kShardRuns };
+
 /// A fixed, ordered list of samples. Implementations are immutable after construction, so any
 /// thread may read them.
 class Dataset {
@@ -83,8 +88,11 @@ class Dataset {
   /// remote data, one ranged GET. Throws decode::DecodeError kIo naming ref.source(), as
   /// read_sample does.
   virtual void read(int64_t i, const SampleRef& ref, decode::ByteBuffer& out) const { read_sample(ref, out); }
-  /// A reader for one loader, or null (the default): the loader then calls read(i).
-  virtual std::unique_ptr<SampleReader> reader() const { return nullptr; }
+  /// A reader for one loader whose announced orders are `order`, or null (the default): the
+  /// loader then calls read(i).
+  virtual std::unique_ptr<SampleReader> reader(ReadOrder order = ReadOrder::kAny) const {
+    return nullptr;
+  }
   /// The samples of each shard, in shard order, for a dataset stored as shards (TarShards,
   /// RemoteShards): shard s holds the contiguous sample indices [offset_s, offset_s + sizes[s]),
   /// offset_s the sum of the sizes before it, and the sizes sum to size(). This is the layout
@@ -200,9 +208,11 @@ struct DataOptions {
   /// How a loader reads remote samples (docs/DESIGN-NOTES.md, "remote: shard-granular reads"):
   /// "shards" fetches each shard whole (one GET, or GETs of remote_chunk MiB for a larger shard)
   /// and serves its samples from memory; "samples" issues a ranged GET per sample (runs of
-  /// adjacent samples coalesced); "auto" picks, per epoch plan, shards for an announced order
-  /// that keeps at most remote_shards_in_flight shards (or chunks) open at once and spans at most
-  /// half as many of them as samples, samples otherwise.
+  /// adjacent samples coalesced); "auto" takes shards for a reader of the shard-aware order
+  /// (ReadOrder::kShardRuns: the loader's shuffle_order shards), and for any other order picks
+  /// per epoch plan: shards for an announced order that keeps at most remote_shards_in_flight
+  /// shards (or chunks) open at once and spans at most half as many of them as samples, samples
+  /// otherwise.
   std::string remote_read = "auto";
   /// The bytes of one GET of shard-granular reads, in MiB: a shard up to this size is one GET, a
   /// larger one is cut into chunks of this size (its last chunk up to twice it).

@@ -153,7 +153,9 @@ class RemoteShards : public Dataset {
   const std::vector<std::string>& classes() const override { return classes_; }
   /// One ranged GET of sample i's image member (retried as the header says).
   void read(int64_t i, const SampleRef& ref, decode::ByteBuffer& out) const override;
-  std::unique_ptr<SampleReader> reader() const override;
+  /// remote_read's reader (DataOptions::remote_read): auto is the shard reader for
+  /// ReadOrder::kShardRuns, else chooses per announced plan.
+  std::unique_ptr<SampleReader> reader(ReadOrder order = ReadOrder::kAny) const override;
   const std::vector<std::string>& shards() const;
   /// Samples per shard in shards() order (each shard's samples are contiguous, in archive order).
   std::vector<int64_t> shard_sizes() const override;
