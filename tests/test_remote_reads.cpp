@@ -309,11 +309,14 @@ TEST_F(RemoteReads, ShardOrderFetchesEachShardOrChunkOncePerEpoch) {
   RecordProperty("peak_held_bytes", static_cast<int>(s.peak_held_bytes));
   RecordProperty("dataset_bytes", static_cast<int>(s.dataset_bytes));
   // A second epoch (another plan) fetches them again: the first epoch's were evicted once read.
+  // Its 4 reading threads get ahead of the read-ahead's window of 2: a unit started on demand
+  // there may be dropped and fetched again (counted: chunks_refetched), and memory is bounded by
+  // the window plus two units per reading thread (docs/DESIGN-NOTES.md), not by the window.
   read_epoch(*reader, 2, iota(d.size()), expected, 4);
   s = d.stats();
-  EXPECT_EQ(s.chunks_fetched, 2 * kUnits);
-  EXPECT_EQ(server.gets() - gets_open, 2 * kUnits);
-  EXPECT_LE(s.peak_held_bytes, 2 * (int64_t{2} << 20));
+  EXPECT_EQ(s.chunks_fetched - s.chunks_refetched, 2 * kUnits);
+  EXPECT_EQ(server.gets() - gets_open, s.chunks_fetched);
+  EXPECT_LE(s.peak_held_bytes, (2 + 2 * 4) * (int64_t{2} << 20));
 }
 
 TEST_F(RemoteReads, RandomOrderIsExactAndBoundedInShardsAndSamplesModes) {
