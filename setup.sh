@@ -74,6 +74,14 @@ if ! .venv/bin/python -c "import nvidia.dali" 2>/dev/null; then
   echo "setup: installing $DALI_SPEC into .venv"
   .venv/bin/pip install -q "$DALI_SPEC" || echo "setup: $DALI_SPEC did not install; bench_compare.py will skip DALI"
 fi
+# nvImageCodec with nvJPEG: the GPU decode path (decode_device gpu/auto) compiles against its
+# header (nvimgcodec.h, found in .venv by device/CMakeLists.txt), test_gpu_decode runs its C API on
+# the CPU backend, and tools/gpu_bundle.sh carries its libraries to the GPU machine.
+NVIMGCODEC_SPEC="nvidia-nvimgcodec-cu13[nvjpeg]==0.9.0.20"
+if ! .venv/bin/python -c "import nvidia.nvimgcodec, os, sys; sys.exit(not os.path.exists(os.path.join(os.path.dirname(nvidia.nvimgcodec.__file__), '..', 'cu13', 'lib', 'libnvjpeg.so.13')))" 2>/dev/null; then
+  echo "setup: installing $NVIMGCODEC_SPEC into .venv"
+  .venv/bin/pip install -q "$NVIMGCODEC_SPEC" || echo "setup: $NVIMGCODEC_SPEC did not install; the GPU decode path is left out of the build"
+fi
 
 [ "${1:-}" = "--no-build" ] && exit 0
 

@@ -8,11 +8,15 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "gpu_spin.h"
 #include "gpufeed/datasets/synthetic.h"
+#include "gpufeed/device/engine.h"
+#include "gpufeed/device/gpu_decode.h"
 #include "gpufeed/prefetch/prefetcher.h"
 
 using namespace gpufeed;
@@ -147,4 +151,92 @@ TEST(CudaPrefetcher, CopiesOverlapComputeWithinFivePercent) {
   std::printf("overlap: compute-only step %.3f ms, with prefetching %.3f ms, ratio %.4f\n",
               compute_only, with_prefetch, with_prefetch / compute_only);
   EXPECT_LE(with_prefetch, 1.05 * compute_only);
+}
+
+// decode_device gpu through the CUDA engine: uint8 rows against the CPU path's on the same plans
+// (the measured difference is printed; docs/PERFORMANCE.md records it), every deferred row decoded
+// on the GPU, and auto keeping its share in [0, 1] while every sample arrives.
+namespace {
+
+struct RowDiff {
+  int max = 0;
+  double mean = 0;
+  int64_t samples = 0;
+};
+
+// Runs one epoch of `lo` through the engine (uint8, the slot layout) and the CPU loader; returns the
+// difference and the engine's GPU totals.
+RowDiff engine_vs_cpu(const std::shared_ptr<const datasets::Dataset>& ds, loader::LoaderOptions lo,
+                      device::EngineBatch* last = nullptr) {
+  auto sampler = std::make_shared<sampler::SequentialSampler>(ds->size());
+  loader::LoaderOptions co = lo;
+  co.decode_device = loader::DecodeDevice::kCpu;
+  auto cl = std::make_shared<loader::Loader>(ds, sampler, co);
+  auto gl = std::make_shared<loader::Loader>(ds, sampler, lo, device::pinned_host_allocator());
+  device::EngineOptions eo;
+  eo.dtype = device::OutputType::kUInt8;
+  eo.channels_last = true;
+  device::CudaEngine engine(gl, eo);
+  engine.start_epoch(0);
+  cl->start_epoch(0);
+  RowDiff d;
+  double sum = 0;
+  while (auto g = engine.next(nullptr)) {
+    auto c = cl->next();
+    EXPECT_TRUE(c);
+    if (!c) break;
+    std::vector<uint8_t> host(static_cast<size_t>(c->image_bytes()));
+    EXPECT_EQ(cudaMemcpy(host.data(), g->images->data(), host.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t k = 0; k < host.size(); ++k) {
+      const int e = std::abs(int(host[k]) - int(c->images[k]));
+      d.max = std::max(d.max, e);
+      sum += e;
+    }
+    d.samples += g->size;
+    if (last) *last = *g;
+  }
+  d.mean = d.samples > 0 ? sum / (static_cast<double>(d.samples) * lo.transform.output_size() * lo.transform.output_size() * 3) : 0;
+  return d;
+}
+
+}  // namespace
+
+TEST(CudaGpuDecode, RowsMatchTheCpuPathWithinMeasuredDifferences) {
+  REQUIRE_GPU();
+  if (!device::built_with_gpu_decode()) GTEST_SKIP() << "this build has no GPU decode path";
+  auto ds = std::make_shared<datasets::ImageFolder>(dataset(4, 16, 400));
+  for (const auto kind : {transforms::TransformOptions::Kind::kTrain, transforms::TransformOptions::Kind::kEval}) {
+    loader::LoaderOptions lo;
+    lo.batch_size = 16;
+    lo.num_workers = 4;
+    lo.transform = transforms::TransformOptions::imagenet(kind, 224);
+    lo.decode_device = loader::DecodeDevice::kGpu;
+    device::EngineBatch last;
+    RowDiff d;
+    try {
+      d = engine_vs_cpu(ds, lo, &last);
+    } catch (const std::runtime_error& e) {
+      GTEST_SKIP() << e.what();
+    }
+    std::printf("gpu decode %s 224: %lld samples, max |GPU - CPU| %d, mean %.3f; GPU decoded %lld, fell back %lld\n",
+                kind == transforms::TransformOptions::Kind::kTrain ? "train" : "eval", static_cast<long long>(d.samples),
+                d.max, d.mean, static_cast<long long>(last.gpu_decoded_total), static_cast<long long>(last.gpu_fallbacks_total));
+    EXPECT_EQ(d.samples, 64);
+    EXPECT_EQ(last.gpu_decoded_total + last.gpu_fallbacks_total, 64);
+    EXPECT_EQ(last.gpu_fallbacks_total, 0);
+    EXPECT_LE(d.mean, 2.0);
+  }
+  loader::LoaderOptions lo;
+  lo.batch_size = 16;
+  lo.num_workers = 2;
+  lo.transform.rrc.size = 128;
+  lo.decode_device = loader::DecodeDevice::kAuto;
+  device::EngineBatch last;
+  const RowDiff d = engine_vs_cpu(ds, lo, &last);
+  std::printf("gpu decode auto: share %.3f after %lld samples (GPU %lld)\n", last.gpu_decode_share,
+              static_cast<long long>(d.samples), static_cast<long long>(last.gpu_decoded_total));
+  EXPECT_EQ(d.samples, 64);
+  EXPECT_GE(last.gpu_decode_share, 0.0);
+  EXPECT_LE(last.gpu_decode_share, 1.0);
+  EXPECT_LE(d.mean, 2.0);
 }

@@ -37,6 +37,8 @@ TEST(OptionSchema, DefaultsAreTheStructsOwnAsWritten) {
   EXPECT_EQ(std::get<int64_t>(default_of("batch_size")), LoaderOptions{}.batch_size);
   EXPECT_EQ(std::get<int64_t>(default_of("prefetch_depth")), 3);
   EXPECT_EQ(std::get<std::string>(default_of("on_error")), "raise");
+  EXPECT_EQ(std::get<std::string>(default_of("decode_device")), "cpu");
+  EXPECT_EQ(options::format_value(default_of("gpu_decode_budget")), "0.25");
   EXPECT_EQ(std::get<bool>(default_of("train")), true);
   // float fields read as their decimal text: 0.08f is 0.08, not 0.07999999821186066
   EXPECT_EQ(std::get<std::vector<double>>(default_of("scale")), (std::vector<double>{0.08, 1.0}));
@@ -50,7 +52,7 @@ TEST(OptionSchema, DefaultsAreTheStructsOwnAsWritten) {
     EXPECT_TRUE(seen.insert(f.spec.name).second) << f.spec.name;
     for (const char c : f.spec.name) EXPECT_TRUE((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_');
   }
-  EXPECT_EQ(seen.size(), 35u);
+  EXPECT_EQ(seen.size(), 37u);
   // shuffle_order and its knobs: auto, and ShardOrderOptions' own window and partitions.
   EXPECT_EQ(std::get<std::string>(default_of("shuffle_order")), "auto");
   EXPECT_EQ(std::get<int64_t>(default_of("shard_window")), 8);

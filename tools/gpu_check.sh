@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # The GPU check, made to run inside one device call (GPU_CHECK_BUDGET_S, default 540 s), results under $OUT.
 #
-#   here:            tools/gpu_bundle.sh               # build + gather .gpu_bundle (<= 60 MiB)
-#   GPU machine:     bash tools/gpu_check.sh            # device tool: carry [".gpu_bundle"]
+#   here:            tools/gpu_bundle.sh               # build + gather .gpu_bundle, packed (<= 56 MiB)
+#   GPU machine:     bash tools/gpu_check.sh            # device tool: carry [".gpu_bundle.tar.xz"]
 #   here, dry run:   bash tools/gpu_check.sh --dry-run  # CPU parts only, tiny sizes
 #
 # Steps (each time-boxed, each result kept even when a later step fails):
 #   1. GPU unit tests (test_gpu): prefetched tensors equal the CPU prefetcher's output for both
 #      layouts and all dtypes; the copy/compute overlap test (<= 1.05x compute-only step time,
 #      CUDA events); test_prefetch.
+#      The GPU decode test: decode_device gpu rows against the CPU path's (difference printed).
 #   2. H2D bandwidth from pinned slots vs a plain cudaMemcpyAsync peak, same run
 #      (gpufeed_gpu_bench), and the fused conversion kernel's time.
-#   3. Synthetic ImageNet-sized JPEGs generated there; `gpufeed train` ResNet-50, bf16 autocast,
+#   3. Synthetic ImageNet-sized JPEGs generated there; the GPU decode bench: `gpufeed train`
+#      ResNet-18 and ResNet-50 with --decode-device cpu (every thread), gpu and auto (4 threads).
+#      Then `gpufeed train` ResNet-50, bf16 autocast,
 #      channels_last, 200 steps: images/s, data wait, GPU busy fraction (CUDA events; NVML too
 #      when the run reports it); then torchvision's DataLoader feeding the same model on the same
 #      files (tools/bench/baselines/torch_train.py), for the ratio.
@@ -31,6 +34,9 @@ mkdir -p "$OUT"
 B=${GPUFEED_BUNDLE:-.gpu_bundle}
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] && [ "$DRY" = 1 ] && PY=.venv/bin/python
+if [ ! -x "$B/bin/gpufeed" ] && [ -f "$B.tar.xz" ]; then
+  tar -C "$(dirname "$B")" -xJf "$B.tar.xz"
+fi
 if [ ! -x "$B/bin/gpufeed" ]; then
   echo "gpu_check: $B/bin/gpufeed missing: run tools/gpu_bundle.sh here and carry .gpu_bundle" >&2
   exit 2
@@ -42,6 +48,8 @@ if ! "$B/bin/gpufeed" --version >/dev/null 2>"$OUT/ldd_error.txt"; then
   echo "gpu_check: binaries do not start with the image's libstdc++; using the carried one"
   export LD_LIBRARY_PATH="$PWD/$B/lib-compat:$LD_LIBRARY_PATH"
 fi
+# nvImageCodec for decode_device gpu/auto, carried in the bundle (tools/gpu_bundle.sh's nv/).
+[ -f "$B/nv/nvidia/nvimgcodec/libnvimgcodec.so.0" ] && export GPUFEED_NVIMGCODEC_LIBRARY="$PWD/$B/nv/nvidia/nvimgcodec/libnvimgcodec.so.0"
 G="$B/bin/gpufeed"
 THREADS=$(nproc)
 { echo "date: $(date -u)"; echo "threads: $THREADS"; nvidia-smi 2>&1 | head -15;
@@ -73,6 +81,9 @@ run() {  # run NAME SECONDS CMD... : log to $OUT/NAME.log, remember the exit cod
 
 run test_gpu 90 "$B/bin/test_gpu" --gtest_output=json:"$OUT/test_gpu.json"
 run test_prefetch 45 "$B/bin/test_prefetch"
+# decode_device from Python (the wheel's _C): batches decoded on the GPU against the CPU path's.
+[ -d "$B/py/gpufeed" ] && run pytest_gpu_decode 60 env PYTHONPATH="$PWD/$B/py" "$PY" -m pytest -q -s -p no:cacheprovider \
+  python/tests/test_gpu_decode.py
 run h2d_bench 45 "$B/bin/gpufeed_gpu_bench" 256 224
 
 if [ "$DRY" = 1 ]; then
@@ -82,14 +93,31 @@ else
   DEVICE=cuda:0 SIZE=224
 fi
 DATA=/tmp/gpufeed_gpu_check_data
+EXTRA=()
+[ "$DEVICE" != cpu ] && EXTRA+=(--precision bf16)
 run make_dataset 120 "$G" make-dataset --out "$DATA" --classes "$CLASSES" --per-class "$PER_CLASS" \
   --min-size 350 --max-size 500 --seed 1
+
+# GPU decode (decode_device): ResNet-18 and ResNet-50, bf16, channels_last, on the same files with
+# decode_device cpu (every thread), gpu and auto (DECODE_THREADS threads, 4): images/s, data wait
+# and GPU busy per epoch (the epoch lines), the engine's GPU/CPU split (its closing log line).
+DECODE_THREADS=${DECODE_THREADS:-4}
+DECODE_EPOCHS=${DECODE_EPOCHS:-4}
+DECODE_MODES="cpu gpu auto"
+[ "$DRY" = 1 ] && DECODE_EPOCHS=1 && DECODE_MODES=cpu  # gpu/auto need the CUDA engine
+for arch in resnet18 resnet50; do
+  for mode in $DECODE_MODES; do
+    workers=$THREADS; [ "$mode" != cpu ] && workers=$DECODE_THREADS
+    run "decode_${arch}_${mode}" 60 "$G" train --data "$DATA" --arch "$arch" --epochs "$DECODE_EPOCHS" \
+      --batch-size "$BATCH" --num-workers "$workers" --device "$DEVICE" --channels-last --image-size "$SIZE" \
+      --lr 0.1 --progress lines --decode-device "$mode" --metrics "$OUT/decode_${arch}_${mode}.jsonl" \
+      --metrics-every 10 "${EXTRA[@]}"
+  done
+done
 
 # gpufeed: enough epochs over the generated set for STEPS steps.
 PER_EPOCH=$(( CLASSES * PER_CLASS / BATCH ))
 EPOCHS=$(( (STEPS + PER_EPOCH - 1) / PER_EPOCH ))
-EXTRA=()
-[ "$DEVICE" != cpu ] && EXTRA+=(--precision bf16)
 run train_gpufeed 150 "$G" train --data "$DATA" --arch "$ARCH" --epochs "$EPOCHS" \
   --batch-size "$BATCH" --num-workers "$THREADS" --device "$DEVICE" --channels-last \
   --image-size "$SIZE" --lr 0.1 --progress lines --metrics "$OUT/train_metrics.jsonl" \
@@ -156,6 +184,8 @@ echo "== summary (full logs in $OUT)"
 cat "$OUT/status.txt"
 grep -h "overlap:" "$OUT/test_gpu.log" 2>/dev/null
 grep -h -E '"(memcpy_peak_gb_per_s|slot_h2d_gb_per_s|slot_over_peak|convert_bf16_cl_ms)"' "$OUT/h2d_bench.log" 2>/dev/null
+for f in "$OUT"/decode_*.log; do [ -f "$f" ] && echo "$(basename "$f" .log):" && grep -h -E "^epoch|GPU decode:|rror" "$f" | tail -n 4; done
+grep -h -E "^gpu decode" "$OUT/test_gpu.log" 2>/dev/null
 grep -h -E "^epoch|verdict|busy|steps:" "$OUT/train_gpufeed.log" 2>/dev/null | tail -n 6
 tail -n 3 "$OUT/train_profile_summary.log" 2>/dev/null
 for f in "$OUT"/train_*_workers_*.log; do [ -f "$f" ] && echo "$(basename "$f" .log):" && grep -h -E "^epoch|verdict" "$f" | tail -n 3; done

@@ -6,11 +6,17 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
+#include <optional>
+
+#include <fmt/format.h>
 #include <limits>
 #include <stdexcept>
 #include <string>
 
 #include "cuda_check.h"
+#include "gpufeed/device/gpu_decode.h"
+#include "gpufeed/log.h"
 
 namespace gpufeed::device {
 namespace {
@@ -129,6 +135,80 @@ struct CudaEngine::Impl {
   std::deque<Copying> copying;
   bool exhausted = true;
 
+  // decode_device gpu/auto (loader option): the GPU decoder, and auto's controller.
+  std::unique_ptr<GpuDecoder> gpu;
+  bool auto_share = false;
+  double share = 0;
+  double budget = 0.25;
+  std::chrono::steady_clock::time_point last_next{};
+  std::shared_ptr<const StreamMark> decode_begin, decode_end;  // the last GPU decode, on `stream`
+  int64_t gpu_samples = 0, cpu_fallbacks = 0;
+  std::map<std::string, int64_t> fallback_reasons;
+
+  // Auto's rule, once per handed-out batch: the consumer waited for data -> more of each batch to
+  // the GPU; the decoder's GPU time over the step passed the budget -> less. Steps of 1/16.
+  void steer(double wait_ms) {
+    const auto now = std::chrono::steady_clock::now();
+    const double step_ms = last_next.time_since_epoch().count() == 0
+                               ? -1.0
+                               : std::chrono::duration<double, std::milli>(now - last_next).count();
+    last_next = now;
+    if (!auto_share || step_ms <= 0) return;
+    double gpu_ms = 0;
+    if (decode_begin && decode_end && decode_end->reached()) gpu_ms = decode_end->ms_since(*decode_begin);
+    constexpr double kStep = 1.0 / 16;
+    if (gpu_ms > budget * step_ms) {
+      share = std::max(0.0, share - kStep);
+    } else if (wait_ms > 0.02 * step_ms) {
+      share = std::min(1.0, share + kStep);
+    } else {
+      return;
+    }
+    loader->set_gpu_decode_share(share);
+  }
+
+  // The batch's deferred rows: decoded on the GPU into `raw` (the device copy of the slot) by work
+  // enqueued on the copy stream after the slot's copy; what the GPU cannot decode is decoded here on
+  // the CPU into the slot's row and copied over the device row after.
+  void decode_deferred(loader::Batch& host, DeviceBuffer& raw, EngineBatch& b) {
+    const int64_t row = host.height * host.width * 3;
+    std::vector<GpuDecodeItem> items;
+    std::vector<uint8_t*> rows;
+    items.reserve(host.deferred.size());
+    for (const loader::DeferredSample* d : host.deferred) {
+      GpuDecodeItem it;
+      it.data = d->bytes.data();
+      it.size = d->bytes.size();
+      it.roi = gpu_decode_region(d->plan, d->info.width, d->info.height);
+      it.region = d->plan.region;
+      it.flip = d->plan.flip;
+      it.output_size = d->plan.output_size;
+      it.filter = d->plan.filter;
+      it.source = d->source;
+      items.push_back(std::move(it));
+      rows.push_back(static_cast<uint8_t*>(raw.data()) + d->position * row);
+    }
+    decode_begin = record_stream_mark(options.device, stream);
+    const std::vector<GpuDecodeResult> results = gpu->decode(items, rows, stream);
+    decode_end = record_stream_mark(options.device, stream);
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (results[i].ok) {
+        ++gpu_samples;
+        continue;
+      }
+      const loader::DeferredSample& d = *host.deferred[i];
+      if (fallback_reasons[results[i].reason]++ == 0)
+        gpufeed::log()->warn("GPU decode: {}: {}; decoding it (and others like it) on the CPU", d.source, results[i].reason);
+      ++cpu_fallbacks;
+      uint8_t* slot_row = host.images + d.position * row;
+      if (std::optional<loader::SkippedSample> skip = loader->decode_deferred_on_cpu(host, d, slot_row)) {
+        b.skipped.push_back(std::move(*skip));
+      }
+      check(cudaMemcpyAsync(rows[i], slot_row, static_cast<size_t>(row), cudaMemcpyHostToDevice, stream),
+            "cudaMemcpyAsync (CPU-decoded row)");
+    }
+  }
+
   void release_finished(bool wait_for_one) {
     while (!copying.empty()) {
       if (!copying.front().done->query()) {
@@ -191,6 +271,7 @@ struct CudaEngine::Impl {
     const bool as_copied = options.dtype == OutputType::kUInt8 && options.channels_last;
     std::shared_ptr<DeviceBuffer> raw = options.allocator->allocate(bytes, dev, stream);
     check(cudaMemcpyAsync(raw->data(), host.images, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (images)");
+    if (!host.deferred.empty()) decode_deferred(host, *raw, b);
     const size_t label_bytes = static_cast<size_t>(host.size) * sizeof(int64_t);
     b.labels = options.allocator->allocate(label_bytes, dev, stream);
     check(cudaMemcpyAsync(b.labels->data(), host.labels, label_bytes, cudaMemcpyHostToDevice, stream),
@@ -238,10 +319,32 @@ CudaEngine::CudaEngine(std::shared_ptr<loader::Loader> loader, EngineOptions opt
   m.constants = normalize_constants(m.options.normalize);
   detail::DeviceGuard guard(m.options.device);
   check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  const loader::LoaderOptions& lo = m.loader->options();
+  if (lo.decode_device != loader::DecodeDevice::kCpu) {
+    GpuDecoderOptions g;
+    g.device = m.options.device;
+    g.allocator = m.options.allocator;
+    try {
+      m.gpu = std::make_unique<GpuDecoder>(std::move(g));
+    } catch (...) {
+      cudaStreamDestroy(m.stream);
+      throw;
+    }
+    m.auto_share = lo.decode_device == loader::DecodeDevice::kAuto;
+    m.share = m.auto_share ? 0.5 : 1.0;
+    m.budget = lo.gpu_decode_budget;
+    m.loader->set_gpu_decode_share(m.share);
+  }
 }
 
 CudaEngine::~CudaEngine() {
   Impl& m = *impl_;
+  if (m.gpu) {
+    std::string reasons;
+    for (const auto& [why, n] : m.fallback_reasons) reasons += fmt::format("; {} x {}", n, why);
+    gpufeed::log()->info("GPU decode: {} samples on the GPU, {} on the CPU after the GPU could not{}; share {:.3f}",
+                         m.gpu_samples, m.cpu_fallbacks, reasons, m.share);
+  }
   try {
     detail::DeviceGuard guard(m.options.device);
     m.drain();
@@ -275,6 +378,12 @@ std::optional<EngineBatch> CudaEngine::next(StreamHandle consumer) {
   p.batch.images->used_on(consumer);
   p.batch.labels->used_on(consumer);
   p.batch.wait_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (m.gpu) {
+    m.steer(p.batch.wait_ms);
+    p.batch.gpu_decode_share = m.share;
+    p.batch.gpu_decoded_total = m.gpu_samples;
+    p.batch.gpu_fallbacks_total = m.cpu_fallbacks;
+  }
   m.fill(/*block=*/false);  // copies in flight behind this step for batches already decoded
   return std::move(p.batch);
 }

@@ -27,6 +27,7 @@ struct Slot {
   size_t bytes = 0;
   uint8_t* images = nullptr;  // [batch_size, S, S, 3] uint8, S <= the ring's side
   int64_t* labels = nullptr;  // [batch_size] int64, 64-byte aligned after the images
+  std::vector<DeferredSample> deferred;  // [batch_size] under decode_device gpu/auto, else empty
 };
 
 // The slot ring: `depth` slots of batch_size samples of up to side^2 x 3 bytes, allocated up front.

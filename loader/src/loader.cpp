@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -87,29 +88,15 @@ int64_t lap_ns(Clock::time_point& t) {
   return ns;
 }
 
-// The one place a sample becomes pixels: read, probe, plan (plan_for), decode only the crop at
-// the cheapest DCT scale that still covers the output, resize straight into `out`.
-// `reader`: the loader's SampleReader (plan `tag`), or null for dataset.read.
-SampleCost transform_into(const datasets::Dataset& dataset, datasets::SampleReader* reader, uint64_t tag, const datasets::SampleRef& ref,
-                          int64_t index, int64_t epoch, const LoaderOptions& o, uint8_t* out) {
+// Decodes, resizes and augments the file in `bytes` (already read) into `out`: probe, plan
+// (plan_for), decode only the crop at the cheapest DCT scale that still covers the output, resize
+// straight into `out`. Stage times go to `cost`, from `t0`.
+void decode_bytes_into(const decode::ByteBuffer& bytes, const std::string& source, int64_t index, int64_t epoch,
+                       const LoaderOptions& o, uint8_t* out, SampleCost& cost, Clock::time_point& t0) {
   Worker& w = thread_worker();
-  SampleCost cost;
-  auto t0 = Clock::now();
-  cost.index = index;
-  cost.epoch = epoch;
-  cost.start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count();
-  if (reader != nullptr) {
-    reader->read(tag, index, w.bytes);
-  } else {
-    dataset.read(index, ref, w.bytes);
-  }
-  cost.read_ns = lap_ns(t0);  // stages back to back, so a trace's spans nest exactly
-  cost.bytes = static_cast<int64_t>(w.bytes.size());
-
-  ref.source(w.source);
-  const PlannedSample p = plan_for(decode::probe(w.bytes, w.source), o, epoch, index);
-  const decode::DecodeResult decoded = w.decoder.decode(w.bytes, w.source, p.decode, w.image);
-  cost.decode_ns = lap_ns(t0);
+  const PlannedSample p = plan_for(decode::probe(bytes, source), o, epoch, index);
+  const decode::DecodeResult decoded = w.decoder.decode(bytes, source, p.decode, w.image);
+  cost.decode_ns += lap_ns(t0);
   cost.pixels = static_cast<int64_t>(w.image.width) * w.image.height;
 
   // Straight into the slot's row, mirrored there when the plan flips.
@@ -123,7 +110,71 @@ SampleCost transform_into(const datasets::Dataset& dataset, datasets::SampleRead
     transforms::plan_augment(aug, s, s, draws, w.augment);
     transforms::apply_augment(w.augment, out, s, s, w.augment_scratch);
   }
-  cost.resize_ns = lap_ns(t0);
+  cost.resize_ns += lap_ns(t0);
+}
+
+SampleCost start_cost(int64_t index, int64_t epoch, Clock::time_point t0) {
+  SampleCost cost;
+  cost.index = index;
+  cost.epoch = epoch;
+  cost.start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count();
+  return cost;
+}
+
+void read_sample(const datasets::Dataset& dataset, datasets::SampleReader* reader, uint64_t tag,
+                 const datasets::SampleRef& ref, int64_t index, decode::ByteBuffer& bytes) {
+  if (reader != nullptr) {
+    reader->read(tag, index, bytes);
+  } else {
+    dataset.read(index, ref, bytes);
+  }
+}
+
+// The one place a sample becomes pixels: read, then decode_bytes_into.
+// `reader`: the loader's SampleReader (plan `tag`), or null for dataset.read.
+SampleCost transform_into(const datasets::Dataset& dataset, datasets::SampleReader* reader, uint64_t tag, const datasets::SampleRef& ref,
+                          int64_t index, int64_t epoch, const LoaderOptions& o, uint8_t* out) {
+  Worker& w = thread_worker();
+  auto t0 = Clock::now();
+  SampleCost cost = start_cost(index, epoch, t0);
+  read_sample(dataset, reader, tag, ref, index, w.bytes);
+  cost.read_ns = lap_ns(t0);  // stages back to back, so a trace's spans nest exactly
+  cost.bytes = static_cast<int64_t>(w.bytes.size());
+  ref.source(w.source);
+  decode_bytes_into(w.bytes, w.source, index, epoch, o, out, cost, t0);
+  return cost;
+}
+
+// Whether the GPU decoder takes a file with header `info`: 8-bit baseline or progressive Huffman
+// JPEG, grey or colour, in its stored orientation. Everything else (PNG, WebP, CMYK/YCCK, 12-bit,
+// lossless or arithmetic-coded JPEG, an EXIF orientation to apply) is decoded on the CPU.
+bool gpu_decodable(const decode::ImageInfo& info, const LoaderOptions& o) {
+  return info.format == decode::ImageFormat::kJpeg && info.bits_per_sample == 8 &&
+         (info.components == 1 || info.components == 3) && !info.lossless && !info.arithmetic &&
+         !(o.decode.apply_exif_orientation && info.orientation != 1);
+}
+
+// decode_device gpu/auto: reads sample `index` into `d`, probes and plans it, and leaves it for
+// the GPU (d.pending) when gpu_decodable; otherwise decodes it here into `out` as the CPU path.
+SampleCost defer_into(const datasets::Dataset& dataset, datasets::SampleReader* reader, uint64_t tag,
+                      const datasets::SampleRef& ref, int64_t index, int64_t epoch, const LoaderOptions& o,
+                      DeferredSample& d, uint8_t* out) {
+  auto t0 = Clock::now();
+  SampleCost cost = start_cost(index, epoch, t0);
+  d.pending = false;
+  read_sample(dataset, reader, tag, ref, index, d.bytes);
+  cost.read_ns = lap_ns(t0);
+  cost.bytes = static_cast<int64_t>(d.bytes.size());
+  ref.source(d.source);
+  d.info = decode::probe(d.bytes, d.source);
+  if (!gpu_decodable(d.info, o)) {
+    decode_bytes_into(d.bytes, d.source, index, epoch, o, out, cost, t0);
+    return cost;
+  }
+  d.plan = plan_for(d.info, o, epoch, index).plan;
+  d.index = index;
+  d.pending = true;
+  cost.decode_ns = lap_ns(t0);  // the probe and the plan
   return cost;
 }
 
@@ -319,6 +370,10 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   int running_tasks = 0;
   bool shutdown = false;
   Counters counters;
+  // decode_device gpu/auto: the fraction of each batch's rows left to the GPU decoder
+  // (Loader::set_gpu_decode_share; the CUDA engine's controller moves it under auto).
+  std::atomic<double> gpu_share{0.0};
+  std::atomic<bool> gpu_consumer{false};  // Loader::set_gpu_decode_share was called (the engine)
 
   Impl(std::shared_ptr<const datasets::Dataset> d, std::shared_ptr<sampler::Sampler> s, LoaderOptions o,
        std::shared_ptr<HostAllocator> a)
@@ -447,6 +502,13 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   void run_batch(InFlight& f, const EpochPlan& p) {
     const auto n = f.indices.size();
     const int64_t base_pos = f.batch_index * p.options.batch_size;
+    if (p.options.decode_device != DecodeDevice::kCpu) {
+      if (f.slot->deferred.size() < n) f.slot->deferred.resize(static_cast<size_t>(p.options.batch_size));
+      for (size_t k = 0; k < n; ++k) {
+        f.slot->deferred[k].pending = false;
+        f.slot->deferred[k].position = static_cast<int64_t>(k);
+      }
+    }
     datasets::detail::parallel_for_ordered(tbb::blocked_range<size_t>(0, n, 1), [&](const tbb::blocked_range<size_t>& r) {
       for (size_t k = r.begin(); k < r.end(); ++k) {
         if (cancelled(p)) break;
@@ -466,9 +528,22 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
   // Loads dataset sample `index` into position k of the batch's slot; throws what loading throws.
   void load_into(InFlight& f, size_t k, int64_t index, const EpochPlan& p) {
     const datasets::SampleRef ref = dataset->at(index);
-    counters.account(transform_into(*dataset, read_ahead.reader(), p.tag, ref, index, p.epoch, p.options,
-                                    f.slot->images + static_cast<size_t>(p.sample_bytes) * k));
+    uint8_t* out = f.slot->images + static_cast<size_t>(p.sample_bytes) * k;
+    if (p.options.decode_device != DecodeDevice::kCpu && defer_to_gpu(k, f.indices.size())) {
+      counters.account(defer_into(*dataset, read_ahead.reader(), p.tag, ref, index, p.epoch, p.options,
+                                  f.slot->deferred[k], out));
+    } else {
+      counters.account(transform_into(*dataset, read_ahead.reader(), p.tag, ref, index, p.epoch, p.options, out));
+    }
     f.slot->labels[k] = ref.label;
+  }
+
+  // Row k of n goes to the GPU: gpu_share of the rows, spread evenly over the batch.
+  bool defer_to_gpu(size_t k, size_t n) const {
+    const double share = gpu_share.load(std::memory_order_relaxed);
+    if (share >= 1.0) return true;
+    if (share <= 0.0 || n == 0) return false;
+    return std::floor(static_cast<double>(k + 1) * share) > std::floor(static_cast<double>(k) * share);
   }
 
   void run_sample(InFlight& f, size_t k, const EpochPlan& p, int64_t pos) {
@@ -557,6 +632,10 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     b.batch_index = f.batch_index;
     b.indices = std::move(f.indices);
     b.skipped = std::move(f.skipped);
+    for (size_t k = 0; k < f.slot->deferred.size() && k < b.indices.size(); ++k) {
+      if (f.slot->deferred[k].pending) b.deferred.push_back(&f.slot->deferred[k]);
+    }
+    b.epoch_plan = f.plan;
     b.lease = std::shared_ptr<void>(f.slot, [owner = shared_from_this()](void* p) {
       // In a fork() child the loader's mutex may belong to a thread that stayed in the parent.
       if (owner->fork_guard.in_forked_child()) return;
@@ -581,6 +660,15 @@ void LoaderOptions::validate() const {
         max_image_size, transform.output_size()));
   }
   transform.augment.validate();
+  if (decode_device != DecodeDevice::kCpu && transform.kind == transforms::TransformOptions::Kind::kTrain &&
+      transform.augment.enabled()) {
+    throw std::invalid_argument(fmt::format(
+        "Loader: decode_device {} does the crop, resize and flip on the GPU but no other augmentation; "
+        "use decode_device cpu with these augmentations",
+        to_string(decode_device)));
+  }
+  if (gpu_decode_budget <= 0 || gpu_decode_budget > 1)
+    throw std::invalid_argument(fmt::format("Loader: gpu_decode_budget {} must be in (0, 1]", gpu_decode_budget));
   if ((num_workers < 0 && num_workers != kAutoNumWorkers) || num_workers > kMaxNumWorkers)
     throw std::invalid_argument(fmt::format("Loader: num_workers {} must be in 0..{} (0 = the CPU budget) or "
                                             "kAutoNumWorkers ({})",
@@ -656,6 +744,12 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
 std::optional<Batch> Loader::next() {
   Impl& m = *impl_;
   m.fork_guard.check_usable();
+  if (m.options.decode_device != DecodeDevice::kCpu && !m.gpu_consumer.load(std::memory_order_relaxed)) {
+    throw std::logic_error(fmt::format(
+        "Loader: decode_device {} leaves JPEGs for the GPU decoder, which only the CUDA engine runs: give the "
+        "batches a CUDA device (device='cuda' / --device cuda), or use decode_device cpu",
+        to_string(m.options.decode_device)));
+  }
   const auto asked = Clock::now();
   std::unique_lock<std::mutex> lk(m.mu);
   m.pump(lk);
@@ -750,6 +844,61 @@ sampler::SamplerState Loader::state() const {
 }
 
 const LoaderOptions& Loader::options() const { return impl_->options; }
+
+void Loader::set_gpu_decode_share(double share) {
+  impl_->gpu_share.store(std::clamp(share, 0.0, 1.0), std::memory_order_relaxed);
+  impl_->gpu_consumer.store(true, std::memory_order_relaxed);
+}
+
+double Loader::gpu_decode_share() const { return impl_->gpu_share.load(std::memory_order_relaxed); }
+
+std::optional<SkippedSample> Loader::decode_deferred_on_cpu(const Batch& batch, const DeferredSample& d, uint8_t* out) {
+  Impl& m = *impl_;
+  const auto* plan = static_cast<const EpochPlan*>(batch.epoch_plan.get());
+  if (plan == nullptr) throw std::invalid_argument("Loader::decode_deferred_on_cpu: the batch has no epoch plan");
+  try {
+    auto t0 = Clock::now();
+    SampleCost cost = start_cost(d.index, plan->epoch, t0);
+    decode_bytes_into(d.bytes, d.source, d.index, plan->epoch, plan->options, out, cost, t0);
+    m.counters.account(cost);
+    return std::nullopt;
+  } catch (...) {
+    if (m.options.error_policy == ErrorPolicy::kRaise) throw;
+    // The skip policy, as a worker applies it: the next samples of this rank's epoch order, on
+    // the CPU, the first that loads takes the row.
+    SkippedSample skip;
+    skip.index = d.index;
+    skip.position = batch.batch_index * plan->options.batch_size + d.position;
+    skip.path = d.source;
+    describe_failure(std::current_exception(), skip);
+    gpufeed::log()->warn("skipping sample {} ({}): {}: {}", skip.index, skip.path, skip.kind, skip.reason);
+    const auto len = static_cast<int64_t>(plan->order.size());
+    const int64_t candidates = std::min(len - 1, kMaxReplacementCandidates);
+    for (int64_t step = 1; step <= candidates && skip.replaced_by < 0; ++step) {
+      const int64_t candidate = plan->order[static_cast<size_t>((skip.position + step) % len)];
+      try {
+        const datasets::SampleRef ref = m.dataset->at(candidate);
+        m.counters.account(transform_into(*m.dataset, nullptr, plan->tag, ref, candidate, plan->epoch, plan->options, out));
+        skip.replaced_by = candidate;
+      } catch (...) {
+        // that candidate fails too; the next
+      }
+    }
+    if (skip.replaced_by < 0) {
+      throw std::runtime_error(fmt::format("loader: no replacement loads for {} ({}: {}) among the next {} samples of epoch {}",
+                                           skip.path, skip.kind, skip.reason, std::max<int64_t>(candidates, 0), plan->epoch));
+    }
+    {
+      std::lock_guard<std::mutex> g(m.mu);
+      if (!m.skips.ended && m.skips.summary.epoch == plan->epoch) {
+        ++m.skips.summary.skipped;
+        ++m.skips.summary.skipped_by_kind[skip.kind];
+        m.skips.summary.skips.push_back(skip);
+      }
+    }
+    return skip;
+  }
+}
 
 int Loader::num_threads() const { return impl_->tuning.threads(); }
 

@@ -97,12 +97,41 @@ Schema<LoaderOptions> make_loader_schema() {
   s.member({.name = "prefetch_next_epoch", .type = Type::kBool,
             .help = "decode the next epoch's first batches while this one ends, so it starts without a wait"},
            &LoaderOptions::prefetch_next_epoch);
+  s.add({.name = "decode_device", .type = Type::kChoice,
+         .help = "where JPEGs are decoded: cpu (the workers, libjpeg-turbo), gpu (nvImageCodec's nvJPEG on the "
+                 "CUDA device the batches go to; other formats stay on the CPU) or auto (each batch shared, in the "
+                 "proportion that keeps both busy); gpu and auto need a CUDA device and "
+                 "nvidia-nvimgcodec-cu13[nvjpeg]",
+         .words = {"cpu", "gpu", "auto"}},
+        [](LoaderOptions& o, const Value& v) { o.decode_device = parse_decode_device(std::get<std::string>(v)); },
+        [](const LoaderOptions& o) -> Value { return std::string(to_string(o.decode_device)); });
+  s.member({.name = "gpu_decode_budget", .type = Type::kFloat,
+            .help = "decode_device auto: the most GPU time the decoder may take, as a fraction of the time between "
+                    "batches (the training step)",
+            .min = 0.01, .max = 1},
+           &LoaderOptions::gpu_decode_budget);
   s.mount(transforms::transform_options_schema(), [](LoaderOptions& o) -> transforms::TransformOptions& { return o.transform; });
   s.finish([](LoaderOptions& o, const std::set<std::string>&) { o.validate(); });  // after the transform's
   return s;
 }
 
 }  // namespace
+
+std::string_view to_string(DecodeDevice device) {
+  switch (device) {
+    case DecodeDevice::kGpu: return "gpu";
+    case DecodeDevice::kAuto: return "auto";
+    case DecodeDevice::kCpu: break;
+  }
+  return "cpu";
+}
+
+DecodeDevice parse_decode_device(std::string_view name) {
+  if (name == "cpu") return DecodeDevice::kCpu;
+  if (name == "gpu") return DecodeDevice::kGpu;
+  if (name == "auto") return DecodeDevice::kAuto;
+  throw options::OptionError("decode_device", fmt::format("must be cpu, gpu or auto, not '{}'", name));
+}
 
 std::string_view to_string(ErrorPolicy policy) { return policy == ErrorPolicy::kSkip ? "skip" : "raise"; }
 

@@ -30,6 +30,27 @@ if _release(torch.__version__) < _release(_build.MIN_TORCH):
     raise ImportError(f"gpufeed {_build.VERSION} needs torch >= {_build.MIN_TORCH}, but this Python has torch "
                       f"{torch.__version__}: upgrade torch (pip install 'torch>={_build.MIN_TORCH}')")
 
+
+def _point_at_nvimgcodec() -> None:
+    """decode_device="gpu"/"auto" opens libnvimgcodec.so.0 at run time: point it at the copy the
+    nvidia-nvimgcodec-cu13 wheel installed (pip install gpufeed[gpu-decode]), unless
+    GPUFEED_NVIMGCODEC_LIBRARY already names one. Nothing is imported or loaded here."""
+    if os.environ.get("GPUFEED_NVIMGCODEC_LIBRARY"):
+        return
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("nvidia.nvimgcodec")
+    except (ImportError, ValueError):
+        return
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        lib = os.path.join(folder, "libnvimgcodec.so.0")
+        if os.path.exists(lib):
+            os.environ["GPUFEED_NVIMGCODEC_LIBRARY"] = lib
+            return
+
+
+_point_at_nvimgcodec()
+
 from . import _C  # noqa: E402
 from ._errors import DecodeError, SkipLimitExceeded  # noqa: E402
 from ._loader import DataLoader, distributed_rank_world_size  # noqa: E402

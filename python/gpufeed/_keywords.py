@@ -189,6 +189,10 @@ def resolve_keywords(root: Any, options: Dict[str, Any], *, device: Any, dtype: 
     _check_layout(dtype, memory_format)
     device = torch.device(device)
     _check_slots_for_views(keywords, dtype, device)
+    decode_device = options.get("decode_device", "cpu")
+    if decode_device != "cpu" and device.type != "cuda" and not labels_only:
+        raise ValueError(f"decode_device={decode_device!r} decodes JPEGs on the CUDA device the batches go to: "
+                         f"give device='cuda', or use decode_device='cpu' (device={str(device)!r})")
     seed = 0 if options.get("seed") is None else _integer("seed", options["seed"])
     sampler_drop_last = False
     if sampler is not None:

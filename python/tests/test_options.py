@@ -117,12 +117,24 @@ def test_both_fronts_refuse_the_same_bad_values_naming_the_option(folder, gpufee
     assert tried >= 15
 
 
+# Words that need a CUDA device for the batches: on the CPU both fronts refuse them, saying so.
+NEEDS_CUDA = {("decode_device", "gpu"), ("decode_device", "auto")}
+
+
 def test_both_fronts_accept_every_word_of_a_choice(folder, gpufeed_cli):
     for s in SPECS:
         if s["type"] not in ("choice", "int"):  # ints with words: num_workers="auto"
             continue
         for word in s["words"]:
             if (s["name"], word) == ("shuffle_order", "shards"):  # needs shards: test_shard_order.py
+                continue
+            if (s["name"], word) in NEEDS_CUDA:
+                with pytest.raises(ValueError, match="CUDA device"):
+                    gpufeed.DataLoader(folder, batch_size=9, image_size=16, **{s["name"]: word})
+                out = subprocess.run([str(gpufeed_cli), "bench", "--data", str(folder), "--batch-size", "9",
+                                      "--image-size", "16", "--" + s["name"].replace("_", "-"), word],
+                                     capture_output=True, text=True, timeout=120)
+                assert out.returncode != 0 and "CUDA" in out.stderr, (s["name"], word, out.stderr)
                 continue
             loader = gpufeed.DataLoader(folder, batch_size=9, image_size=16, **{s["name"]: word})
             assert sum(1 for _ in loader) == 3

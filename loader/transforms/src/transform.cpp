@@ -25,9 +25,9 @@ inline int py_round(double v) { return static_cast<int>(std::nearbyint(v)); }
 
 }  // namespace
 
-SampleRng::SampleRng(uint64_t seed, int64_t epoch, int64_t index)
+SampleRng::SampleRng(uint64_t seed, int64_t epoch, int64_t index, uint32_t stream)
     : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)},
-      counter_{0u, 0u, static_cast<uint32_t>(index), static_cast<uint32_t>(epoch)} {
+      counter_{0u, stream, static_cast<uint32_t>(index), static_cast<uint32_t>(epoch)} {
   // The upper halves of index and epoch fold into the key; indices beyond 2^32 stay distinct.
   key_[0] ^= static_cast<uint32_t>(static_cast<uint64_t>(index) >> 32);
   key_[1] ^= static_cast<uint32_t>(static_cast<uint64_t>(epoch) >> 32) * kPhiloxW0;
@@ -181,15 +181,23 @@ SamplePlan plan_sample(const TransformOptions& options, int width, int height, u
     plan.taps_clamped_to_box = false;
     return plan;
   }
-  SampleRng rng(seed, epoch, index);
+  return plan_random_resized_crop(options.rrc, options.interpolation, options.flip_probability,
+                                  width, height, SampleRng(seed, epoch, index));
+}
+
+SamplePlan plan_random_resized_crop(const RandomResizedCropOptions& rrc, ResizeFilter filter,
+                                    float flip_probability, int width, int height, SampleRng rng) {
+  SamplePlan plan;
+  plan.output_size = rrc.size;
+  plan.filter = filter;
   RngDrawSource draws(rng);
-  plan.box = random_resized_crop_box(width, height, options.rrc, draws);
+  plan.box = random_resized_crop_box(width, height, rrc, draws);
   plan.region = {static_cast<double>(plan.box.x), static_cast<double>(plan.box.y),
                  static_cast<double>(plan.box.x + plan.box.width),
                  static_cast<double>(plan.box.y + plan.box.height)};
   plan.taps_clamped_to_box = true;
   // RandomHorizontalFlip: torch.rand(1) < p.
-  plan.flip = rng.uniform(0.0f, 1.0f) < options.flip_probability;
+  plan.flip = rng.uniform(0.0f, 1.0f) < flip_probability;
   plan.rng = rng;  // the augmentations continue the stream here
   return plan;
 }

@@ -9,6 +9,14 @@
 // once the event shows its copy has read it. Up to device_prefetch_depth batches are in flight
 // or ready ahead of the consumer. Device memory comes from an injected DeviceAllocator (torch's
 // caching allocator for the prefetcher; a stream-ordered CUDA memory pool for Python).
+//
+// Under the loader's decode_device gpu/auto, the batch's deferred rows (loader::Batch::deferred)
+// are decoded on the GPU (gpu_decode.h) after the slot's copy, on the copy stream, before the
+// conversion; a row the GPU cannot decode is decoded on the CPU (Loader::decode_deferred_on_cpu,
+// under the loader's error policy) and copied over. Under auto the engine moves the loader's GPU
+// share by 1/16 per batch: up when the consumer waited for data, down when the decoder's GPU time
+// (CUDA events around it) passed gpu_decode_budget of the time between next() calls. The decode
+// call itself runs on the thread calling next() (nvImageCodec's parsing, its own few threads).
 
 #include <chrono>
 #include <cstddef>
@@ -76,6 +84,11 @@ struct EngineBatch {
   std::vector<int64_t> indices;                // dataset indices, sampler order
   std::vector<loader::SkippedSample> skipped;  // samples the skip policy replaced
   double wait_ms = 0;  ///< wall time next() blocked for this batch (data wait)
+  /// decode_device gpu/auto: the share of rows the loader now leaves to the GPU, and the engine's
+  /// totals so far of samples the GPU decoded and of samples it could not (decoded on the CPU).
+  double gpu_decode_share = 0;
+  int64_t gpu_decoded_total = 0;
+  int64_t gpu_fallbacks_total = 0;
   /// Marks on the copy stream before this batch's H2D copy and after its conversion.
   std::shared_ptr<const StreamMark> copy_begin, copy_end;
 };
@@ -83,7 +96,8 @@ struct EngineBatch {
 class CudaEngine {
  public:
   /// Throws std::invalid_argument for device_prefetch_depth < 1 or a null loader, and
-  /// std::runtime_error when the build or the machine has no CUDA device `options.device`.
+  /// std::runtime_error when the build or the machine has no CUDA device `options.device`, or,
+  /// under decode_device gpu/auto, when nvImageCodec cannot be loaded (naming the package).
   CudaEngine(std::shared_ptr<loader::Loader> loader, EngineOptions options);
   /// Waits for the copies still reading pinned slots, then destroys the stream and events.
   ~CudaEngine();

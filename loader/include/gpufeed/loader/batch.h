@@ -4,6 +4,9 @@
 #include <string>
 #include <vector>
 
+#include "gpufeed/decode/decoder.h"
+#include "gpufeed/transforms/transform.h"
+
 namespace gpufeed::loader {
 
 /// A sample the skip error policy replaced, and why.
@@ -16,6 +19,20 @@ struct SkippedSample {
   /// "too_large" or "io" (missing, unreadable, changed under us); "error" for any other failure.
   std::string kind;
   std::string reason;          ///< DecodeError::reason() (without path and kind); else what()
+};
+
+/// A sample the workers read, probed and planned but left for the GPU decoder
+/// (LoaderOptions::decode_device gpu or auto): its row of Batch::images is not written; the CUDA
+/// engine decodes `bytes` on the GPU into that row of its device copy (gpufeed/device/engine.h),
+/// or on the CPU through Loader::decode_deferred_on_cpu where the GPU cannot.
+struct DeferredSample {
+  int64_t position = 0;            ///< row k of the batch
+  int64_t index = -1;              ///< dataset index
+  decode::ByteBuffer bytes;        ///< the whole encoded file
+  decode::ImageInfo info;          ///< its header (decode::probe)
+  transforms::SamplePlan plan;     ///< loader::plan_for's plan, the CPU path's
+  std::string source;              ///< path or URL, for messages
+  bool pending = false;            ///< internal: set for the batch being assembled
 };
 
 /// One batch, as plain data over a slot of the loader's ring: no torch, no copy. The slot goes
@@ -32,6 +49,10 @@ struct Batch {
   int64_t batch_index = 0;     ///< position within the epoch, 0-based, in sampler order
   std::vector<int64_t> indices;          ///< [size] dataset indices, in sampler order
   std::vector<SkippedSample> skipped;    ///< samples the skip policy replaced, by position
+  /// Samples left for the GPU decoder (decode_device gpu/auto), by position; owned by the slot,
+  /// valid while `lease` is held. Empty under decode_device cpu.
+  std::vector<const DeferredSample*> deferred;
+  std::shared_ptr<const void> epoch_plan;  ///< internal: the epoch this batch came from (skip replacement)
   std::shared_ptr<void> lease;  ///< keeps the slot out of the ring while held
 
   /// Bytes of `images`: size * height * width * 3.

@@ -114,6 +114,16 @@ struct TunerObservation {
   double sample_cost_s = 0;
 };
 
+/// Where the loader's samples are decoded (LoaderOptions::decode_device).
+enum class DecodeDevice {
+  kCpu,   ///< the workers decode every sample (libjpeg-turbo, torchvision-exact)
+  kGpu,   ///< the workers read, probe and plan; the CUDA engine decodes JPEGs on the GPU (nvImageCodec)
+  kAuto,  ///< each batch shared between the two, in the proportion the engine measures keeps both busy
+};
+std::string_view to_string(DecodeDevice device);
+/// "cpu", "gpu" or "auto"; throws options::OptionError naming decode_device otherwise.
+DecodeDevice parse_decode_device(std::string_view name);
+
 /// Loader options, DataLoader's vocabulary where one exists.
 struct LoaderOptions {
   int64_t batch_size = 256;   ///< samples per batch
@@ -139,6 +149,16 @@ struct LoaderOptions {
   ShuffleOrder shuffle_order = ShuffleOrder::kAuto;
   int64_t shard_window = sampler::ShardOrderOptions{}.window;
   int64_t shard_partitions = sampler::ShardOrderOptions{}.partitions;
+  /// cpu: the workers decode. gpu/auto: JPEGs the GPU decodes (8-bit Huffman, grey or colour) are
+  /// read, probed and planned by the workers and handed out in Batch::deferred for the CUDA engine
+  /// (gpufeed/device/engine.h) to decode on the GPU; everything else is decoded by the workers.
+  /// Needs a CUDA consumer (the engine); augmentations other than RandomResizedCrop and the flip
+  /// are not done on the GPU, so gpu/auto refuse them.
+  DecodeDevice decode_device = DecodeDevice::kCpu;
+  /// decode_device auto: the most GPU time the decoder may take, as a fraction of the time between
+  /// the consumer's batches (its training step), measured with CUDA events; the share moves down
+  /// when the decoder passes it.
+  double gpu_decode_budget = 0.25;
   /// Not an option (no flag or keyword): for tests and tools that replay measurements. Called
   /// once per batch next() hands out while num_workers or prefetch_depth is auto, on the
   /// consumer's thread with the loader's lock held (it must not call the Loader), with what the
@@ -356,6 +376,21 @@ class Loader {
   /// The options the loader was built with (transform.rrc.size as given there: image_size()
   /// is the current epoch's side).
   const LoaderOptions& options() const;
+
+  /// decode_device gpu/auto: the fraction of each batch's rows the workers leave to the GPU
+  /// (Batch::deferred), spread evenly over the batch, clamped to [0, 1]; applies to batches not
+  /// yet started. The CUDA engine calls it (1 under gpu; its controller's share under auto): until
+  /// something has, next() under decode_device gpu/auto throws std::logic_error, since nothing
+  /// would decode the deferred rows. Ignored under cpu.
+  void set_gpu_decode_share(double share);
+  double gpu_decode_share() const;
+  /// Decodes deferred row `d` of `batch` on the calling thread as the workers would have (the CPU
+  /// path, from d.bytes), into `out` ([S, S, 3] uint8): the fallback for a sample the GPU could not
+  /// decode. Under on_error raise a failure throws (decode::DecodeError naming the file); under
+  /// skip the next samples of the epoch order are tried, the first that loads fills `out`, and the
+  /// skip is returned (and counted in the epoch's summary). Throws std::runtime_error when no
+  /// replacement loads.
+  std::optional<SkippedSample> decode_deferred_on_cpu(const Batch& batch, const DeferredSample& d, uint8_t* out);
   /// The decode threads the loader runs now: options().num_workers, for 0 the process's CPU
   /// budget (gpufeed/cpu_budget.h) when the loader was built, for kAutoNumWorkers the count
   /// its last ThreadDecision chose (the budget before the first). Thread-safe.

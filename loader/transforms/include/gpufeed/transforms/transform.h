@@ -22,10 +22,14 @@ using decode::CropRect;
 
 /// Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11), the
 /// counter-based generator cuRAND and PyTorch's CUDA generator use. Keyed by the run's seed;
-/// the counter holds (sample index, epoch). Draws are a pure function of (seed, epoch, index, n).
+/// the counter holds (draw block, stream, sample index, epoch). Draws are a pure function of
+/// (seed, epoch, index, stream, n).
 class SampleRng {
  public:
-  SampleRng(uint64_t seed, int64_t epoch, int64_t index);
+  /// `stream` selects one of a sample's independent streams (its counter's second word): 0 is the
+  /// sample's transform; multi-crop view k draws from stream k (views.h). A stream holds 2^32
+  /// blocks of 4 draws before it would run into the next.
+  SampleRng(uint64_t seed, int64_t epoch, int64_t index, uint32_t stream = 0);
   /// The next 32 random bits.
   uint32_t next_u32();
   /// Uniform float in [lo, hi), drawn as torch's uniform_ on a float tensor does
@@ -281,6 +285,12 @@ struct SamplePlan {
   /// (augment.h) continue it.
   std::optional<SampleRng> rng;
 };
+
+/// The train plan for a width x height source from `rng`: RandomResizedCrop's box with `rrc`
+/// (random_resized_crop_box), then the flip draw (torch.rand(1) < flip_probability); plan.rng is
+/// the stream after them. plan_sample and the views' plan_view (views.h) both plan through it.
+SamplePlan plan_random_resized_crop(const RandomResizedCropOptions& rrc, ResizeFilter filter,
+                                    float flip_probability, int width, int height, SampleRng rng);
 
 /// Plans sample `index` of `epoch` for a width x height source. Pure function of its arguments.
 SamplePlan plan_sample(const TransformOptions& options, int width, int height, uint64_t seed,

@@ -1,0 +1,115 @@
+#pragma once
+// Multi-crop views (DINO, DINOv2): K crops of one source image, each with its own
+// RandomResizedCrop, interpolation, flip and augmentation chain, made from a single decode.
+//
+// Randomness: view k of sample `index` in `epoch` draws from SampleRng(seed, epoch, index, k),
+// the sample's Philox stream with k in the counter's second word (transform.h). View 0's stream is
+// the single-view transform's, so a one-view description plans exactly what plan_sample plans for
+// the same RandomResizedCrop, flip and interpolation. A view's draws depend on nothing but
+// (seed, epoch, index, k) and its own options: not on the thread, nor on the other views.
+//
+// Decode: the union (bounding box) of the views' boxes, once, at the finest DCT scale any view
+// needs (decode::choose_scale per view, the largest numerator). Each view is then resampled from
+// its own part of that decode, taps stopping at its box as torchvision's crop-then-resize does.
+// When the union is one view's box at that view's own scale (one view; or boxes that coincide),
+// the view's pixels are byte-equal to the single-view path (decode_options_for + resize_sample +
+// apply_augment). Otherwise a view decoded at a finer scale than it alone needs resamples more
+// pixels, and a JPEG's chroma upsampling near a crop edge may differ from a decode cropped to
+// that view alone.
+//
+// When decoding views separately would be cheaper: libjpeg's cost grows with the scaled area it
+// produces (rows x decoded columns) times scale_cost(scale). Small local crops far apart in a
+// large image make the union mostly pixels no view uses, and force the global views' finer scale
+// on them. A cost rule would compare
+//   scale_cost(s_max) * area(union at s_max)  against  sum_k scale_cost(s_k) * area(box_k at s_k)
+// (plus the entropy decoding of the rows above each crop, which every separate decode repeats,
+// and the per-decode setup), and decode separately when the sum is clearly smaller. The rule here
+// is the union, always: DINO's global crops cover most of the image (scale 0.32..1 in DINO, 0.32
+// or 0.4..1 in DINOv2), so their union is usually near the whole image already.
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "gpufeed/decode/decoder.h"
+#include "gpufeed/transforms/augment.h"
+#include "gpufeed/transforms/resize.h"
+#include "gpufeed/transforms/transform.h"
+
+namespace gpufeed::transforms {
+
+/// One view: torchvision's RandomResizedCrop(size, scale, ratio, interpolation), then
+/// RandomHorizontalFlip(flip_probability), then its augmentations (AugmentOptions' order).
+/// Output [size, size, 3] uint8.
+struct ViewOptions {
+  RandomResizedCropOptions rrc{};  ///< output side, scale and ratio ranges
+  ResizeFilter interpolation = ResizeFilter::kBilinear;
+  float flip_probability = 0.5f;  ///< [0, 1]
+  AugmentOptions augment{};       ///< this view's own chain
+  /// Throws std::invalid_argument naming the field, its value and the accepted range:
+  /// size >= 1, 0 < scale_min <= scale_max, 0 < ratio_min <= ratio_max, flip in [0, 1], and
+  /// AugmentOptions::validate().
+  void validate() const;
+};
+
+/// K >= 1 views of every sample, in order (DINO: 2 global crops, then the local ones).
+struct ViewsOptions {
+  std::vector<ViewOptions> views;
+  /// Throws std::invalid_argument for no views, or naming the view (its index) that is invalid.
+  void validate() const;
+};
+
+/// Plans view `view` (its index in ViewsOptions::views) of sample `index` in `epoch` for a
+/// width x height source: plan_sample's train plan (box, region, flip, filter, output size, and
+/// the stream the augmentations continue), drawn from SampleRng(seed, epoch, index, view).
+/// Pure function of its arguments.
+SamplePlan plan_view(const ViewOptions& options, int width, int height, uint64_t seed,
+                     int64_t epoch, int64_t index, int view);
+
+/// plan_view for every view, into `plans` (resized to K; reuses its capacity).
+void plan_views(const ViewsOptions& options, int width, int height, uint64_t seed, int64_t epoch,
+                int64_t index, std::vector<SamplePlan>& plans);
+
+/// The one decode of a sample with header `info` for `plans`: `base`'s limits and error policy,
+/// the crop the bounding box of the plans' boxes, the scale the largest numerator of
+/// choose_scale(info, box_k, size_k, size_k) over the views. Throws std::invalid_argument for
+/// no plans.
+decode::DecodeOptions decode_options_for_views(std::span<const SamplePlan> plans,
+                                               const decode::ImageInfo& info,
+                                               const decode::DecodeOptions& base);
+
+/// Resizes view `plan` out of `image`, a decode whose result is `result` and whose crop contains
+/// plan.box (decode_options_for_views), into `out` ([S, S, 3] uint8, S = plan.output_size),
+/// mirrored when plan.flip. The view sees the decoded pixels of its own box at that scale,
+/// [floor(x * s), ceil((x + width) * s)) scaled columns (s = scale.num / 8; rows alike), which
+/// are the pixels a decode cropped to the box alone returns; its taps stop there. Throws
+/// std::invalid_argument when the image does not match the result or the box is not inside it.
+void resize_view(const SamplePlan& plan, const decode::DecodeResult& result,
+                 const decode::ImageBuffer& image, Resizer& resizer, uint8_t* out);
+
+/// Per-thread state of decode_views_into, reused from sample to sample.
+struct ViewsWorker {
+  decode::Decoder decoder;
+  decode::ImageBuffer image;
+  Resizer resizer;
+  std::vector<SamplePlan> plans;
+  AugmentPlan augment;
+  AugmentScratch scratch;
+  /// Decoder::decode calls made by decode_views_into (the only place it decodes): one per sample.
+  int64_t decodes = 0;
+};
+
+/// Sample `index` of `epoch` (the file in `bytes`, named `source` in errors) into K outputs:
+/// probe, plan_views (in the frame the decoder returns: displayed when base applies the EXIF
+/// orientation), one decode with decode_options_for_views, then per view resize_view into
+/// outs[k] and its augmentations (plan_augment + apply_augment continuing the view's stream).
+/// `options` must be valid. Throws std::invalid_argument when outs.size() != K; DecodeError as
+/// Decoder::decode. Returns the decode's options (the union crop and the scale).
+decode::DecodeOptions decode_views_into(std::span<const uint8_t> bytes, std::string_view source,
+                                        const ViewsOptions& options,
+                                        const decode::DecodeOptions& base, uint64_t seed,
+                                        int64_t epoch, int64_t index,
+                                        std::span<uint8_t* const> outs, ViewsWorker& worker);
+
+}  // namespace gpufeed::transforms

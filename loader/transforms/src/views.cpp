@@ -1,0 +1,142 @@
+#include "gpufeed/transforms/views.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace gpufeed::transforms {
+namespace {
+
+[[noreturn]] void refuse(const std::string& field, double value, const char* range) {
+  throw std::invalid_argument("views: " + field + " = " + std::to_string(value) + " (expected " +
+                              range + ")");
+}
+
+// floor(v * num / 8) and ceil(v * num / 8) for v >= 0: the decoder's scaled-grid edges.
+int scaled_floor(int v, int num) { return v * num / 8; }
+int scaled_ceil(int v, int num) { return (v * num + 7) / 8; }
+
+}  // namespace
+
+void ViewOptions::validate() const {
+  if (rrc.size < 1) refuse("size", rrc.size, ">= 1");
+  if (!(rrc.scale_min > 0 && rrc.scale_min <= rrc.scale_max)) {
+    refuse("scale_min", rrc.scale_min, "0 < scale_min <= scale_max");
+  }
+  if (!(rrc.ratio_min > 0 && rrc.ratio_min <= rrc.ratio_max)) {
+    refuse("ratio_min", rrc.ratio_min, "0 < ratio_min <= ratio_max");
+  }
+  if (!(flip_probability >= 0 && flip_probability <= 1)) {
+    refuse("flip_probability", flip_probability, "[0, 1]");
+  }
+  augment.validate();
+}
+
+void ViewsOptions::validate() const {
+  if (views.empty()) throw std::invalid_argument("views: no views (expected at least one)");
+  for (size_t k = 0; k < views.size(); ++k) {
+    try {
+      views[k].validate();
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("view " + std::to_string(k) + ": " + e.what());
+    }
+  }
+}
+
+SamplePlan plan_view(const ViewOptions& options, int width, int height, uint64_t seed,
+                     int64_t epoch, int64_t index, int view) {
+  return plan_random_resized_crop(options.rrc, options.interpolation, options.flip_probability,
+                                  width, height,
+                                  SampleRng(seed, epoch, index, static_cast<uint32_t>(view)));
+}
+
+void plan_views(const ViewsOptions& options, int width, int height, uint64_t seed, int64_t epoch,
+                int64_t index, std::vector<SamplePlan>& plans) {
+  plans.resize(options.views.size());
+  for (size_t k = 0; k < plans.size(); ++k) {
+    plans[k] = plan_view(options.views[k], width, height, seed, epoch, index, static_cast<int>(k));
+  }
+}
+
+decode::DecodeOptions decode_options_for_views(std::span<const SamplePlan> plans,
+                                               const decode::ImageInfo& info,
+                                               const decode::DecodeOptions& base) {
+  if (plans.empty()) throw std::invalid_argument("decode_options_for_views: no plans");
+  decode::DecodeOptions d = base;
+  d.scale.num = 1;
+  int x0 = plans[0].box.x, y0 = plans[0].box.y;
+  int x1 = x0 + plans[0].box.width, y1 = y0 + plans[0].box.height;
+  for (const SamplePlan& p : plans) {
+    const int s = p.output_size;
+    d.scale.num = std::max(d.scale.num, decode::choose_scale(info, p.box, s, s).num);
+    x0 = std::min(x0, p.box.x);
+    y0 = std::min(y0, p.box.y);
+    x1 = std::max(x1, p.box.x + p.box.width);
+    y1 = std::max(y1, p.box.y + p.box.height);
+  }
+  d.crop = {x0, y0, x1 - x0, y1 - y0};
+  return d;
+}
+
+void resize_view(const SamplePlan& plan, const decode::DecodeResult& result,
+                 const decode::ImageBuffer& image, Resizer& resizer, uint8_t* out) {
+  const CropRect& at = result.scaled_region;
+  if (image.width != at.width || image.height != at.height) {
+    throw std::invalid_argument("resize_view: the image is " + std::to_string(image.width) + "x" +
+                                std::to_string(image.height) + " but the decode result says " +
+                                std::to_string(at.width) + "x" + std::to_string(at.height));
+  }
+  // The view's own pixels in the decode: the scaled grid's cells its box touches.
+  const int num = result.scale.num;
+  const CropRect& b = plan.box;
+  const int xs0 = scaled_floor(b.x, num) - at.x, ys0 = scaled_floor(b.y, num) - at.y;
+  const int xs1 = scaled_ceil(b.x + b.width, num) - at.x;
+  const int ys1 = scaled_ceil(b.y + b.height, num) - at.y;
+  if (xs0 < 0 || ys0 < 0 || xs1 > at.width || ys1 > at.height) {
+    throw std::invalid_argument("resize_view: the view's box is not inside the decoded region");
+  }
+  // The region relative to that sub-image, as decoded_region places it for a decode of the box.
+  const double s = num / 8.0;
+  const double w = xs1 - xs0, h = ys1 - ys0;
+  const BoxF region{std::clamp(plan.region.x0 * s - (xs0 + at.x), 0.0, w),
+                    std::clamp(plan.region.y0 * s - (ys0 + at.y), 0.0, h),
+                    std::clamp(plan.region.x1 * s - (xs0 + at.x), 0.0, w),
+                    std::clamp(plan.region.y1 * s - (ys0 + at.y), 0.0, h)};
+  const int o = plan.output_size;
+  resizer.resize(image.row(ys0) + static_cast<size_t>(xs0) * 3, xs1 - xs0, ys1 - ys0,
+                 static_cast<size_t>(image.width) * 3, region, out, o, o,
+                 static_cast<size_t>(o) * 3, plan.flip, plan.filter);
+}
+
+decode::DecodeOptions decode_views_into(std::span<const uint8_t> bytes, std::string_view source,
+                                        const ViewsOptions& options,
+                                        const decode::DecodeOptions& base, uint64_t seed,
+                                        int64_t epoch, int64_t index,
+                                        std::span<uint8_t* const> outs, ViewsWorker& w) {
+  if (outs.size() != options.views.size()) {
+    throw std::invalid_argument("decode_views_into: " + std::to_string(outs.size()) +
+                                " outputs for " + std::to_string(options.views.size()) + " views");
+  }
+  const decode::ImageInfo info = decode::probe(bytes, source);
+  // Plans are made in the frame the decoder returns (the loader's plan_for does the same).
+  const bool upright =
+      base.apply_exif_orientation && decode::orientation_swaps_axes(info.orientation);
+  plan_views(options, upright ? info.height : info.width, upright ? info.width : info.height, seed,
+             epoch, index, w.plans);
+  const decode::DecodeOptions d = decode_options_for_views(w.plans, info, base);
+  const decode::DecodeResult decoded = w.decoder.decode(bytes, source, d, w.image);
+  ++w.decodes;
+  for (size_t k = 0; k < outs.size(); ++k) {
+    const SamplePlan& p = w.plans[k];
+    resize_view(p, decoded, w.image, w.resizer, outs[k]);
+    const AugmentOptions& aug = options.views[k].augment;
+    if (!aug.enabled()) continue;
+    SampleRng rng = *p.rng;  // the view's stream after its crop and flip draws
+    RngDrawSource draws(rng);
+    plan_augment(aug, p.output_size, p.output_size, draws, w.augment);
+    apply_augment(w.augment, outs[k], p.output_size, p.output_size, w.scratch);
+  }
+  return d;
+}
+
+}  // namespace gpufeed::transforms
