@@ -6,7 +6,8 @@
 //
 // Quality: a class-sorted dataset (1000 classes x 1300 samples written in class order, shards of
 // 1000 samples, as `gpufeed pack` writes an ImageFolder), batches of 256. Locality: ImageNet's
-// 1,281,167 samples in shards of 1000, and 6 shards of 150, over world sizes 1, 2, 3, 4, 8.
+// 1,281,167 samples in shards of 1000, and 6 shards of 150, over world sizes 1 to 8, with the
+// default window and partitions.
 
 #include <algorithm>
 #include <cmath>
@@ -75,25 +76,25 @@ void print_quality() {
   std::printf(
       "| order | classes / batch | entropy (bits) | vs exact | classes / rank batch, 8 ranks |\n");
   std::printf("|---|---|---|---|---|\n");
-  auto row = [&](const std::string& name, const Indices& list, double exact_entropy) {
+  // list: one rank's order; list8: the lockstep list of 8 ranks (rank 0's part is its order).
+  auto row = [&](const std::string& name, const Indices& list, const Indices& list8, double exact_entropy) {
     const Quality q = quality_of(list, per_class);
-    const Quality r = quality_of(rank_part(list, 8, 0), per_class);
+    const Quality r = quality_of(rank_part(list8, 8, 0), per_class);
     std::printf("| %s | %.1f | %.2f | %.3f | %.1f |\n", name.c_str(), q.classes, q.entropy,
                 exact_entropy > 0 ? q.entropy / exact_entropy : 1.0, r.classes);
     return q.entropy;
   };
   const double exact = row("DistributedSampler (exact)",
-                           distributed_epoch_list(n, {1, 0, true, kSeed, false}, 0), 0);
-  for (const int64_t partitions : {64, 8}) {
-    for (const int64_t window : {1, 4, 8, 16, 64}) {
-      ShardOrderOptions o;
-      o.seed = kSeed;
-      o.window = window;
-      o.partitions = partitions;
-      row("shard-aware, partitions " + std::to_string(partitions) + ", window " +
-              std::to_string(window),
-          shard_aware_epoch_list(sizes, o, 0), exact);
-    }
+                           distributed_epoch_list(n, {1, 0, true, kSeed, false}, 0),
+                           distributed_epoch_list(n, {8, 0, true, kSeed, false}, 0), 0);
+  for (const int64_t window : {1, 4, 8, 16, 64}) {
+    ShardOrderOptions o;
+    o.seed = kSeed;
+    o.window = window;
+    const Indices one = shard_aware_lockstep_list(sizes, o, 0);
+    o.num_replicas = 8;
+    row("shard-aware, partitions " + std::to_string(o.partitions) + ", window " + std::to_string(window), one,
+        shard_aware_lockstep_list(sizes, o, 0), exact);
   }
 }
 
@@ -145,20 +146,21 @@ void print_locality(const std::string& name, const Indices& sizes) {
   int64_t n = 0;
   for (const int64_t s : sizes) n += s;
   std::printf(
-      "\nLocality: %s (%lld samples, %zu shards), window 8, partitions 64 (capped at the "
+      "\nLocality: %s (%lld samples, %zu shards), window %lld, partitions %lld (capped at the "
       "shards)\n\n",
-      name.c_str(), static_cast<long long>(n), sizes.size());
+      name.c_str(), static_cast<long long>(n), sizes.size(), static_cast<long long>(ShardOrderOptions{}.window),
+      static_cast<long long>(ShardOrderOptions{}.partitions));
   std::printf(
       "| world | order | shards / rank (max) | open at once / rank (max) | shard reads / shards "
       "|\n");
   std::printf("|---|---|---|---|---|\n");
-  for (const int64_t world : {1, 2, 3, 4, 8}) {
+  for (const int64_t world : {1, 2, 3, 4, 5, 6, 7, 8}) {
     ShardOrderOptions o;
     o.seed = kSeed;
     o.num_replicas = world;
     const Locality exact =
         locality_of(distributed_epoch_list(n, {world, 0, true, kSeed, false}, 0), sizes, world);
-    const Locality aware = locality_of(shard_aware_epoch_list(sizes, o, 0), sizes, world);
+    const Locality aware = locality_of(shard_aware_lockstep_list(sizes, o, 0), sizes, world);
     for (const auto& [label, l] : {std::pair{"exact", exact}, std::pair{"shard-aware", aware}}) {
       std::printf("| %lld | %s | %lld | %lld | %.2f |\n", static_cast<long long>(world), label,
                   static_cast<long long>(l.most_shards), static_cast<long long>(l.most_open),

@@ -1511,7 +1511,7 @@ TEST(Trainer, TheShardOrderIsRecordedInTheCheckpointAndAnotherOrderIsRefused) {
   const harness::TrainCheckpoint ck = harness::load_train_checkpoint(*o.save_checkpoint);
   EXPECT_EQ(ck.run.shuffle_order, "shards");
   EXPECT_EQ(ck.run.shard_window, 2);
-  EXPECT_EQ(ck.run.shard_partitions, 64);
+  EXPECT_EQ(ck.run.shard_partitions, 24);
   harness::TrainOptions r = o;
   r.resume = o.save_checkpoint;
   r.save_checkpoint = dir.path / "resumed.pt";

@@ -56,7 +56,7 @@ TEST(OptionSchema, DefaultsAreTheStructsOwnAsWritten) {
   // shuffle_order and its knobs: auto, and ShardOrderOptions' own window and partitions.
   EXPECT_EQ(std::get<std::string>(default_of("shuffle_order")), "auto");
   EXPECT_EQ(std::get<int64_t>(default_of("shard_window")), 8);
-  EXPECT_EQ(std::get<int64_t>(default_of("shard_partitions")), 64);
+  EXPECT_EQ(std::get<int64_t>(default_of("shard_partitions")), 24);
 }
 
 TEST(OptionSchema, ApplySetsTheFieldsAndResolvesDerivedDefaults) {

@@ -133,13 +133,19 @@ TEST(RankSampler, LoaderOverShardsDealsTheShardAwareListEverySampleOncePerEpoch)
   so.partitions = 4;
   for (const int64_t epoch : {0, 1}) {
     const auto list = sampler::shard_aware_epoch_list(ds->shard_sizes(), so, epoch);
+    const auto lockstep = sampler::shard_aware_lockstep_list(ds->shard_sizes(), so, epoch);
     ASSERT_EQ(list.size(), 33u);  // 32 samples padded to 11 per rank
+    ASSERT_EQ(lockstep.size(), 33u);
     std::vector<int64_t> seen;
     for (int64_t r = 0; r < world; ++r) {
       auto s = loader::make_rank_sampler(*ds, o, rank_of(r, world), "shards");
       ASSERT_NE(dynamic_cast<sampler::ShardAwareSampler*>(s.get()), nullptr);
       const auto [indices, labels] = run_epoch(ds, s, o, epoch);
-      EXPECT_EQ(indices, sampler::remaining_for_rank(list, 0, world, r)) << "epoch " << epoch << " rank " << r;
+      EXPECT_EQ(indices, sampler::remaining_for_rank(lockstep, 0, world, r)) << "epoch " << epoch << " rank " << r;
+      // Rank r reads its contiguous run of the global list, [floor(32 r / 3), floor(32 (r + 1) / 3)).
+      const int64_t begin = 32 * r / world, end = 32 * (r + 1) / world;
+      EXPECT_EQ(std::vector<int64_t>(indices.begin(), indices.begin() + (end - begin)),
+                std::vector<int64_t>(list.begin() + begin, list.begin() + end));
       for (size_t k = 0; k < indices.size(); ++k) EXPECT_EQ(labels[k], labels_of[static_cast<size_t>(indices[k])]);
       seen.insert(seen.end(), indices.begin(), indices.end());
     }
@@ -150,7 +156,7 @@ TEST(RankSampler, LoaderOverShardsDealsTheShardAwareListEverySampleOncePerEpoch)
     EXPECT_EQ(firsts, all);
     std::sort(seen.begin(), seen.end());
     std::vector<int64_t> expected = all;
-    expected.push_back(list[0]);  // the one padding position repeats the list's start
+    expected.push_back(list[0]);  // the one padding position repeats rank 0's run's start
     std::sort(expected.begin(), expected.end());
     EXPECT_EQ(seen, expected);
   }
@@ -169,7 +175,7 @@ TEST(RankSampler, ShardOrderResumedOnAnotherWorldSizeDeliversTheRestOnce) {
   so.seed = 11;
   so.window = 2;
   so.partitions = 4;
-  const auto list = sampler::shard_aware_epoch_list(ds->shard_sizes(), so, 2);  // 32 positions
+  const auto list = sampler::shard_aware_lockstep_list(ds->shard_sizes(), so, 2);  // 32 positions
   const int64_t consumed = 12;  // 4 ranks x one batch of 3
   std::vector<int64_t> rest;
   for (int64_t r = 0; r < 3; ++r) {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <mutex>
 #include <numeric>
@@ -384,7 +385,9 @@ TEST_F(RemoteReads, AutoPicksShardsForAShardLocalOrderAndSamplesForARandomOne) {
 TEST_F(RemoteReads, AutoReadsWholeShardsForTheShardAwareOrder) {
   RemoteShards d(shards.urls(server.url), source, options("auto", 16));
   const std::vector<ByteBuffer> expected = local_bytes(d, dir.path);
-  gpufeed::sampler::ShardAwareSampler sampler(d.shard_sizes(), {});
+  gpufeed::sampler::ShardOrderOptions one_window;
+  one_window.partitions = 1;  // every shard in one window: the first batch spans several units
+  gpufeed::sampler::ShardAwareSampler sampler(d.shard_sizes(), one_window);
   sampler.set_epoch(1);
   const std::vector<int64_t> order = sampler.indices();
   ASSERT_EQ(order.size(), 190u);
@@ -493,31 +496,33 @@ Epoch run_epoch(std::shared_ptr<Dataset> d, std::shared_ptr<gpufeed::sampler::Sa
   return run_epochs(std::move(d), std::move(sampler), 1, 16, false)[0];
 }
 
-// Three tar shards of 40 of the shared folder's JPEGs each in `dir` (labels: the JPEG's number % 7)
-// and their units of 1 MiB chunks; no shards when the shared folder is absent.
+// `shards` tar shards of `per_shard` of the shared folder's JPEGs each in `dir` (labels: the JPEG's
+// number % 7) and their units of 1 MiB chunks; no shards when the shared folder is absent.
 struct JpegShards {
   std::vector<std::string> local;
   int64_t units = 0;
 };
 
-JpegShards jpeg_shards(const fs::path& dir) {
+JpegShards jpeg_shards(const fs::path& dir, int shards = 3, int per_shard = 40) {
   const fs::path shared = gpufeed::test::shared_dir();
   JpegShards out;
   if (shared.empty() || !fs::exists(shared / "data/imagenet-sample")) return out;
   std::vector<fs::path> jpegs;
   for (const auto& f : fs::directory_iterator(shared / "data/imagenet-sample")) jpegs.push_back(f.path());
   std::sort(jpegs.begin(), jpegs.end());
-  if (jpegs.size() < 120u) throw std::runtime_error("imagenet-sample holds fewer than 120 JPEGs");
-  for (int s = 0; s < 3; ++s) {
+  if (jpegs.size() < static_cast<size_t>(shards * per_shard))
+    throw std::runtime_error("imagenet-sample holds fewer JPEGs than the shards need");
+  for (int s = 0; s < shards; ++s) {
     const fs::path p = dir / ("train-" + std::to_string(s) + ".tar");
     gpufeed::pack::TarWriter w(p);
-    for (int k = 0; k < 40; ++k) {
-      std::ifstream in(jpegs[static_cast<size_t>(s * 40 + k)], std::ios::binary);
+    for (int k = 0; k < per_shard; ++k) {
+      const int j = s * per_shard + k;
+      std::ifstream in(jpegs[static_cast<size_t>(j)], std::ios::binary);
       const std::vector<uint8_t> img((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
       std::string key = "k";
-      key += std::to_string(s * 40 + k);
+      key += std::to_string(j);
       w.add(key + ".jpg", img);
-      const std::string label = std::to_string((s * 40 + k) % 7);
+      const std::string label = std::to_string(j % 7);
       w.add(key + ".cls", std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(label.data()), label.size()));
     }
     w.close();
@@ -580,8 +585,9 @@ TEST(RemoteReadsLoader, BatchesEqualTheLocalShardsInEveryMode) {
 
 // The loader under the shard-aware order (the sampler shuffle_order shards builds) asks its dataset
 // for ReadOrder::kShardRuns, so remote_read auto reads whole shards in every epoch: the second one
-// too, planned while the first ends and announced one batch (4 samples from 3 partitions) at a
-// time, which the per-plan judgement would send to ranged GETs. Batches equal the local tars'.
+// too, planned while the first ends and announced one batch (4 samples) at a time, which the
+// per-plan judgement may send to ranged GETs (4 samples spanning more than 2 units). Batches equal
+// the local tars'.
 TEST(RemoteReadsLoader, AutoReadsWholeShardsUnderTheShardAwareOrder) {
   gpufeed::test::TempDir dir("remote_reads_shard_order");
   const JpegShards js = jpeg_shards(dir.path);
@@ -606,4 +612,79 @@ TEST(RemoteReadsLoader, AutoReadsWholeShardsUnderTheShardAwareOrder) {
   EXPECT_EQ(s.chunks_refetched, 0);
   RecordProperty("units", static_cast<int>(js.units));
   RecordProperty("gets_two_epochs", static_cast<int>(server.gets() - gets));
+}
+
+namespace {
+
+// ShardAwareSampler for epochs 1 and 2, nothing after: the loader plans epoch 3 while epoch 2 ends
+// (prefetch_next_epoch), and an empty plan keeps its reads out of the two epochs' counts.
+class TwoEpochs : public gpufeed::sampler::ShardAwareSampler {
+ public:
+  using ShardAwareSampler::ShardAwareSampler;
+  std::vector<int64_t> indices() const override {
+    return epoch() > 2 ? std::vector<int64_t>{} : ShardAwareSampler::indices();
+  }
+  int64_t size() const override { return epoch() > 2 ? 0 : ShardAwareSampler::size(); }
+};
+
+}  // namespace
+
+// What one epoch costs under the defaults (shuffle_order shards' window 8 and partitions 24,
+// remote_read auto, remote_shards_in_flight 16, chunks of 16 MiB), per rank of a world of 1 and of
+// 4, each rank a loader over its own RemoteShards (its own process in a real run): 48 shards of 5
+// JPEGs (~0.5 MiB each, one GET per shard). Two epochs with prefetch_next_epoch (the second
+// announced batch by batch while the first ends). Over the ranks, every sample once per epoch,
+// at most 2 GETs per shard per epoch and at most 1.1 dataset copies fetched per epoch: each rank
+// reads its own run of the order one window of shards at a time (sampler/shard_order.h). An order
+// interleaving 64 partitions (about window x 64 / world shards open per rank) would fetch its
+// shards again and again with 16 in flight, and ranged GETs per sample would be 240 per epoch.
+TEST(RemoteReadsLoader, EachEpochFetchesAboutOneCopyInAboutOneGetPerShardForWorldSizes1And4) {
+  gpufeed::test::TempDir dir("remote_reads_egress");
+  constexpr int kShards = 48, kPerShard = 5, kEpochs = 2;
+  const JpegShards js = jpeg_shards(dir.path, kShards, kPerShard);
+  if (js.local.empty()) GTEST_SKIP() << "../shared/data/imagenet-sample is absent in this checkout";
+  Server server(dir.path);
+  DataOptions defaults;
+  defaults.index_cache = "off";
+  for (const int64_t world : {1, 4}) {
+    int64_t gets = 0, bytes = 0, dataset_bytes = 0, refetched = 0;
+    std::vector<std::vector<int64_t>> seen(kEpochs);
+    for (int64_t rank = 0; rank < world; ++rank) {
+      auto remote = std::make_shared<RemoteShards>(urls_of(server, js), "egress", defaults);
+      gpufeed::sampler::ShardOrderOptions so;
+      so.num_replicas = world;
+      so.rank = rank;
+      auto sampler = std::make_shared<TwoEpochs>(remote->shard_sizes(), so);
+      const int64_t gets_open = server.gets(), bytes_open = remote->stats().bytes_fetched;
+      const std::vector<Epoch> epochs = run_epochs(remote, sampler, kEpochs + 1, 4, true);
+      const RemoteStats st = remote->stats();
+      gets += server.gets() - gets_open;
+      bytes += st.bytes_fetched - bytes_open;
+      refetched += st.chunks_refetched;
+      dataset_bytes = st.dataset_bytes;
+      ASSERT_TRUE(epochs[kEpochs].indices.empty());
+      for (int e = 0; e < kEpochs; ++e) {
+        seen[e].insert(seen[e].end(), epochs[e].indices.begin(), epochs[e].indices.end());
+      }
+    }
+    for (auto& e : seen) {
+      std::sort(e.begin(), e.end());
+      EXPECT_EQ(e, iota(kShards * kPerShard)) << "world " << world;  // 240 = 4 x 60: no padding
+    }
+    const double per_epoch_copies = static_cast<double>(bytes) / kEpochs / static_cast<double>(dataset_bytes);
+    EXPECT_LE(gets, 2 * kShards * kEpochs) << "world " << world;
+    // Each shard once an epoch, but one a rank held at the end of epoch 1 and needs again early in
+    // epoch 2 may serve both (no GET between them).
+    EXPECT_GE(gets, kShards * kEpochs - 2 * world) << "world " << world;
+    EXPECT_LE(per_epoch_copies, 1.1) << "world " << world;
+    EXPECT_GE(per_epoch_copies, 0.9) << "world " << world;
+    const std::string w = std::to_string(world);
+    RecordProperty("world_" + w + "_gets_per_epoch", static_cast<int>(gets / kEpochs));
+    RecordProperty("world_" + w + "_copies_per_epoch_x1000", static_cast<int>(per_epoch_copies * 1000));
+    RecordProperty("world_" + w + "_chunks_refetched", static_cast<int>(refetched));
+    std::printf("world %lld: %lld GETs per epoch over %d shards, %.3f dataset copies fetched per epoch, "
+                "%lld units refetched\n",
+                static_cast<long long>(world), static_cast<long long>(gets / kEpochs), kShards, per_epoch_copies,
+                static_cast<long long>(refetched));
+  }
 }

@@ -1,7 +1,8 @@
 // The shard-aware order (gpufeed/sampler/shard_order.h): one global list per (seed, epoch) for
 // every world size, every sample once, windows of whole shard pieces, the padding and sizes of
-// DistributedSampler, elastic resume through resume.h, and one rank per shard when the world size
-// divides the partitions.
+// DistributedSampler, each rank a contiguous run of the list, elastic resume through resume.h, one
+// rank per shard when the world size divides the partitions, and one window of shards open per
+// rank for every world size.
 
 #include <gtest/gtest.h>
 
@@ -58,7 +59,8 @@ Indices rank_part(const Indices& sizes, ShardOrderOptions o, int64_t rank, int64
   return s.indices();
 }
 
-// The ranks' parts put back by position: rank r's i-th index sits at r + i * world.
+// The ranks' parts put back by position: rank r's i-th index sits at r + i * world (the lockstep
+// list).
 Indices reassembled(const Indices& sizes, const ShardOrderOptions& o, int64_t epoch) {
   Indices list;
   std::vector<Indices> parts;
@@ -106,9 +108,20 @@ TEST(ShardOrder, OneGlobalListForEveryWorldSize) {
     for (const int64_t world : {1, 2, 3, 4, 8}) {
       const ShardOrderOptions o = order_options(world, 4, 6);
       const Indices list = shard_aware_epoch_list(sizes, o, 3);
-      EXPECT_EQ(reassembled(sizes, o, 3), list) << "n=" << n << " world=" << world;
+      EXPECT_EQ(reassembled(sizes, o, 3), shard_aware_lockstep_list(sizes, o, 3))
+          << "n=" << n << " world=" << world;
       if (n > 0) {
         EXPECT_EQ(head(list, n), one) << "n=" << n << " world=" << world;
+      }
+      // Rank r's first samples are its run of the one list, [floor(r n / W), floor((r + 1) n / W)).
+      Indices runs;
+      for (int64_t r = 0; r < world; ++r) {
+        const Indices mine = rank_part(sizes, o, r, 3);
+        const int64_t size = n * (r + 1) / world - n * r / world;
+        runs.insert(runs.end(), mine.begin(), mine.begin() + std::min<int64_t>(size, mine.size()));
+      }
+      if (n > 0) {
+        EXPECT_EQ(runs, one) << "n=" << n << " world=" << world;
       }
     }
   }
@@ -144,7 +157,8 @@ TEST(ShardOrder, ShuffleOffIsTheSequentialList) {
   EXPECT_EQ(shard_aware_epoch_list(sizes, o, 9), SequentialSampler(total(sizes)).indices());
 }
 
-// Within partition p's stream (positions p, p + P, ...), each shard's samples form one contiguous
+// Within partition p's stream (positions [floor(p n / P), floor((p + 1) n / P))), each shard's
+// samples form one contiguous
 // run of its indices (a piece), and the stream is windows of `window` whole pieces one after the
 // other: cutting the stream wherever every piece begun so far is complete, each closed run holds
 // exactly `window` pieces (the partition's last window fewer). A window mixed into the next, or
@@ -160,7 +174,8 @@ TEST(ShardOrder, WindowsAreWholePiecesYieldedOneAfterAnother) {
     for (int64_t p = 0; p < parts; ++p) {
       std::map<int64_t, Indices> piece;  // shard -> its samples in this stream
       Indices stream;
-      for (size_t k = static_cast<size_t>(p); k < list.size(); k += static_cast<size_t>(parts)) {
+      const auto n = static_cast<int64_t>(list.size());
+      for (auto k = static_cast<size_t>(n * p / parts); k < static_cast<size_t>(n * (p + 1) / parts); ++k) {
         stream.push_back(list[k]);
         piece[shard[static_cast<size_t>(list[k])]].push_back(list[k]);
       }
@@ -224,14 +239,10 @@ TEST(ShardOrder, SizesAndPaddingAreDistributedSamplers) {
 TEST(ShardOrder, EachShardReadByOneRankWhenTheWorldDividesThePartitions) {
   auto ranks_per_shard = [](const Indices& sizes, const ShardOrderOptions& base, int64_t epoch) {
     const Indices shard = shard_of_samples(sizes);
-    const int64_t n = total(sizes);
     std::map<int64_t, std::set<int64_t>> readers;
     for (int64_t r = 0; r < base.num_replicas; ++r) {
-      const Indices mine = rank_part(sizes, base, r, epoch);
-      // Positions r + i * world < n: the padding (positions >= n) repeats the list's start.
-      for (size_t i = 0; r + static_cast<int64_t>(i) * base.num_replicas < n; ++i) {
-        readers[shard[static_cast<size_t>(mine[i])]].insert(r);
-      }
+      // The padding repeats the rank's own run, so its whole part counts.
+      for (const int64_t i : rank_part(sizes, base, r, epoch)) readers[shard[static_cast<size_t>(i)]].insert(r);
     }
     return readers;
   };
@@ -255,6 +266,48 @@ TEST(ShardOrder, EachShardReadByOneRankWhenTheWorldDividesThePartitions) {
         std::count_if(readers.begin(), readers.end(), [](auto& e) { return e.second.size() > 1; });
     EXPECT_LE(split, 7) << "world=" << world;
     for (const auto& [s, ranks] : readers) EXPECT_LE(ranks.size(), 2u);
+  }
+}
+
+// With the default options, a rank has at most `window` shards open at once (a shard is open from
+// its first to its last sample in the rank's run), for every world size from 1 to 8; the shards the
+// ranks read add up to the dataset's when the world size divides the partitions (24), and to at
+// most window more per cut otherwise. 240 equal shards: no shard is split by a partition cut.
+TEST(ShardOrder, OneWindowOfShardsOpenPerRankForEveryWorldSize) {
+  const Indices sizes(240, 10);
+  const Indices shard = shard_of_samples(sizes);
+  const ShardOrderOptions defaults;
+  for (int64_t world = 1; world <= 8; ++world) {
+    ShardOrderOptions o = defaults;
+    o.num_replicas = world;
+    o.seed = 5;
+    int64_t shard_reads = 0;
+    for (int64_t r = 0; r < world; ++r) {
+      const Indices mine = rank_part(sizes, o, r, 4);
+      const int64_t run = 2400 * (r + 1) / world - 2400 * r / world;  // before its padding
+      std::map<int64_t, std::pair<int64_t, int64_t>> span;  // shard -> first, last position
+      for (int64_t k = 0; k < run; ++k) {
+        const int64_t s = shard[static_cast<size_t>(mine[static_cast<size_t>(k)])];
+        auto [it, fresh] = span.try_emplace(s, k, k);
+        it->second.second = k;
+      }
+      std::map<int64_t, int64_t> delta;  // position -> shards opened minus closed
+      for (const auto& [s, fl] : span) {
+        ++delta[fl.first];
+        --delta[fl.second + 1];
+      }
+      int64_t open = 0, most = 0;
+      for (const auto& [k, d] : delta) most = std::max(most, open += d);
+      EXPECT_LE(most, defaults.window) << "world=" << world << " rank " << r;
+      EXPECT_GE(most, 2) << "world=" << world << " rank " << r;  // windows do mix shards
+      shard_reads += static_cast<int64_t>(span.size());
+    }
+    if (defaults.partitions % world == 0) {
+      EXPECT_EQ(shard_reads, 240) << "world=" << world;
+    } else {
+      EXPECT_LE(shard_reads, 240 + (world - 1) * defaults.window) << "world=" << world;
+      EXPECT_GT(shard_reads, 240) << "world=" << world;
+    }
   }
 }
 
@@ -287,7 +340,7 @@ TEST(ShardOrder, ResumesMidEpochOnAnotherWorldSize) {
   for (const auto& [from, to] : std::vector<std::pair<int64_t, int64_t>>{{4, 3}, {2, 4}, {4, 1}}) {
     for (const int64_t k : {0, 1, 5, 9}) {
       const ShardOrderOptions old_o = order_options(from, 8, 6);
-      const Indices list = shard_aware_epoch_list(sizes, old_o, epoch);
+      const Indices list = shard_aware_lockstep_list(sizes, old_o, epoch);
       Indices delivered;
       for (int64_t r = 0; r < from; ++r) {
         const Indices mine = rank_part(sizes, old_o, r, epoch);
@@ -312,7 +365,7 @@ TEST(ShardOrder, ResumesMidEpochOnAnotherWorldSize) {
       }
       // Nothing consumed: the epoch is the new world's own list (its padding, not the old one's).
       const Indices whole =
-          consumed > 0 ? list : shard_aware_epoch_list(sizes, order_options(to, 8, 6), epoch);
+          consumed > 0 ? list : shard_aware_lockstep_list(sizes, order_options(to, 8, 6), epoch);
       EXPECT_EQ(sorted(delivered), sorted(whole)) << from << "->" << to << " k=" << k;
       std::set<int64_t> distinct(delivered.begin(), delivered.end());
       EXPECT_EQ(static_cast<int64_t>(distinct.size()), total(sizes));

@@ -61,18 +61,19 @@ Schema<LoaderOptions> make_loader_schema() {
         [](const LoaderOptions& o) -> Value { return static_cast<int64_t>(o.seed); });
   s.add({.name = "shuffle_order", .type = Type::kChoice,
          .help = "the shuffled order dealt to the ranks: exact = DistributedSampler's, index for index PyTorch's; "
-                 "shards = the shard-aware order (whole shards mixed within a window, the same global order for any "
-                 "world size; needs .tar shards); auto = shards for remote (URL) shards, exact otherwise",
+                 "shards = the shard-aware order (whole shards mixed within a window, one global order for any "
+                 "world size, each rank reading a contiguous run of it; needs .tar shards); auto = shards for remote (URL) shards, exact otherwise",
          .words = {"auto", "exact", "shards"}},
         [](LoaderOptions& o, const Value& v) { o.shuffle_order = parse_shuffle_order(std::get<std::string>(v)); },
         [](const LoaderOptions& o) -> Value { return std::string(to_string(o.shuffle_order)); });
   s.member({.name = "shard_window", .type = Type::kInt,
-            .help = "shuffle_order shards: shards (or pieces of shards) whose samples are shuffled together",
+            .help = "shuffle_order shards: shards (or pieces of shards) whose samples are shuffled together, the "
+                    "shards a rank holds open at once (keep it at most half of remote_shards_in_flight)",
             .unit = "shards", .min = 1},
            &LoaderOptions::shard_window);
   s.member({.name = "shard_partitions", .type = Type::kInt,
-            .help = "shuffle_order shards: streams of shards interleaved into the global order; each shard goes to "
-                    "one rank per epoch when the world size divides it",
+            .help = "shuffle_order shards: runs of shards the global order is cut into; each shard goes to one rank "
+                    "per epoch when the world size divides it (24: 1, 2, 3, 4, 6, 8, 12, 24)",
             .min = 1},
            &LoaderOptions::shard_partitions);
   s.add({.name = "on_error", .type = Type::kChoice,

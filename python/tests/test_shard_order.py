@@ -1,6 +1,6 @@
 """gpufeed.DataLoader's shard-aware order (shuffle_order="shards", docs/DATASETS.md, "Shuffle
 order") over shards packed by `gpufeed pack`: every sample once per epoch, one global order for
-every world size, a mid-epoch state_dict resumed on another world size delivering the rest once,
+every world size of which each rank reads a contiguous run, a mid-epoch state_dict resumed on another world size delivering the rest once,
 and `auto` choosing "shards" for remote shards (over a local HTTP server) and "exact" otherwise."""
 import pathlib
 import re
@@ -48,8 +48,8 @@ def take(loader, it, k=None):
     return out
 
 
-def global_order(data, world, epoch=EPOCH, iterate=False):
-    """The epoch's global list as the ranks deal it: position p is rank p % world's p // world-th index."""
+def rank_orders(data, world, epoch=EPOCH, iterate=False):
+    """Each rank's indices of the epoch."""
     ranks = []
     for rank in range(world):
         loader = loader_for(data, world, rank)
@@ -59,22 +59,33 @@ def global_order(data, world, epoch=EPOCH, iterate=False):
         if iterate:
             assert take(loader, iter(loader)) == mine
         ranks.append(mine)
+    return ranks
+
+
+def global_order(data, world, epoch=EPOCH, iterate=False):
+    """The epoch as the ranks consume it in lockstep: position p is rank p % world's p // world-th index."""
+    ranks = rank_orders(data, world, epoch, iterate)
     return [ranks[p % world][p // world] for p in range(len(ranks[0]) * world)]
 
 
 def test_every_sample_once_per_epoch_and_one_global_order_for_world_sizes_1_to_4(packed):
-    orders = {w: global_order(packed, w, iterate=w in (1, 3)) for w in (1, 2, 3, 4)}
-    for w, order in orders.items():
-        assert sorted(order[:N]) == list(range(N)), w
-        assert order[N:] == order[:len(order) - N], w  # DistributedSampler's padding: the list's start
-        assert order[:N] == orders[1], w
+    orders = {w: rank_orders(packed, w, iterate=w in (1, 3)) for w in (1, 2, 3, 4)}
+    one = orders[1][0]
+    assert sorted(one) == list(range(N))
+    for w, ranks in orders.items():
+        # Rank r reads the run [N r // w, N (r + 1) // w) of the one global list, then (padding)
+        # repeats its run's start.
+        runs = [one[N * r // w:N * (r + 1) // w] for r in range(w)]
+        for mine, run in zip(ranks, runs):
+            assert len(mine) == -(-N // w), w
+            assert mine == (run * 2)[:len(mine)], w
     # Not DistributedSampler's order, and another one each epoch.
     exact = loader_for(packed, 1, 0, shuffle_order="exact")
     exact.set_epoch(EPOCH)
-    assert list(exact.indices()) != orders[1]
-    assert global_order(packed, 1, EPOCH + 1) != orders[1]
-    # Whole shards stay together: with window 2 and 4 partitions, a run of 4 positions on one
-    # rank of 4 comes from few shards (samples 4s..4s+3 are shard s).
+    assert list(exact.indices()) != one
+    assert global_order(packed, 1, EPOCH + 1) != one
+    # Whole shards stay together: with 4 partitions, rank 0 of 4 reads partition 0 (6 samples),
+    # from at most 3 shards (samples 4s..4s+3 are shard s).
     loader = loader_for(packed, 4, 0)
     assert loader.shuffle_order == "shards" and loader.sampler.shuffle_order == "shards"
     loader.set_epoch(EPOCH)

@@ -50,31 +50,33 @@ int64_t total_samples(const std::vector<int64_t>& shard_sizes) {
   return std::accumulate(shard_sizes.begin(), shard_sizes.end(), int64_t{0});
 }
 
+// floor(k * n / parts) without overflow for the sizes a dataset has (n < 2^40, parts < 2^20).
+int64_t cut(int64_t n, int64_t k, int64_t parts) { return k * n / parts; }
+
 int64_t total_size_of(int64_t n, const ShardOrderOptions& o, int64_t num_replicas) {
   return DistributedSampler(n, {num_replicas, 0, o.shuffle, o.seed, o.drop_last}).total_size();
 }
 
-// Step 1: the shards in permuted order, cut into `parts` runs of n / parts samples (the first
-// n % parts one more); a shard across a cut becomes one piece per side.
+// Step 1: the shards in permuted order, cut into `parts` runs, partition p holding positions
+// [floor(p * n / parts), floor((p + 1) * n / parts)); a shard across a cut becomes one piece per
+// side. These cuts are where shard_aware_lockstep_list cuts the ranks' runs when the world size divides
+// `parts`, so no partition is shared by two ranks.
 std::vector<std::vector<Piece>> cut_into_partitions(const std::vector<int64_t>& shard_sizes,
                                                     int64_t parts, uint64_t seed) {
   std::vector<int64_t> offsets(shard_sizes.size(), 0);
   std::exclusive_scan(shard_sizes.begin(), shard_sizes.end(), offsets.begin(), int64_t{0});
   const int64_t n = total_samples(shard_sizes);
   std::vector<std::vector<Piece>> out(static_cast<size_t>(parts));
-  int64_t p = 0, room = n / parts + (n % parts > 0 ? 1 : 0);
+  int64_t p = 0, placed = 0;
   for (const int64_t s : randperm(static_cast<int64_t>(shard_sizes.size()), seed)) {
     int64_t begin = offsets[static_cast<size_t>(s)];
     const int64_t end = begin + shard_sizes[static_cast<size_t>(s)];
     while (begin < end) {
-      if (room == 0) {
-        ++p;
-        room = n / parts + (p < n % parts ? 1 : 0);
-      }
-      const int64_t take = std::min(room, end - begin);
+      while (placed == cut(n, p + 1, parts)) ++p;
+      const int64_t take = std::min(cut(n, p + 1, parts) - placed, end - begin);
       out[static_cast<size_t>(p)].push_back({begin, begin + take});
       begin += take;
-      room -= take;
+      placed += take;
     }
   }
   return out;
@@ -109,13 +111,19 @@ std::vector<int64_t> shuffled_list(const std::vector<int64_t>& shard_sizes,
     streams.push_back(
         partition_stream(partitions[static_cast<size_t>(p)], o.window, epoch_seed, p));
   }
-  // Step 3: position k from partition k % parts; the cut makes the streams' lengths fit exactly.
-  const int64_t n = total_samples(shard_sizes);
-  std::vector<int64_t> list(static_cast<size_t>(n));
-  for (int64_t k = 0; k < n; ++k) {
-    list[static_cast<size_t>(k)] =
-        streams[static_cast<size_t>(k % parts)][static_cast<size_t>(k / parts)];
-  }
+  // Step 3: the streams one after the other.
+  std::vector<int64_t> list;
+  list.reserve(static_cast<size_t>(total_samples(shard_sizes)));
+  for (const auto& stream : streams) list.insert(list.end(), stream.begin(), stream.end());
+  return list;
+}
+
+// Positions [0, n) of the epoch's list (shuffled or not), before padding.
+std::vector<int64_t> unpadded_list(const std::vector<int64_t>& shard_sizes,
+                                   const ShardOrderOptions& options, int64_t epoch) {
+  if (options.shuffle) return shuffled_list(shard_sizes, options, epoch);
+  std::vector<int64_t> list(static_cast<size_t>(total_samples(shard_sizes)));
+  std::iota(list.begin(), list.end(), int64_t{0});
   return list;
 }
 
@@ -142,14 +150,26 @@ std::vector<int64_t> shard_aware_epoch_list(const std::vector<int64_t>& shard_si
                                             const ShardOrderOptions& options, int64_t epoch) {
   validate(shard_sizes, options);
   const int64_t n = total_samples(shard_sizes);
-  std::vector<int64_t> list;
-  if (options.shuffle) {
-    list = shuffled_list(shard_sizes, options, epoch);
-  } else {
-    list.resize(static_cast<size_t>(n));
-    std::iota(list.begin(), list.end(), int64_t{0});
+  return fit_to_total_size(unpadded_list(shard_sizes, options, epoch),
+                           total_size_of(n, options, options.num_replicas));
+}
+
+std::vector<int64_t> shard_aware_lockstep_list(const std::vector<int64_t>& shard_sizes,
+                                               const ShardOrderOptions& options, int64_t epoch) {
+  validate(shard_sizes, options);
+  const std::vector<int64_t> list = unpadded_list(shard_sizes, options, epoch);
+  const int64_t n = static_cast<int64_t>(list.size()), world = options.num_replicas;
+  const int64_t per_rank = total_size_of(n, options, world) / world;
+  std::vector<int64_t> out(static_cast<size_t>(per_rank * world));
+  for (int64_t r = 0; r < world; ++r) {
+    // Rank r's run; padding repeats the run's own start, so it opens no shard of another rank.
+    const int64_t begin = cut(n, r, world), size = cut(n, r + 1, world) - begin;
+    for (int64_t j = 0; j < per_rank; ++j) {
+      const int64_t k = size > 0 ? begin + j % size : j % n;
+      out[static_cast<size_t>(j * world + r)] = list[static_cast<size_t>(k)];
+    }
   }
-  return fit_to_total_size(std::move(list), total_size_of(n, options, options.num_replicas));
+  return out;
 }
 
 ShardAwareSampler::ShardAwareSampler(std::vector<int64_t> shard_sizes, ShardOrderOptions options,
@@ -186,7 +206,7 @@ bool ShardAwareSampler::resuming() const {
 std::vector<int64_t> ShardAwareSampler::indices() const {
   ShardOrderOptions o = options_;
   if (resuming()) o.num_replicas = resume_->num_replicas;
-  return remaining_for_rank(shard_aware_epoch_list(shard_sizes_, o, epoch_),
+  return remaining_for_rank(shard_aware_lockstep_list(shard_sizes_, o, epoch_),
                             resuming() ? resume_->consumed : 0, options_.num_replicas,
                             options_.rank);
 }
