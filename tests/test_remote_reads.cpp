@@ -16,6 +16,7 @@
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "gpufeed/datasets/dataset.h"
@@ -631,16 +632,17 @@ class TwoEpochs : public gpufeed::sampler::ShardAwareSampler {
 
 // What one epoch costs under the defaults (shuffle_order shards' window 8 and partitions 24,
 // remote_read auto, remote_shards_in_flight 16, chunks of 16 MiB), per rank of a world of 1 and of
-// 4, each rank a loader over its own RemoteShards (its own process in a real run): 48 shards of 5
+// 4, each rank a loader over its own RemoteShards (its own process in a real run): 96 shards of 5
 // JPEGs (~0.5 MiB each, one GET per shard). Two epochs with prefetch_next_epoch (the second
 // announced batch by batch while the first ends). Over the ranks, every sample once per epoch,
-// at most 2 GETs per shard per epoch and at most 1.1 dataset copies fetched per epoch: each rank
+// at most 2 GETs per shard per epoch and at most 1.1 dataset copies fetched per epoch (and each
+// rank within 2 GETs per shard of the shards its own runs touch, 24 per epoch at W = 4): each rank
 // reads its own run of the order one window of shards at a time (sampler/shard_order.h). An order
 // interleaving 64 partitions (about window x 64 / world shards open per rank) would fetch its
-// shards again and again with 16 in flight, and ranged GETs per sample would be 240 per epoch.
+// shards again and again with 16 in flight, and ranged GETs per sample would be 480 per epoch.
 TEST(RemoteReadsLoader, EachEpochFetchesAboutOneCopyInAboutOneGetPerShardForWorldSizes1And4) {
   gpufeed::test::TempDir dir("remote_reads_egress");
-  constexpr int kShards = 48, kPerShard = 5, kEpochs = 2;
+  constexpr int kShards = 96, kPerShard = 5, kEpochs = 2;
   const JpegShards js = jpeg_shards(dir.path, kShards, kPerShard);
   if (js.local.empty()) GTEST_SKIP() << "../shared/data/imagenet-sample is absent in this checkout";
   Server server(dir.path);
@@ -658,6 +660,24 @@ TEST(RemoteReadsLoader, EachEpochFetchesAboutOneCopyInAboutOneGetPerShardForWorl
       const int64_t gets_open = server.gets(), bytes_open = remote->stats().bytes_fetched;
       const std::vector<Epoch> epochs = run_epochs(remote, sampler, kEpochs + 1, 4, true);
       const RemoteStats st = remote->stats();
+
+      // This rank's own bound: the shards its runs of the two epochs touch, and their bytes.
+      int64_t own_shards = 0, own_bytes = 0;
+      for (int e = 0; e < kEpochs; ++e) {
+        std::set<int64_t> touched;
+        for (const int64_t i : epochs[static_cast<size_t>(e)].indices) touched.insert(i / kPerShard);
+        own_shards += static_cast<int64_t>(touched.size());
+        for (const int64_t s : touched) own_bytes += static_cast<int64_t>(fs::file_size(js.local[static_cast<size_t>(s)]));
+      }
+      EXPECT_LE(server.gets() - gets_open, 2 * own_shards) << "world " << world << " rank " << rank;
+      // A shard that epoch 2's first batches (decoded ahead, announced one batch at a time) read
+      // is dropped once read, before start_epoch announces the rest, and fetched again if the
+      // rest needs it: a few shards per rank, timing-bound, hence 1.25 here and 1.1 summed.
+      EXPECT_LE(static_cast<double>(st.bytes_fetched - bytes_open), 1.25 * static_cast<double>(own_bytes))
+          << "world " << world << " rank " << rank;
+      if (world > 1) {
+        EXPECT_LE(own_shards, kEpochs * (kShards / world)) << "rank " << rank;  // 4 divides 24
+      }
       gets += server.gets() - gets_open;
       bytes += st.bytes_fetched - bytes_open;
       refetched += st.chunks_refetched;
@@ -669,15 +689,15 @@ TEST(RemoteReadsLoader, EachEpochFetchesAboutOneCopyInAboutOneGetPerShardForWorl
     }
     for (auto& e : seen) {
       std::sort(e.begin(), e.end());
-      EXPECT_EQ(e, iota(kShards * kPerShard)) << "world " << world;  // 240 = 4 x 60: no padding
+      EXPECT_EQ(e, iota(kShards * kPerShard)) << "world " << world;  // 480 = 4 x 120: no padding
     }
     const double per_epoch_copies = static_cast<double>(bytes) / kEpochs / static_cast<double>(dataset_bytes);
     EXPECT_LE(gets, 2 * kShards * kEpochs) << "world " << world;
-    // Each shard once an epoch, but one a rank held at the end of epoch 1 and needs again early in
-    // epoch 2 may serve both (no GET between them).
-    EXPECT_GE(gets, kShards * kEpochs - 2 * world) << "world " << world;
+    // Each shard at least once (one a rank holds at the end of epoch 1 and needs again early in
+    // epoch 2 serves both).
+    EXPECT_GE(gets, kShards) << "world " << world;
     EXPECT_LE(per_epoch_copies, 1.1) << "world " << world;
-    EXPECT_GE(per_epoch_copies, 0.9) << "world " << world;
+    EXPECT_GE(per_epoch_copies, 0.5) << "world " << world;
     const std::string w = std::to_string(world);
     RecordProperty("world_" + w + "_gets_per_epoch", static_cast<int>(gets / kEpochs));
     RecordProperty("world_" + w + "_copies_per_epoch_x1000", static_cast<int>(per_epoch_copies * 1000));
