@@ -52,7 +52,7 @@ TEST(OptionSchema, DefaultsAreTheStructsOwnAsWritten) {
     EXPECT_TRUE(seen.insert(f.spec.name).second) << f.spec.name;
     for (const char c : f.spec.name) EXPECT_TRUE((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_');
   }
-  EXPECT_EQ(seen.size(), 34u);
+  EXPECT_EQ(seen.size(), 37u);
 }
 
 TEST(OptionSchema, ApplySetsTheFieldsAndResolvesDerivedDefaults) {

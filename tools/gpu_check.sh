@@ -10,6 +10,7 @@
 #      layouts and all dtypes; the copy/compute overlap test (<= 1.05x compute-only step time,
 #      CUDA events); test_prefetch.
 #      The GPU decode test: decode_device gpu rows against the CPU path's (difference printed).
+#      Multi-crop views on CUDA against the CPU path's (python/tests/test_multicrop.py).
 #   2. H2D bandwidth from pinned slots vs a plain cudaMemcpyAsync peak, same run
 #      (gpufeed_gpu_bench), and the fused conversion kernel's time.
 #   3. Synthetic ImageNet-sized JPEGs generated there; the GPU decode bench: `gpufeed train`
@@ -84,6 +85,9 @@ run test_prefetch 45 "$B/bin/test_prefetch"
 # decode_device from Python (the wheel's _C): batches decoded on the GPU against the CPU path's.
 [ -d "$B/py/gpufeed" ] && run pytest_gpu_decode 60 env PYTHONPATH="$PWD/$B/py" "$PY" -m pytest -q -s -p no:cacheprovider \
   python/tests/test_gpu_decode.py
+# Multi-crop views on CUDA (the engine's per-view copies and conversions) against the CPU path's.
+[ -d "$B/py/gpufeed" ] && run pytest_multicrop 60 env PYTHONPATH="$PWD/$B/py" "$PY" -m pytest -q -s -p no:cacheprovider \
+  python/tests/test_multicrop.py
 run h2d_bench 45 "$B/bin/gpufeed_gpu_bench" 256 224
 
 if [ "$DRY" = 1 ]; then

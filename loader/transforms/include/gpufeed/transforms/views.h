@@ -28,7 +28,9 @@
 // or 0.4..1 in DINOv2), so their union is usually near the whole image already.
 
 #include <cstdint>
+#include <map>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -56,9 +58,54 @@ struct ViewOptions {
 /// K >= 1 views of every sample, in order (DINO: 2 global crops, then the local ones).
 struct ViewsOptions {
   std::vector<ViewOptions> views;
+  /// The preset these views came from (views_preset), for display and the option schema; empty
+  /// for views described one by one (views_from_rows).
+  std::string preset;
+  /// views_preset's local_crops_number (-1: the preset's own); kept so the schema can rebuild it.
+  int local_crops_number = -1;
+  bool empty() const { return views.empty(); }
   /// Throws std::invalid_argument for no views, or naming the view (its index) that is invalid.
   void validate() const;
 };
+
+/// The view the train transform `t` describes: its rrc, interpolation, flip_probability and
+/// augment. Throws std::invalid_argument for an eval transform.
+ViewOptions view_of(const TransformOptions& t);
+/// The train transform that describes view `v` (view_of's inverse).
+TransformOptions transform_of(const ViewOptions& v);
+
+/// The keywords a view is written with, transform_options_schema()'s names less "train" and
+/// "resize_size": image_size, scale, ratio, interpolation, hflip_p and the augmentations'.
+const std::vector<std::string>& view_keywords();
+
+/// Views described one by one, each a map of view_keywords() to values applied, as the
+/// transform's schema applies them, over the default train transform (RandomResizedCrop(224),
+/// bilinear, flip 0.5, no augmentation). Throws options::OptionError naming the view (its index)
+/// and the keyword for an unknown or refused keyword; std::invalid_argument for no rows.
+ViewsOptions views_from_rows(const std::vector<std::map<std::string, options::Value>>& rows);
+/// Every view's view_keywords() and values (views_from_rows(views_to_rows(v)) == v's views).
+std::vector<std::map<std::string, options::Value>> views_to_rows(const ViewsOptions& views);
+
+/// The presets' names: "dino", "dinov2", "dinov2_paper".
+const std::vector<std::string>& views_preset_names();
+
+/// A self-supervised recipe's views: 2 global crops (224 px) then `local_crops_number` local crops
+/// (96 px; -1 = the recipe's 8), all bicubic, each with RandomHorizontalFlip(0.5),
+/// RandomApply(ColorJitter(0.4, 0.4, 0.2, 0.1), p=0.8) and RandomGrayscale(0.2), a GaussianBlur
+/// (kernel 9, sigma 0.1..2.0) with a per-view probability, and RandomSolarize(128, p=0.2) on the
+/// second global crop:
+///   "dino"          facebookresearch/dino main_dino.py DataAugmentationDINO, its defaults: global
+///                   scale (0.4, 1), local (0.05, 0.4); blur p 1.0 / 0.1 / 0.5 (global 1 / 2 /
+///                   local). DINO blurs with PIL's GaussianBlur(radius); gpufeed with torchvision's
+///                   GaussianBlur(9, sigma), the kernel DINOv2 uses for the same radius range.
+///   "dinov2"        facebookresearch/dinov2 data/augmentations.py as its code runs: global scale
+///                   (0.32, 1), local (0.05, 0.32); its GaussianBlur(p) hands 1 - p to RandomApply,
+///                   so the blur probabilities in force are 0.0 / 0.9 / 0.5.
+///   "dinov2_paper"  the same with the probabilities its code writes and the paper states:
+///                   1.0 / 0.1 / 0.5.
+/// Throws std::invalid_argument naming the presets for another name, or for local_crops_number
+/// outside [-1, 64].
+ViewsOptions views_preset(std::string_view name, int local_crops_number = -1);
 
 /// Plans view `view` (its index in ViewsOptions::views) of sample `index` in `epoch` for a
 /// width x height source: plan_sample's train plan (box, region, flip, filter, output size, and
@@ -98,6 +145,9 @@ struct ViewsWorker {
   AugmentScratch scratch;
   /// Decoder::decode calls made by decode_views_into (the only place it decodes): one per sample.
   int64_t decodes = 0;
+  /// Nanoseconds decode_views_into spent probing, planning and decoding (steady clock), summed;
+  /// the rest of its time is the views' resizes and augmentations.
+  int64_t decode_ns = 0;
 };
 
 /// Sample `index` of `epoch` (the file in `bytes`, named `source` in errors) into K outputs:
