@@ -112,6 +112,23 @@ void resize_view(const SamplePlan& plan, const decode::DecodeResult& result,
                  static_cast<size_t>(o) * 3, plan.flip, plan.filter);
 }
 
+double decode_cost(const decode::ImageInfo& info, const decode::DecodeOptions& d) {
+  const double w = info.width, h = info.height;
+  CropRect c = d.crop;
+  if (c.width <= 0) c = {0, 0, info.width, info.height};
+  const double bottom = info.progressive ? h : std::min<double>(h, c.y + c.height);
+  const double area = static_cast<double>(c.width) * c.height;
+  return (kEntropyShare * w * bottom + (decode::scale_cost(d.scale) - kEntropyShare) * area) / (w * h);
+}
+
+bool decode_views_separately(std::span<const SamplePlan> plans, const decode::ImageInfo& info,
+                             const decode::DecodeOptions& base) {
+  if (plans.size() < 2 || info.format != decode::ImageFormat::kJpeg) return false;
+  double separate = 0;
+  for (const SamplePlan& p : plans) separate += decode_cost(info, decode_options_for(p, info, base));
+  return separate < 0.9 * decode_cost(info, decode_options_for_views(plans, info, base));
+}
+
 decode::DecodeOptions decode_views_into(std::span<const uint8_t> bytes, std::string_view source,
                                         const ViewsOptions& options,
                                         const decode::DecodeOptions& base, uint64_t seed,
@@ -129,12 +146,24 @@ decode::DecodeOptions decode_views_into(std::span<const uint8_t> bytes, std::str
   plan_views(options, upright ? info.height : info.width, upright ? info.width : info.height, seed,
              epoch, index, w.plans);
   const decode::DecodeOptions d = decode_options_for_views(w.plans, info, base);
-  const decode::DecodeResult decoded = w.decoder.decode(bytes, source, d, w.image);
-  ++w.decodes;
+  const bool separately = decode_views_separately(w.plans, info, base);
+  decode::DecodeResult decoded{};
+  const auto decode_now = [&](const decode::DecodeOptions& options) {
+    const auto start = std::chrono::steady_clock::now();
+    decoded = w.decoder.decode(bytes, source, options, w.image);
+    ++w.decodes;
+    w.decode_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  };
   w.decode_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  if (!separately) decode_now(d);
   for (size_t k = 0; k < outs.size(); ++k) {
     const SamplePlan& p = w.plans[k];
-    resize_view(p, decoded, w.image, w.resizer, outs[k]);
+    if (separately) {
+      decode_now(decode_options_for(p, info, base));
+      resize_sample(p, decoded, w.image, w.resizer, outs[k]);
+    } else {
+      resize_view(p, decoded, w.image, w.resizer, outs[k]);
+    }
     const AugmentOptions& aug = options.views[k].augment;
     if (!aug.enabled()) continue;
     SampleRng rng = *p.rng;  // the view's stream after its crop and flip draws

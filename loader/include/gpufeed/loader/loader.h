@@ -216,8 +216,9 @@ struct LoaderStats {
   double resize_s = 0;        ///< summed over threads: resize + flip into the slot
   int64_t decoded_pixels = 0; ///< pixels the decoder produced (DCT scaling and crops shrink this)
   /// Decoder::decode calls that produced pixels: one per sample written, views or not (a sample
-  /// with K views is decoded once), replacements under the skip policy included; samples left
-  /// to the GPU decoder (decode_device gpu/auto) are not counted.
+  /// with K views is decoded once, but for the rare samples whose views
+  /// transforms::decode_views_separately decodes one by one), replacements under the skip policy
+  /// included; samples left to the GPU decoder (decode_device gpu/auto) are not counted.
   int64_t decodes = 0;
 };
 

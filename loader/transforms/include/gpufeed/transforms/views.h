@@ -17,15 +17,15 @@
 // pixels, and a JPEG's chroma upsampling near a crop edge may differ from a decode cropped to
 // that view alone.
 //
-// When decoding views separately would be cheaper: libjpeg's cost grows with the scaled area it
-// produces (rows x decoded columns) times scale_cost(scale). Small local crops far apart in a
-// large image make the union mostly pixels no view uses, and force the global views' finer scale
-// on them. A cost rule would compare
-//   scale_cost(s_max) * area(union at s_max)  against  sum_k scale_cost(s_k) * area(box_k at s_k)
-// (plus the entropy decoding of the rows above each crop, which every separate decode repeats,
-// and the per-decode setup), and decode separately when the sum is clearly smaller. The rule here
-// is the union, always: DINO's global crops cover most of the image (scale 0.32..1 in DINO, 0.32
-// or 0.4..1 in DINOv2), so their union is usually near the whole image already.
+// When decoding views separately is cheaper (decode_views_separately): small crops far apart in a
+// large image make the union mostly pixels no view uses, and force the finest view's scale on
+// them. The choice is by decode_cost, a model of libjpeg-turbo's time: Huffman decoding of every
+// row down to the crop's bottom, whole rows (libjpeg cannot skip entropy data; jpeg_skip_scanlines
+// and jpeg_crop_scanline save only the IDCT, upsampling and colour conversion), plus those for
+// the crop's own pixels at its scale. Each separate decode repeats the entropy decoding of the
+// rows above its crop, so with DINO's 10 views the union always wins; with two small crops at the
+// top and the bottom of a large image the separate decodes do. Then each view is decoded as the
+// single-view path decodes it (decode_options_for, resize_sample): byte-equal to it.
 
 #include <cstdint>
 #include <map>
@@ -135,6 +135,23 @@ decode::DecodeOptions decode_options_for_views(std::span<const SamplePlan> plans
 void resize_view(const SamplePlan& plan, const decode::DecodeResult& result,
                  const decode::ImageBuffer& image, Resizer& resizer, uint8_t* out);
 
+/// The model's CPU cost of a decode with options `d` of the JPEG with header `info`, in units of
+/// one whole-image decode at 8/8 (decode::scale_cost's unit), per source pixel:
+///   kEntropyShare * width * min(height, crop bottom)        (entropy decoding; whole image for
+///                                                             progressive JPEGs)
+///   + (scale_cost(d.scale) - kEntropyShare) * crop area      (IDCT, upsampling, colour)
+/// all over width * height. kEntropyShare = 0.7: a 1/8 decode costs 0.76 (scale_cost), and its
+/// IDCT and colour conversion make 1/64 of the pixels, so nearly all of that is entropy decoding.
+double decode_cost(const decode::ImageInfo& info, const decode::DecodeOptions& d);
+inline constexpr double kEntropyShare = 0.7;
+
+/// Whether the views `plans` of a source with header `info` decode more cheaply one by one
+/// (decode_options_for each) than as one union decode (decode_options_for_views): the sum of
+/// their decode_cost below 0.9 x the union's. False for other formats than JPEG (they decode
+/// whole either way) and for one plan.
+bool decode_views_separately(std::span<const SamplePlan> plans, const decode::ImageInfo& info,
+                             const decode::DecodeOptions& base);
+
 /// Per-thread state of decode_views_into, reused from sample to sample.
 struct ViewsWorker {
   decode::Decoder decoder;
@@ -143,7 +160,8 @@ struct ViewsWorker {
   std::vector<SamplePlan> plans;
   AugmentPlan augment;
   AugmentScratch scratch;
-  /// Decoder::decode calls made by decode_views_into (the only place it decodes): one per sample.
+  /// Decoder::decode calls made by decode_views_into (the only place it decodes): one per sample,
+  /// or one per view for the samples decode_views_separately decodes view by view.
   int64_t decodes = 0;
   /// Nanoseconds decode_views_into spent probing, planning and decoding (steady clock), summed;
   /// the rest of its time is the views' resizes and augmentations.
@@ -154,8 +172,10 @@ struct ViewsWorker {
 /// probe, plan_views (in the frame the decoder returns: displayed when base applies the EXIF
 /// orientation), one decode with decode_options_for_views, then per view resize_view into
 /// outs[k] and its augmentations (plan_augment + apply_augment continuing the view's stream).
-/// `options` must be valid. Throws std::invalid_argument when outs.size() != K; DecodeError as
-/// Decoder::decode. Returns the decode's options (the union crop and the scale).
+/// Where decode_views_separately says so, each view is decoded on its own instead
+/// (decode_options_for + resize_sample, the single-view path). `options` must be valid. Throws
+/// std::invalid_argument when outs.size() != K; DecodeError as Decoder::decode. Returns the union
+/// decode's options (the union crop and the scale), whichever way it decoded.
 decode::DecodeOptions decode_views_into(std::span<const uint8_t> bytes, std::string_view source,
                                         const ViewsOptions& options,
                                         const decode::DecodeOptions& base, uint64_t seed,
