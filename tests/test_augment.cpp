@@ -474,7 +474,7 @@ TEST(Augment, HueKernelsGiveTheSameBytesForEveryColour) {
     all[3 * c + 2] = static_cast<uint8_t>(c);
   }
   for (size_t k = size_t{3} << 24; k < all.size(); ++k) all[k] = static_cast<uint8_t>(k * 37);
-  for (const double factor : {0.1, -0.37, 0.5, -0.5, 0.0131}) {
+  for (const double factor : {0.1, -0.5, 0.37}) {
     std::vector<uint8_t> scalar = all, avx2 = all;
     adjust_hue(scalar.data(), 1, width * height + 5, factor, HueKernel::kScalar);
     adjust_hue(avx2.data(), 1, width * height + 5, factor, HueKernel::kAvx2);
