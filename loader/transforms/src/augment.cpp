@@ -152,6 +152,96 @@ const GrayTables& gray_tables() {
   return t;
 }
 
+#if defined(__x86_64__)
+// GrayTables::gray_floor of 4 pixels (r, g, b as int32 lanes): the same float and double
+// operations (the tables hold exact products: a float product widened, and an 8-bit integer
+// times a float, exact in double), so the same values.
+__attribute__((target("avx2"), always_inline)) inline __m128 gray_floor4(__m128i r, __m128i g, __m128i b) {
+  const __m256d red = _mm256_cvtps_pd(_mm_mul_ps(_mm_cvtepi32_ps(r), _mm_set1_ps(0.2989f)));
+  const __m256d green = _mm256_mul_pd(_mm256_cvtepi32_pd(g), _mm256_set1_pd(static_cast<double>(0.587f)));
+  const __m128 l = _mm256_cvtpd_ps(_mm256_add_pd(red, green));
+  const __m256d blue = _mm256_mul_pd(_mm256_cvtepi32_pd(b), _mm256_set1_pd(static_cast<double>(0.114f)));
+  const __m128 t = _mm256_cvtpd_ps(_mm256_add_pd(_mm256_cvtps_pd(l), blue));
+  return _mm_round_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+}
+
+// The r, g, b bytes of 4 pixels at `px` as int32 lanes.
+__attribute__((target("avx2"), always_inline)) inline void load_rgb4(const uint8_t* px, __m128i& r, __m128i& g,
+                                                                        __m128i& b) {
+  r = _mm_setr_epi32(px[0], px[3], px[6], px[9]);
+  g = _mm_setr_epi32(px[1], px[4], px[7], px[10]);
+  b = _mm_setr_epi32(px[2], px[5], px[8], px[11]);
+}
+
+// adjust_saturation's blend of one channel's 4 values `x` with gray term `gterm`:
+// to_u8_trunc(float(gterm + double(float(x) * ratio))).
+__attribute__((target("avx2"), always_inline)) inline __m128i blend4(__m256d gterm, __m128i x, __m128 ratio) {
+  const __m256d scaled = _mm256_cvtps_pd(_mm_mul_ps(_mm_cvtepi32_ps(x), ratio));
+  const __m128 v = _mm256_cvtpd_ps(_mm256_add_pd(gterm, scaled));
+  return _mm_cvttps_epi32(_mm_min_ps(_mm_max_ps(v, _mm_setzero_ps()), _mm_set1_ps(255.0f)));
+}
+
+// adjust_saturation on 4 pixels per step; returns the pixels done (the caller does the rest).
+__attribute__((target("avx2"))) size_t adjust_saturation_avx2(uint8_t* image, size_t n, float ratio, float alpha) {
+  const __m128 vratio = _mm_set1_ps(ratio);
+  const __m256d valpha = _mm256_set1_pd(static_cast<double>(alpha));
+  alignas(16) int32_t out[3][4];
+  size_t p = 0;
+  for (; p + 4 <= n; p += 4) {
+    uint8_t* px = image + p * 3;
+    __m128i r, g, b;
+    load_rgb4(px, r, g, b);
+    const __m256d gterm = _mm256_mul_pd(_mm256_cvtps_pd(gray_floor4(r, g, b)), valpha);
+    _mm_store_si128(reinterpret_cast<__m128i*>(out[0]), blend4(gterm, r, vratio));
+    _mm_store_si128(reinterpret_cast<__m128i*>(out[1]), blend4(gterm, g, vratio));
+    _mm_store_si128(reinterpret_cast<__m128i*>(out[2]), blend4(gterm, b, vratio));
+    for (int j = 0; j < 4; ++j) {
+      px[3 * j] = static_cast<uint8_t>(out[0][j]);
+      px[3 * j + 1] = static_cast<uint8_t>(out[1][j]);
+      px[3 * j + 2] = static_cast<uint8_t>(out[2][j]);
+    }
+  }
+  return p;
+}
+
+// The sum of gray_floor over the first pixels of `image`, 4 per step; `done` the pixels summed.
+__attribute__((target("avx2"))) int64_t gray_sum_avx2(const uint8_t* image, size_t n, size_t& done) {
+  __m256d sum = _mm256_setzero_pd();  // whole numbers below 2^53: exact
+  size_t p = 0;
+  for (; p + 4 <= n; p += 4) {
+    __m128i r, g, b;
+    load_rgb4(image + p * 3, r, g, b);
+    sum = _mm256_add_pd(sum, _mm256_cvtps_pd(gray_floor4(r, g, b)));
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, sum);
+  done = p;
+  return static_cast<int64_t>(lanes[0]) + static_cast<int64_t>(lanes[1]) + static_cast<int64_t>(lanes[2]) +
+         static_cast<int64_t>(lanes[3]);
+}
+#endif
+
+// Whether the colour kernels run their AVX2 loops for `kernel` (hue's, saturation's, contrast's).
+bool colour_avx2(ColorKernel kernel) {
+#if defined(__x86_64__)
+  static const bool cpu = __builtin_cpu_supports("avx2") != 0;
+#else
+  static const bool cpu = false;
+#endif
+  static const bool scalar_asked = [] {
+    const char* env = std::getenv("GPUFEED_RESIZE_KERNEL");
+    return env != nullptr && std::string_view(env) == "scalar";
+  }();
+  switch (kernel) {
+    case ColorKernel::kScalar: return false;
+    case ColorKernel::kAvx2:
+      if (!cpu) throw std::invalid_argument("ColorKernel::kAvx2 on a CPU without AVX2");
+      return true;
+    case ColorKernel::kAuto: break;
+  }
+  return cpu && !scalar_asked;
+}
+
 void check_factor(const char* what, double factor) {
   if (!(factor >= 0)) {
     throw std::invalid_argument(fmt::format("{}: factor {} is not non-negative", what, factor));
@@ -745,7 +835,7 @@ void adjust_brightness(uint8_t* image, int height, int width, double factor) {
   apply_lut(image, height, width, lut);
 }
 
-void adjust_saturation(uint8_t* image, int height, int width, double factor) {
+void adjust_saturation(uint8_t* image, int height, int width, double factor, ColorKernel kernel) {
   check_factor("adjust_saturation", factor);
   // _blend(image, gray, ratio): image.mul(ratio).add_(gray, alpha=1 - ratio), fused.
   const float ratio = static_cast<float>(factor);
@@ -757,7 +847,14 @@ void adjust_saturation(uint8_t* image, int height, int width, double factor) {
     gray_term[static_cast<size_t>(v)] = static_cast<double>(v) * static_cast<double>(alpha);
   }
   const GrayTables& gt = gray_tables();
-  const size_t n = pixel_count(height, width);
+  size_t n = pixel_count(height, width);
+#if defined(__x86_64__)
+  if (colour_avx2(kernel)) {
+    const size_t done = adjust_saturation_avx2(image, n, ratio, alpha);
+    image += done * 3;
+    n -= done;
+  }
+#endif
   for (size_t p = 0; p < n; ++p, image += 3) {
     const double g = gray_term[static_cast<uint32_t>(static_cast<int32_t>(gt.gray_floor(image[0], image[1], image[2])))];
     image[0] = to_u8_trunc(static_cast<float>(g + scaled[image[0]]));
@@ -766,12 +863,16 @@ void adjust_saturation(uint8_t* image, int height, int width, double factor) {
   }
 }
 
-void adjust_contrast(uint8_t* image, int height, int width, double factor) {
+void adjust_contrast(uint8_t* image, int height, int width, double factor, ColorKernel kernel) {
   check_factor("adjust_contrast", factor);
   const size_t n = pixel_count(height, width);
   int64_t sum = 0;  // of whole numbers <= 255: torch's float32 sum is exact below 2^24
   const GrayTables& gt = gray_tables();
-  for (const uint8_t* px = image; px != image + 3 * n; px += 3) {
+  size_t done = 0;
+#if defined(__x86_64__)
+  if (colour_avx2(kernel)) sum = gray_sum_avx2(image, n, done);
+#endif
+  for (const uint8_t* px = image + 3 * done; px != image + 3 * n; px += 3) {
     sum += static_cast<int64_t>(gt.gray_floor(px[0], px[1], px[2]));
   }
   const float mean = static_cast<float>(sum) / static_cast<float>(n);
@@ -913,28 +1014,8 @@ size_t adjust_hue_avx2(uint8_t*, size_t, float) { return 0; }
 
 }  // namespace
 
-// Whether adjust_hue runs its AVX2 loop for `kernel`.
-bool hue_avx2(HueKernel kernel) {
-#if defined(__x86_64__)
-  static const bool cpu = __builtin_cpu_supports("avx2") != 0;
-#else
-  static const bool cpu = false;
-#endif
-  static const bool scalar_asked = [] {
-    const char* env = std::getenv("GPUFEED_RESIZE_KERNEL");
-    return env != nullptr && std::string_view(env) == "scalar";
-  }();
-  switch (kernel) {
-    case HueKernel::kScalar: return false;
-    case HueKernel::kAvx2:
-      if (!cpu) throw std::invalid_argument("adjust_hue: HueKernel::kAvx2 on a CPU without AVX2");
-      return true;
-    case HueKernel::kAuto: break;
-  }
-  return cpu && !scalar_asked;
-}
 
-void adjust_hue(uint8_t* image, int height, int width, double factor, HueKernel kernel) {
+void adjust_hue(uint8_t* image, int height, int width, double factor, ColorKernel kernel) {
   if (!(factor >= -0.5 && factor <= 0.5)) {
     throw std::invalid_argument(fmt::format("adjust_hue: factor {} is not in [-0.5, 0.5]", factor));
   }
@@ -942,7 +1023,7 @@ void adjust_hue(uint8_t* image, int height, int width, double factor, HueKernel 
   const HueConstants k;
   const float inv255 = k.inv255, sixth = k.sixth, to_u8 = k.to_u8;
   size_t n = pixel_count(height, width);
-  if (hue_avx2(kernel)) {
+  if (colour_avx2(kernel)) {
     const size_t done = adjust_hue_avx2(image, n, hue);
     image += done * 3;
     n -= done;
