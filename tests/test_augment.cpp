@@ -461,3 +461,37 @@ TEST(Augment, SslOpsAreIdenticalAtOneAndFourThreads) {
   jitter_only.color_jitter = aug.color_jitter;
   EXPECT_NE(one, epoch_images(root, 1, jitter_only));
 }
+
+TEST(Augment, ColorKernelsGiveTheSameBytesForEveryColour) {
+  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "this CPU has no AVX2: only the scalar colour kernels run";
+  // Every 24-bit colour once, as a 4096 x 4096 image (plus 5 pixels more: a tail the 8-wide loop
+  // leaves to the scalar one).
+  const int width = 4096, height = 4096;
+  std::vector<uint8_t> all(static_cast<size_t>(width) * height * 3 + 15);
+  for (uint32_t c = 0; c < (1u << 24); ++c) {
+    all[3 * c] = static_cast<uint8_t>(c >> 16);
+    all[3 * c + 1] = static_cast<uint8_t>(c >> 8);
+    all[3 * c + 2] = static_cast<uint8_t>(c);
+  }
+  for (size_t k = size_t{3} << 24; k < all.size(); ++k) all[k] = static_cast<uint8_t>(k * 37);
+  for (const double factor : {0.1, -0.5, 0.37}) {
+    std::vector<uint8_t> scalar = all, avx2 = all;
+    adjust_hue(scalar.data(), 1, width * height + 5, factor, ColorKernel::kScalar);
+    adjust_hue(avx2.data(), 1, width * height + 5, factor, ColorKernel::kAvx2);
+    ASSERT_EQ(scalar, avx2) << "factor " << factor;
+    EXPECT_NE(scalar, all);
+  }
+  for (const double factor : {0.6, 1.4}) {  // ColorJitter(saturation=0.4)'s range, and contrast's
+    std::vector<uint8_t> scalar = all, avx2 = all;
+    adjust_saturation(scalar.data(), 1, width * height + 5, factor, ColorKernel::kScalar);
+    adjust_saturation(avx2.data(), 1, width * height + 5, factor, ColorKernel::kAvx2);
+    ASSERT_EQ(scalar, avx2) << "saturation " << factor;
+    EXPECT_NE(scalar, all);
+    scalar = all;
+    avx2 = all;
+    adjust_contrast(scalar.data(), 1, width * height + 5, factor, ColorKernel::kScalar);
+    adjust_contrast(avx2.data(), 1, width * height + 5, factor, ColorKernel::kAvx2);
+    ASSERT_EQ(scalar, avx2) << "contrast " << factor;
+    EXPECT_NE(scalar, all);
+  }
+}

@@ -36,7 +36,7 @@ constexpr int member_count() {
 
 // A member added to a struct without an entry in its list fails here (ThreadDecision::number is
 // the one member no front reports).
-static_assert(member_count<loader::LoaderStats>() == 7);
+static_assert(member_count<loader::LoaderStats>() == 8);
 static_assert(member_count<loader::SlotCounts>() == 4);
 static_assert(member_count<loader::ThreadDecision>() == 12);
 static_assert(member_count<loader::SkippedSample>() == 6);
@@ -53,7 +53,8 @@ loader::LoaderStats stats_times(int64_t k) {
           .read_s = 0.5 * x,
           .decode_s = 1.0 * x,
           .resize_s = 0.25 * x,
-          .decoded_pixels = 30000 * k};
+          .decoded_pixels = 30000 * k,
+          .decodes = 19 * k};
 }
 
 }  // namespace
@@ -61,7 +62,7 @@ loader::LoaderStats stats_times(int64_t k) {
 TEST(Fields, NamesAreTheReportedKeysInOrder) {
   EXPECT_EQ(fields::field_names<loader::LoaderStats>(),
             (Names{"samples", "skipped", "bytes_read", "read_s", "decode_s", "resize_s",
-                   "decoded_pixels"}));
+                   "decoded_pixels", "decodes"}));
   EXPECT_EQ(fields::field_names<loader::SlotCounts>(),
             (Names{"ready", "in_flight", "held", "free"}));
   EXPECT_EQ(fields::field_names<loader::ThreadDecision>(),
@@ -140,6 +141,7 @@ TEST(Fields, DifferenceSubtractsEveryCounter) {
   EXPECT_EQ(d.decode_s, want.decode_s);
   EXPECT_EQ(d.resize_s, want.resize_s);
   EXPECT_EQ(d.decoded_pixels, want.decoded_pixels);
+  EXPECT_EQ(d.decodes, want.decodes);
 
   // Text and flags are not counters: they keep `now`'s values.
   loader::EpochSummary a, b;

@@ -52,7 +52,7 @@ TEST(OptionSchema, DefaultsAreTheStructsOwnAsWritten) {
     EXPECT_TRUE(seen.insert(f.spec.name).second) << f.spec.name;
     for (const char c : f.spec.name) EXPECT_TRUE((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_');
   }
-  EXPECT_EQ(seen.size(), 37u);
+  EXPECT_EQ(seen.size(), 40u);
   // shuffle_order and its knobs: auto, and ShardOrderOptions' own window and partitions.
   EXPECT_EQ(std::get<std::string>(default_of("shuffle_order")), "auto");
   EXPECT_EQ(std::get<int64_t>(default_of("shard_window")), 8);

@@ -282,3 +282,81 @@ TEST(Views, RefusesBadOptionsAndOutputCounts) {
   EXPECT_THROW(decode_views_into(jpeg, "test", o, {}, kSeed, 0, 0, none, w), std::invalid_argument);
   EXPECT_EQ(w.decodes, 0);
 }
+
+TEST(ViewsCost, TheModelOfADecode) {
+  decode::ImageInfo info;
+  info.format = decode::ImageFormat::kJpeg;
+  info.width = 1000;
+  info.height = 800;
+  decode::DecodeOptions whole;
+  EXPECT_DOUBLE_EQ(decode_cost(info, whole), 1.0);  // scale_cost's unit
+  decode::DecodeOptions top;
+  top.crop = {100, 0, 200, 100};
+  // Rows 0..100 entropy-decoded whole, 200 x 100 pixels made.
+  EXPECT_NEAR(decode_cost(info, top), (0.7 * 1000 * 100 + 0.3 * 200 * 100) / 800000.0, 1e-12);
+  decode::DecodeOptions bottom = top;
+  bottom.crop.y = 700;  // every row above is entropy-decoded too
+  EXPECT_NEAR(decode_cost(info, bottom), (0.7 * 1000 * 800 + 0.3 * 200 * 100) / 800000.0, 1e-12);
+  bottom.scale.num = 4;
+  EXPECT_NEAR(decode_cost(info, bottom), (0.7 * 1000 * 800 + (0.88 - 0.7) * 200 * 100) / 800000.0, 1e-12);
+  info.progressive = true;  // the scans are read whole
+  EXPECT_NEAR(decode_cost(info, top), (0.7 * 1000 * 800 + 0.3 * 200 * 100) / 800000.0, 1e-12);
+}
+
+TEST(ViewsCost, SeparateDecodesOnlyWhereTheyAreCheaper) {
+  decode::ImageInfo info;
+  info.format = decode::ImageFormat::kJpeg;
+  info.width = 2000;
+  info.height = 2000;
+  const auto plan = [](CropRect box, int size) {
+    SamplePlan p;
+    p.box = box;
+    p.region = {double(box.x), double(box.y), double(box.x + box.width), double(box.y + box.height)};
+    p.output_size = size;
+    return p;
+  };
+  // Two small crops at the top and the bottom: the union is the whole image at 8/8 (cost 1.0),
+  // the first alone entropy-decodes 40 rows, the second all of them: about 0.71.
+  const std::vector<SamplePlan> apart{plan({0, 0, 40, 40}, 32), plan({1960, 1960, 40, 40}, 32)};
+  EXPECT_TRUE(decode_views_separately(apart, info, {}));
+  // Two crops sharing their rows: the union adds little and entropy-decodes once.
+  const std::vector<SamplePlan> side{plan({0, 1900, 40, 40}, 32), plan({1960, 1900, 40, 40}, 32)};
+  EXPECT_FALSE(decode_views_separately(side, info, {}));
+  // DINO's ten views: every separate decode repeats the entropy decoding; the union always wins.
+  std::vector<SamplePlan> plans;
+  for (int64_t index = 0; index < 50; ++index) {
+    plan_views(dino_like(), 2000, 2000, kSeed, 0, index, plans);
+    EXPECT_FALSE(decode_views_separately(plans, info, {})) << index;
+  }
+  EXPECT_FALSE(decode_views_separately(std::span(apart).first(1), info, {}));  // one view
+  info.format = decode::ImageFormat::kPng;
+  EXPECT_FALSE(decode_views_separately(apart, info, {}));
+}
+
+TEST(ViewsCost, ViewsDecodedSeparatelyAreTheSingleViewPathsBytes) {
+  // Two tiny crops of a tall, narrow image: a few samples (about 1 in 20) put them so far apart
+  // vertically, the first near the top, that two decodes cost less than the union (in square
+  // images the model hardly ever prefers them: every decode entropy-decodes whole rows).
+  const std::vector<uint8_t> jpeg = make_jpeg(240, 1600, decode::Subsampling::k420);
+  const decode::ImageInfo info = decode::probe(jpeg, "test");
+  ViewsOptions o;
+  o.views = {view(16, 0.0005f, 0.001f, ResizeFilter::kBicubic, 0.5f),
+             view(16, 0.0005f, 0.001f, ResizeFilter::kBilinear, 0.5f)};
+  o.views[1].augment.grayscale_p = 0.5f;
+  Outputs outs(o);
+  ViewsWorker w;
+  std::vector<SamplePlan> plans;
+  int separate = 0;
+  for (int64_t index = 0; index < 200; ++index) {
+    const int64_t before = w.decodes;
+    decode_views_into(jpeg, "test", o, {}, kSeed, 2, index, outs.pointers, w);
+    plan_views(o, 240, 1600, kSeed, 2, index, plans);
+    const bool apart = decode_views_separately(plans, info, {});
+    EXPECT_EQ(w.decodes - before, apart ? 2 : 1);
+    if (!apart) continue;
+    ++separate;
+    for (size_t k = 0; k < 2; ++k) EXPECT_EQ(outs.pixels[k], single_view(jpeg, plans[k], o.views[k].augment)) << index;
+  }
+  EXPECT_GT(separate, 3);
+  EXPECT_LT(separate, 40);
+}

@@ -10,6 +10,7 @@
 #      layouts and all dtypes; the copy/compute overlap test (<= 1.05x compute-only step time,
 #      CUDA events); test_prefetch.
 #      The GPU decode test: decode_device gpu rows against the CPU path's (difference printed).
+#      Multi-crop views on CUDA against the CPU path's (python/tests/test_multicrop.py).
 #   2. H2D bandwidth from pinned slots vs a plain cudaMemcpyAsync peak, same run
 #      (gpufeed_gpu_bench), and the fused conversion kernel's time.
 #   3. Synthetic ImageNet-sized JPEGs generated there; the GPU decode bench: `gpufeed train`
@@ -22,7 +23,8 @@
 #      threads chosen, GPU busy, epoch-start wait.
 #   4. examples/python/train_imagenet.py (the Python package from the repaired wheel, .gpu_bundle/py) on the same files,
 #      one epoch with --loader gpufeed and one with --loader torch; examples/python/train_pipeline.py,
-#      the model in 2 pipeline stages (torch.distributed.pipelining, NCCL), one epoch.
+#      the model in 2 pipeline stages (torch.distributed.pipelining, NCCL), one epoch;
+#      examples/python/train_dino.py (DINO, the dinov2 preset's multi-crop views), DINO_STEPS steps.
 #   5. Harness paths only a GPU runs: DDP over NCCL (world size 1), DataParallel, fp16 + GradScaler.
 #   6. A summary table printed last.
 set -uo pipefail
@@ -84,6 +86,9 @@ run test_prefetch 45 "$B/bin/test_prefetch"
 # decode_device from Python (the wheel's _C): batches decoded on the GPU against the CPU path's.
 [ -d "$B/py/gpufeed" ] && run pytest_gpu_decode 60 env PYTHONPATH="$PWD/$B/py" "$PY" -m pytest -q -s -p no:cacheprovider \
   python/tests/test_gpu_decode.py
+# Multi-crop views on CUDA (the engine's per-view copies and conversions) against the CPU path's.
+[ -d "$B/py/gpufeed" ] && run pytest_multicrop 60 env PYTHONPATH="$PWD/$B/py" "$PY" -m pytest -q -s -p no:cacheprovider \
+  python/tests/test_multicrop.py
 run h2d_bench 45 "$B/bin/gpufeed_gpu_bench" 256 224
 
 if [ "$DRY" = 1 ]; then
@@ -168,6 +173,11 @@ if [ -d "$B/py/gpufeed" ]; then
     --nproc-per-node "$PP_PROCS" examples/python/train_pipeline.py --data "$DATA" --arch "$ARCH" --stages 2 \
     --microbatches 4 --batch-size "$BATCH" --image-size "$SIZE" --epochs 1 --workers "$THREADS" \
     --device "${DEVICE%%:*}"
+  # Self-supervised multi-crop: examples/python/train_dino.py fed by the dinov2 preset's 10 views
+  # (2 x 224 + 8 x 96, decoded once per image, copied and normalised per view by the engine).
+  run example_dino 150 env PYTHONPATH="$PWD/$B/py" "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
+    examples/python/train_dino.py --data "$DATA" --device "${DEVICE%%:*}" --epochs 2 --batch-size 64 \
+    --num-workers "$THREADS" --max-steps "${DINO_STEPS:-30}"
 fi
 
 # Harness paths that only a GPU exercises: DDP over NCCL at world size 1, DataParallel on one
@@ -192,6 +202,8 @@ for f in "$OUT"/train_*_workers_*.log; do [ -f "$f" ] && echo "$(basename "$f" .
 grep -h -E '"(images_per_s|gpu_busy_fraction_events|data_wait_fraction)"' "$OUT/train_torch.log" 2>/dev/null
 grep -h -E "^epoch|verdict" "$OUT/example_gpufeed.log" "$OUT/example_torch.log" 2>/dev/null
 grep -h -E "^pipeline|^epoch" "$OUT/example_pipeline.log" 2>/dev/null
+grep -h -E "^epoch|rror" "$OUT/example_dino.log" 2>/dev/null | tail -n 4
+tail -n 2 "$OUT/pytest_multicrop.log" 2>/dev/null
 # The device tool brings back at most 8 files: GPU_CHECK_PACK=1 leaves one archive of them all.
 if [ "${GPU_CHECK_PACK:-0}" = 1 ]; then
   tar -C "$OUT" -czf /tmp/gpu_check_logs.tgz . && find "$OUT" -mindepth 1 -delete && mv /tmp/gpu_check_logs.tgz "$OUT/"

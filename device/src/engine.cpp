@@ -267,8 +267,6 @@ struct CudaEngine::Impl {
     b.skipped = host.skipped;
     b.copy_begin = record_stream_mark(dev, stream);
     const auto bytes = static_cast<size_t>(host.image_bytes());
-    // uint8 in the slot's own layout needs no conversion: the copy is the result.
-    const bool as_copied = options.dtype == OutputType::kUInt8 && options.channels_last;
     std::shared_ptr<DeviceBuffer> raw = options.allocator->allocate(bytes, dev, stream);
     check(cudaMemcpyAsync(raw->data(), host.images, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (images)");
     if (!host.deferred.empty()) decode_deferred(host, *raw, b);
@@ -276,19 +274,38 @@ struct CudaEngine::Impl {
     b.labels = options.allocator->allocate(label_bytes, dev, stream);
     check(cudaMemcpyAsync(b.labels->data(), host.labels, label_bytes, cudaMemcpyHostToDevice, stream),
           "cudaMemcpyAsync (labels)");
-    if (as_copied) {
-      b.images = std::move(raw);
-    } else {
-      b.images = options.allocator->allocate(bytes * static_cast<size_t>(element_size(options.dtype)), dev, stream);
-      launch_normalize(static_cast<const uint8_t*>(raw->data()), b.images->data(), options.dtype, host.size,
-                       host.height, host.width, options.channels_last, constants, stream);
-      raw.reset();  // freed in the copy stream's order, after the kernel read it
+    b.images = convert(std::move(raw), host.size, host.height, host.width);
+    // Multi-crop: every view copied and converted alike (view 0 is `images`).
+    for (size_t v = 0; v < host.views.size(); ++v) {
+      const loader::BatchView& hv = host.views[v];
+      std::shared_ptr<DeviceBuffer> view = b.images;
+      if (v > 0) {
+        const auto view_bytes = static_cast<size_t>(host.size * hv.height * hv.width * 3);
+        view = options.allocator->allocate(view_bytes, dev, stream);
+        check(cudaMemcpyAsync(view->data(), hv.images, view_bytes, cudaMemcpyHostToDevice, stream),
+              "cudaMemcpyAsync (view)");
+        view = convert(std::move(view), host.size, hv.height, hv.width);
+      }
+      b.views.push_back({std::move(view), hv.height, hv.width});
     }
     p.done = std::make_shared<Event>();
     check(cudaEventRecord(p.done->get(), stream), "cudaEventRecord");
     b.copy_end = record_stream_mark(dev, stream);
     copying.push_back({std::move(host), p.done});
     ready.push_back(std::move(p));
+  }
+
+  // `raw`, a device copy of [n, h, w, 3] uint8, as the options' dtype and layout: itself for uint8
+  // in the slot's layout (the copy is the result), else the normalize kernel's output (`raw` is
+  // freed in the copy stream's order, after the kernel read it).
+  std::shared_ptr<DeviceBuffer> convert(std::shared_ptr<DeviceBuffer> raw, int64_t n, int64_t h, int64_t w) {
+    if (options.dtype == OutputType::kUInt8 && options.channels_last) return raw;
+    const auto bytes = static_cast<size_t>(n * h * w * 3);
+    std::shared_ptr<DeviceBuffer> out =
+        options.allocator->allocate(bytes * static_cast<size_t>(element_size(options.dtype)), options.device, stream);
+    launch_normalize(static_cast<const uint8_t*>(raw->data()), out->data(), options.dtype, n, h, w,
+                     options.channels_last, constants, stream);
+    return out;
   }
 
   // Drops staged batches after their copies finished (their slots go back to the loader).
@@ -377,6 +394,7 @@ std::optional<EngineBatch> CudaEngine::next(StreamHandle consumer) {
   check(cudaStreamWaitEvent(static_cast<cudaStream_t>(consumer), p.done->get(), 0), "cudaStreamWaitEvent");
   p.batch.images->used_on(consumer);
   p.batch.labels->used_on(consumer);
+  for (size_t v = 1; v < p.batch.views.size(); ++v) p.batch.views[v].images->used_on(consumer);
   p.batch.wait_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (m.gpu) {
     m.steer(p.batch.wait_ms);

@@ -8,17 +8,17 @@
 
 namespace gpufeed::loader::detail {
 
-SlotRing::SlotRing(HostAllocator& allocator, int depth, int64_t batch_size, int64_t side)
+SlotRing::SlotRing(HostAllocator& allocator, int depth, int64_t batch_size, int64_t sample_bytes)
     : allocator_(allocator),
-      label_offset_((static_cast<size_t>(side * side * 3 * batch_size) + 63) / 64 * 64),
+      label_offset_((static_cast<size_t>(sample_bytes * batch_size) + 63) / 64 * 64),
       bytes_(label_offset_ + static_cast<size_t>(batch_size) * sizeof(int64_t)) {
   for (int k = 0; k < depth; ++k) {
     if (!grow()) {
       deallocate_all();
       throw std::runtime_error(fmt::format(
-          "Loader: cannot allocate {} batch slot(s) of {:.1f} MiB (batch_size {} x {}x{}x3 "
-          "uint8): lower batch_size, the image size or prefetch_depth",
-          depth, static_cast<double>(bytes_) / (1 << 20), batch_size, side, side));
+          "Loader: cannot allocate {} batch slot(s) of {:.1f} MiB (batch_size {} x {} bytes of "
+          "uint8 pixels per sample): lower batch_size, the image size or prefetch_depth",
+          depth, static_cast<double>(bytes_) / (1 << 20), batch_size, sample_bytes));
     }
   }
 }
@@ -50,7 +50,13 @@ std::shared_ptr<const EpochPlan> make_epoch_plan(const LoaderOptions& options, i
   p->tag = tag;
   p->options = options;
   if (p->options.transform.kind == transforms::TransformOptions::Kind::kTrain) p->options.transform.rrc.size = size;
-  p->sample_bytes = int64_t{p->side()} * p->side() * 3;
+  p->sample_bytes = loader::sample_bytes(p->options);
+  int64_t offset = 0;
+  for (const transforms::ViewOptions& v : p->options.views.views) {
+    p->view_offsets.push_back(offset);
+    p->view_bytes.push_back(int64_t{v.rrc.size} * v.rrc.size * 3);
+    offset += p->view_bytes.back() * options.batch_size;
+  }
   const auto n = static_cast<int64_t>(indices.size());
   for (int64_t start = 0; start < n; start += options.batch_size) {
     const int64_t end = std::min(n, start + options.batch_size);

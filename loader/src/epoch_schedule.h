@@ -25,18 +25,19 @@ namespace gpufeed::loader::detail {
 struct Slot {
   void* base = nullptr;
   size_t bytes = 0;
-  uint8_t* images = nullptr;  // [batch_size, S, S, 3] uint8, S <= the ring's side
+  uint8_t* images = nullptr;  // batch_size samples of up to the ring's sample bytes (EpochPlan::views)
   int64_t* labels = nullptr;  // [batch_size] int64, 64-byte aligned after the images
   std::vector<DeferredSample> deferred;  // [batch_size] under decode_device gpu/auto, else empty
 };
 
-// The slot ring: `depth` slots of batch_size samples of up to side^2 x 3 bytes, allocated up front.
+// The slot ring: `depth` slots of batch_size samples of up to `sample_bytes` each (side^2 x 3, or
+// the views' sum), allocated up front.
 // A slot is taken when its batch is scheduled and comes back when the consumer's last Batch copy
 // (its lease) is gone, or when an unfinished batch is cancelled.
 class SlotRing {
  public:
   /// Throws std::runtime_error naming the sizes when the allocator refuses one of the slots.
-  SlotRing(HostAllocator& allocator, int depth, int64_t batch_size, int64_t side);
+  SlotRing(HostAllocator& allocator, int depth, int64_t batch_size, int64_t sample_bytes);
   ~SlotRing() { deallocate_all(); }
   SlotRing(const SlotRing&) = delete;
   SlotRing& operator=(const SlotRing&) = delete;
@@ -70,14 +71,18 @@ struct EpochPlan {
   int64_t epoch = 0;
   // The epoch's options: the loader's, with rrc.size = the epoch's image size.
   LoaderOptions options;
-  int64_t sample_bytes = 0;                   // S * S * 3
+  int64_t sample_bytes = 0;                   // S * S * 3, or the views' sum
+  // With views: view k's [batch_size, S_k, S_k, 3] starts at view_offsets[k] bytes into the slot,
+  // its row bytes view_bytes[k] = S_k * S_k * 3. Empty without views.
+  std::vector<int64_t> view_offsets, view_bytes;
   std::vector<std::vector<int64_t>> batches;  // this rank's, sampler order
   std::vector<int64_t> order;                 // the batches, flattened
   uint64_t tag = 0;                           // the plan's name for the dataset's SampleReader
   mutable std::atomic<bool> cancelled{false};
 
   int64_t total() const { return static_cast<int64_t>(batches.size()); }
-  int side() const { return options.transform.output_size(); }
+  // The output side: the transform's, or view 0's.
+  int side() const { return options.views.empty() ? options.transform.output_size() : options.views.views[0].rrc.size; }
 };
 
 /// Epoch `epoch`'s plan under `options` at output side `size` (the train transform's; the eval

@@ -75,8 +75,14 @@ Worker& thread_worker() {
   return worker;
 }
 
+// Per-thread state of the views path (LoaderOptions::views): its own decoder and buffers.
+transforms::ViewsWorker& thread_views_worker() {
+  thread_local transforms::ViewsWorker worker;
+  return worker;
+}
+
 struct SampleCost {
-  int64_t read_ns = 0, decode_ns = 0, resize_ns = 0, bytes = 0, pixels = 0;
+  int64_t read_ns = 0, decode_ns = 0, resize_ns = 0, bytes = 0, pixels = 0, decodes = 0;
   int64_t index = -1, epoch = 0, start_ns = 0;  // for the sample observer
 };
 
@@ -91,11 +97,38 @@ int64_t lap_ns(Clock::time_point& t) {
 // Decodes, resizes and augments the file in `bytes` (already read) into `out`: probe, plan
 // (plan_for), decode only the crop at the cheapest DCT scale that still covers the output, resize
 // straight into `out`. Stage times go to `cost`, from `t0`.
+// The most views a sample may have (a slot's row pointers live on the stack).
+constexpr size_t kMaxViews = 128;
+using ViewOuts = std::array<uint8_t*, kMaxViews>;
+
+// With views: view k into outs[k] (decode_views_into: one decode, then each view's resize and
+// augmentations; the decode's time is the decode stage's, the rest the resize stage's).
+void decode_views_bytes_into(const decode::ByteBuffer& bytes, const std::string& source, int64_t index,
+                             int64_t epoch, const LoaderOptions& o, std::span<uint8_t* const> outs, SampleCost& cost) {
+  transforms::ViewsWorker& w = thread_views_worker();
+  const int64_t decodes = w.decodes, decode_ns = w.decode_ns;
+  const auto t0 = Clock::now();
+  transforms::decode_views_into(bytes, source, o.views, o.decode, o.seed, epoch, index, outs, w);
+  const int64_t total = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  cost.decodes += w.decodes - decodes;
+  cost.decode_ns += w.decode_ns - decode_ns;
+  cost.resize_ns += std::max<int64_t>(0, total - (w.decode_ns - decode_ns));
+  cost.pixels = static_cast<int64_t>(w.image.width) * w.image.height;
+}
+
+// `view_outs`: with views, view k's row; else unused (`out` is the sample's row).
 void decode_bytes_into(const decode::ByteBuffer& bytes, const std::string& source, int64_t index, int64_t epoch,
-                       const LoaderOptions& o, uint8_t* out, SampleCost& cost, Clock::time_point& t0) {
+                       const LoaderOptions& o, uint8_t* out, SampleCost& cost, Clock::time_point& t0,
+                       std::span<uint8_t* const> view_outs = {}) {
+  if (!o.views.empty()) {
+    decode_views_bytes_into(bytes, source, index, epoch, o, view_outs, cost);
+    t0 = Clock::now();
+    return;
+  }
   Worker& w = thread_worker();
   const PlannedSample p = plan_for(decode::probe(bytes, source), o, epoch, index);
   const decode::DecodeResult decoded = w.decoder.decode(bytes, source, p.decode, w.image);
+  ++cost.decodes;
   cost.decode_ns += lap_ns(t0);
   cost.pixels = static_cast<int64_t>(w.image.width) * w.image.height;
 
@@ -133,7 +166,8 @@ void read_sample(const datasets::Dataset& dataset, datasets::SampleReader* reade
 // The one place a sample becomes pixels: read, then decode_bytes_into.
 // `reader`: the loader's SampleReader (plan `tag`), or null for dataset.read.
 SampleCost transform_into(const datasets::Dataset& dataset, datasets::SampleReader* reader, uint64_t tag, const datasets::SampleRef& ref,
-                          int64_t index, int64_t epoch, const LoaderOptions& o, uint8_t* out) {
+                          int64_t index, int64_t epoch, const LoaderOptions& o, uint8_t* out,
+                          std::span<uint8_t* const> view_outs = {}) {
   Worker& w = thread_worker();
   auto t0 = Clock::now();
   SampleCost cost = start_cost(index, epoch, t0);
@@ -141,8 +175,18 @@ SampleCost transform_into(const datasets::Dataset& dataset, datasets::SampleRead
   cost.read_ns = lap_ns(t0);  // stages back to back, so a trace's spans nest exactly
   cost.bytes = static_cast<int64_t>(w.bytes.size());
   ref.source(w.source);
-  decode_bytes_into(w.bytes, w.source, index, epoch, o, out, cost, t0);
+  decode_bytes_into(w.bytes, w.source, index, epoch, o, out, cost, t0, view_outs);
   return cost;
+}
+
+// load_sample's layout: the views back to back from `out`.
+std::span<uint8_t* const> back_to_back(const LoaderOptions& o, uint8_t* out, ViewOuts& outs) {
+  const std::vector<transforms::ViewOptions>& views = o.views.views;
+  for (size_t k = 0; k < views.size(); ++k) {
+    outs[k] = out;
+    out += static_cast<size_t>(views[k].rrc.size) * views[k].rrc.size * 3;
+  }
+  return {outs.data(), views.size()};
 }
 
 // Whether the GPU decoder takes a file with header `info`: 8-bit baseline or progressive Huffman
@@ -247,7 +291,7 @@ struct Counters {
   std::atomic<bool> has_observer{false};
   std::atomic<std::shared_ptr<const std::function<void(const SampleTiming&)>>> observer;
   std::atomic<int64_t> samples{0}, skipped{0}, bytes_read{0}, read_ns{0}, decode_ns{0},
-      resize_ns{0}, pixels{0};
+      resize_ns{0}, pixels{0}, decodes{0};
 
   void account(const SampleCost& c) {
     samples.fetch_add(1, std::memory_order_relaxed);
@@ -256,6 +300,7 @@ struct Counters {
     decode_ns.fetch_add(c.decode_ns, std::memory_order_relaxed);
     resize_ns.fetch_add(c.resize_ns, std::memory_order_relaxed);
     pixels.fetch_add(c.pixels, std::memory_order_relaxed);
+    decodes.fetch_add(c.decodes, std::memory_order_relaxed);
     read_hist[LatencyHistogram::bucket_of_ns(c.read_ns)].fetch_add(1, std::memory_order_relaxed);
     decode_hist[LatencyHistogram::bucket_of_ns(c.decode_ns)].fetch_add(1, std::memory_order_relaxed);
     resize_hist[LatencyHistogram::bucket_of_ns(c.resize_ns)].fetch_add(1, std::memory_order_relaxed);
@@ -290,6 +335,7 @@ struct Counters {
     s.decode_s = static_cast<double>(decode_ns.load()) * 1e-9;
     s.resize_s = static_cast<double>(resize_ns.load()) * 1e-9;
     s.decoded_pixels = pixels.load();
+    s.decodes = decodes.load();
     return s;
   }
 
@@ -318,14 +364,23 @@ PlannedSample plan_for(const decode::ImageInfo& info, const LoaderOptions& optio
   return p;
 }
 
+int64_t sample_bytes(const LoaderOptions& options) {
+  if (options.views.empty()) return int64_t{options.transform.output_size()} * options.transform.output_size() * 3;
+  int64_t bytes = 0;
+  for (const transforms::ViewOptions& v : options.views.views) bytes += int64_t{v.rrc.size} * v.rrc.size * 3;
+  return bytes;
+}
+
 void load_sample(const datasets::Dataset& dataset, int64_t index, int64_t epoch, const LoaderOptions& options,
                  uint8_t* out) {
-  transform_into(dataset, nullptr, 0, dataset.at(index), index, epoch, options, out);
+  ViewOuts outs;
+  transform_into(dataset, nullptr, 0, dataset.at(index), index, epoch, options, out, back_to_back(options, out, outs));
 }
 
 void load_sample(const datasets::Dataset& dataset, datasets::SampleReader& reader, uint64_t tag, int64_t index, int64_t epoch,
                  const LoaderOptions& options, uint8_t* out) {
-  transform_into(dataset, &reader, tag, dataset.at(index), index, epoch, options, out);
+  ViewOuts outs;
+  transform_into(dataset, &reader, tag, dataset.at(index), index, epoch, options, out, back_to_back(options, out, outs));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -383,14 +438,15 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
         options(std::move(o)),
         allocator(a ? std::move(a) : default_host_allocator()),
         slot_side(std::max(options.max_image_size, options.transform.output_size())),
-        next_size(options.transform.output_size()),
+        next_size(options.views.empty() ? options.transform.output_size() : options.views.views[0].rrc.size),
         parallelism(tbb::global_control::max_allowed_parallelism,
                     std::max<size_t>(tbb::global_control::active_value(
                                          tbb::global_control::max_allowed_parallelism),
                                      static_cast<size_t>(worker_count(options.num_workers)) + 1)),
         arena(worker_count(options.num_workers), /*reserved_for_masters=*/0),
         ring(*allocator, options.prefetch_depth == kAutoPrefetchDepth ? kAutoPrefetchStart : options.prefetch_depth,
-             options.batch_size, slot_side),
+             options.batch_size,
+             options.views.empty() ? int64_t{slot_side} * slot_side * 3 : sample_bytes(options)),
         tuning(options, worker_count(options.num_workers), ring) {}
 
   // The consumer's half of handed-out batch `f` for the tuners: `consumer_s` its step before
@@ -533,7 +589,12 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
       counters.account(defer_into(*dataset, read_ahead.reader(), p.tag, ref, index, p.epoch, p.options,
                                   f.slot->deferred[k], out));
     } else {
-      counters.account(transform_into(*dataset, read_ahead.reader(), p.tag, ref, index, p.epoch, p.options, out));
+      // With views, view v's row k in its own [batch_size, S_v, S_v, 3] part of the slot.
+      ViewOuts outs;
+      for (size_t v = 0; v < p.view_offsets.size(); ++v)
+        outs[v] = f.slot->images + p.view_offsets[v] + p.view_bytes[v] * static_cast<int64_t>(k);
+      counters.account(transform_into(*dataset, read_ahead.reader(), p.tag, ref, index, p.epoch, p.options, out,
+                                      {outs.data(), p.view_offsets.size()}));
     }
     f.slot->labels[k] = ref.label;
   }
@@ -628,6 +689,10 @@ struct Loader::Impl : std::enable_shared_from_this<Loader::Impl> {
     b.labels = f.slot->labels;
     b.size = static_cast<int64_t>(f.indices.size());
     b.height = b.width = f.plan->side();
+    for (size_t v = 0; v < f.plan->view_offsets.size(); ++v) {
+      const int side = f.plan->options.views.views[v].rrc.size;
+      b.views.push_back({f.slot->images + f.plan->view_offsets[v], side, side});
+    }
     b.epoch = f.plan->epoch;
     b.batch_index = f.batch_index;
     b.indices = std::move(f.indices);
@@ -660,6 +725,21 @@ void LoaderOptions::validate() const {
         max_image_size, transform.output_size()));
   }
   transform.augment.validate();
+  if (!views.empty()) {
+    views.validate();
+    if (views.views.size() > kMaxViews)
+      throw std::invalid_argument(fmt::format("Loader: {} views; at most {}", views.views.size(), kMaxViews));
+    if (decode_device != DecodeDevice::kCpu)
+      throw std::invalid_argument(fmt::format(
+          "Loader: views are decoded and augmented by the CPU workers; decode_device {} does not make them",
+          to_string(decode_device)));
+    if (max_image_size != 0)
+      throw std::invalid_argument("Loader: max_image_size (progressive resizing) does not apply to views, whose sizes are their own");
+    if (transform.kind != transforms::TransformOptions::Kind::kTrain || transform.augment.enabled())
+      throw std::invalid_argument(
+          "Loader: with views, each view carries its own augmentations; the transform must be the plain train "
+          "transform (no eval transform, no augmentation given beside the views)");
+  }
   if (decode_device != DecodeDevice::kCpu && transform.kind == transforms::TransformOptions::Kind::kTrain &&
       transform.augment.enabled()) {
     throw std::invalid_argument(fmt::format(
@@ -811,6 +891,10 @@ bool Loader::wait_ready(std::chrono::nanoseconds timeout) {
 
 void Loader::set_image_size(int size) {
   Impl& m = *impl_;
+  if (!m.options.views.empty()) {
+    throw std::invalid_argument(fmt::format(
+        "Loader::set_image_size({}): each view has its own fixed size (LoaderOptions::views)", size));
+  }
   if (m.options.transform.kind != transforms::TransformOptions::Kind::kTrain) {
     throw std::invalid_argument(fmt::format(
         "Loader::set_image_size({}): the eval transform's size is fixed (Resize {} + CenterCrop {})",

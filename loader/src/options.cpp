@@ -111,8 +111,40 @@ Schema<LoaderOptions> make_loader_schema() {
                     "batches (the training step)",
             .min = 0.01, .max = 1},
            &LoaderOptions::gpu_decode_budget);
+  s.add({.name = "views", .type = Type::kChoice,
+         .help = "multi-crop views of every sample from one decode, a self-supervised recipe's: dino "
+                 "(facebookresearch/dino), dinov2 (facebookresearch/dinov2 as its code runs: GaussianBlur "
+                 "probabilities 0/0.9/0.5), dinov2_paper (the paper's 1/0.1/0.5); batches hold a list of views, "
+                 "2 global (224 px) then local_crops_number local (96 px); none = the single-view transform",
+         .words = {"none", "dino", "dinov2", "dinov2_paper"}},
+        [](LoaderOptions& o, const Value& v) {
+          const std::string& name = std::get<std::string>(v);
+          const int locals = o.views.local_crops_number;
+          o.views = name == "none" ? transforms::ViewsOptions{} : transforms::views_preset(name, locals);
+          o.views.local_crops_number = locals;
+        },
+        [](const LoaderOptions& o) -> Value {
+          if (o.views.empty()) return std::string("none");
+          return o.views.preset.empty() ? std::string("custom") : o.views.preset;
+        });
+  s.add({.name = "local_crops_number", .type = Type::kInt,
+         .help = "views preset: the number of local crops (DINO's local_crops_number)", .unit = "views", .min = 0,
+         .max = 64, .derived_default = "the preset's, 8"},
+        [](LoaderOptions& o, const Value& v) {
+          const int n = static_cast<int>(std::get<int64_t>(v));
+          if (!o.views.preset.empty()) o.views = transforms::views_preset(o.views.preset, n);
+          o.views.local_crops_number = n;
+        },
+        [](const LoaderOptions& o) -> Value {
+          return int64_t{o.views.local_crops_number < 0 ? 8 : o.views.local_crops_number};
+        });
   s.mount(transforms::transform_options_schema(), [](LoaderOptions& o) -> transforms::TransformOptions& { return o.transform; });
-  s.finish([](LoaderOptions& o, const std::set<std::string>&) { o.validate(); });  // after the transform's
+  s.finish([](LoaderOptions& o, const std::set<std::string>& given) {  // after the transform's
+    if (given.count("local_crops_number") != 0 && o.views.preset.empty()) {
+      throw options::OptionError("local_crops_number", "needs a views preset (views = dino, dinov2 or dinov2_paper)");
+    }
+    o.validate();
+  });
   return s;
 }
 

@@ -60,6 +60,10 @@ std::unique_ptr<Prefetcher> make_cpu_prefetcher(std::shared_ptr<loader::Loader> 
 std::unique_ptr<Prefetcher> make_prefetcher(std::shared_ptr<loader::Loader> loader,
                                             const PrefetchOptions& options) {
   if (!loader) throw std::invalid_argument("make_prefetcher: loader is null");
+  if (!loader->options().views.empty())
+    throw std::invalid_argument(
+        "make_prefetcher: the prefetcher yields one image tensor per batch; multi-crop views (LoaderOptions::views) "
+        "are served by the Python package and by device::CudaEngine (EngineBatch::views)");
   if (options.device.is_cpu()) return make_cpu_prefetcher(std::move(loader), options);
   if (options.device.is_cuda()) return make_cuda_prefetcher(std::move(loader), options);
   throw std::runtime_error("make_prefetcher: unsupported device " + options.device.str());

@@ -11,7 +11,7 @@ See gpufeed.DataLoader, gpufeed.decode_image, gpufeed.inspect, gpufeed.profile a
 import json
 import os
 import re
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -105,5 +105,28 @@ def inspect(*paths, all_files: bool = False, apply_exif_orientation: bool = Fals
     return json.loads(doc)
 
 
+def views_preset(name: str, local_crops_number: Optional[int] = None) -> List[Dict[str, Any]]:
+    """A self-supervised recipe's multi-crop views as DataLoader(views=...) takes them: a list of
+    dicts, one per view, of the view keywords (image_size, scale, ratio, interpolation, hflip_p,
+    color_jitter, color_jitter_p, grayscale_p, gaussian_blur_p, gaussian_blur_kernel,
+    gaussian_blur_sigma, solarize_p, solarize_threshold, ...). Edit them and pass the list to
+    ``DataLoader(views=...)``, or pass the name itself (``views="dinov2"``).
+
+    Args:
+        name: "dino" (facebookresearch/dino main_dino.py's DataAugmentationDINO defaults),
+            "dinov2" (facebookresearch/dinov2 augmentations.py as its code runs it: its
+            GaussianBlur(p) hands 1 - p to RandomApply, so the blur probabilities in force are
+            0.0 / 0.9 / 0.5 for global crop 1 / 2 / the local crops) or "dinov2_paper" (the
+            probabilities the paper and the code's arguments state: 1.0 / 0.1 / 0.5).
+        local_crops_number: local crops after the 2 global ones (DINO's local_crops_number),
+            0..64; None: the preset's 8.
+
+    Every view is bicubic with RandomHorizontalFlip(0.5), RandomApply(ColorJitter(0.4, 0.4, 0.2,
+    0.1), p=0.8), RandomGrayscale(0.2) and GaussianBlur(9, sigma (0.1, 2.0)); global crop 2 adds
+    RandomSolarize(128, p=0.2). Raises ValueError for an unknown name or count.
+    """
+    return _C.views_preset(name, -1 if local_crops_number is None else int(local_crops_number))
+
+
 __all__ = ["DataLoader", "DecodeError", "IMAGE_EXTENSIONS", "SkipLimitExceeded", "decode_image",
-           "distributed_rank_world_size", "inspect", "profile"]
+           "distributed_rank_world_size", "inspect", "profile", "views_preset"]

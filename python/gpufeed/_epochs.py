@@ -216,7 +216,9 @@ class _EpochState:
             if self._loader.labels_only:
                 images = None
             elif self._loader._convert is not None:  # CPU, float: the slot's views become copies (the slot is freed)
-                images, labels = self._loader._convert(images), labels.clone()
+                convert = self._loader._convert
+                images = [convert(v) for v in images] if isinstance(images, list) else convert(images)
+                labels = labels.clone()
         except BaseException:
             self._held = (it, out)
             raise

@@ -158,6 +158,7 @@ class Keywords:
     sampler_drop_last: bool  # a DistributedSampler's drop_last (False without one)
     labels_only: bool
     extensions: List[str]
+    view_rows: List[Dict[str, Any]]  # views= given view by view (checked for type); [] otherwise
 
     def in_force(self, name: str) -> Any:
         """A schema keyword's value as the loader runs it: the given one, else the default."""
@@ -176,6 +177,8 @@ def resolve_keywords(root: Any, options: Dict[str, Any], *, device: Any, dtype: 
         root = os.fsdecode(root)
     elif not isinstance(root, (str, os.PathLike)):
         raise TypeError(f"root must be a path (str or os.PathLike), not {type(root).__name__}")
+    options = dict(options)
+    view_rows = _view_rows(options.pop("views")) if isinstance(options.get("views"), (list, tuple)) else []
     keywords = _schema_keywords(options)
     labels_only = bool(labels_only)
     if labels_only and keywords.get("on_error") == "skip":
@@ -205,7 +208,31 @@ def resolve_keywords(root: Any, options: Dict[str, Any], *, device: Any, dtype: 
     return Keywords(root=os.fspath(root), schema=keywords, device=device, dtype=dtype, memory_format=memory_format,
                     shuffle=bool(shuffle), rank=rank, world_size=world_size, seed=int(seed),
                     sampler_drop_last=bool(sampler_drop_last), labels_only=labels_only,
-                    extensions=_extensions(extensions))
+                    extensions=_extensions(extensions), view_rows=view_rows)
+
+
+# The keywords one view is written with (views=[{...}, ...]): the transform's, less train and
+# resize_size, as gpufeed.views_preset returns them.
+_VIEW_KEYWORDS = tuple(_C.views_preset("dino")[0])
+
+
+def _view_rows(views: Sequence[Any]) -> List[Dict[str, Any]]:
+    """views= given view by view: each a dict of view keywords, checked for type as the schema's
+    keywords are (the C++ side checks the values). TypeError / ValueError name the view."""
+    if not views:
+        raise ValueError("views must name a preset or list at least one view, not an empty list")
+    rows = []
+    for k, view in enumerate(views):
+        if not isinstance(view, dict):
+            raise TypeError(f"views[{k}] must be a dict of view keywords ({', '.join(_VIEW_KEYWORDS)}), "
+                            f"not {type(view).__name__}")
+        row = {}
+        for name, value in view.items():
+            if name not in _VIEW_KEYWORDS:
+                raise ValueError(f"views[{k}]: {name!r} is not a view keyword (accepted: {', '.join(_VIEW_KEYWORDS)})")
+            row[name] = _keyword_value(name, value)
+        rows.append(row)
+    return rows
 
 
 def _check_layout(dtype: Any, memory_format: Any) -> None:

@@ -124,6 +124,18 @@ class DataLoader:
             ``state_dict`` and ``load_state_dict`` are the image loader's; ``stats`` and
             ``epoch_summary`` raise RuntimeError. Refuses ``on_error="skip"`` (ValueError): a
             skip replaces a sample only a decode finds bad, so the labels would no longer match.
+        views (among the keywords below): multi-crop self-supervised views, DINO's collate. A
+            preset name (``"dino"``, ``"dinov2"``, ``"dinov2_paper"``; ``local_crops_number``
+            sets the local crops) or a list of dicts, one per view, of the view keywords
+            ``gpufeed.views_preset`` returns (a view is the train transform's keywords:
+            image_size, scale, ratio, interpolation, hflip_p, color_jitter, ...). Iteration then
+            yields ``(views, labels)``, ``views`` a list of K tensors, view k ``[N, 3, S_k, S_k]``
+            in ``dtype`` (uint8: ``[N, S_k, S_k, 3]``), on ``device``; every view of a sample
+            comes from one decode (``stats()["decodes"]``), view k drawn from (seed, epoch,
+            index, k) whatever the thread count. ``loader.views`` is the list in force;
+            ``load_sample`` and ``dataset[i]`` give a list of K images. Refuses
+            ``decode_device`` gpu/auto, ``max_image_size``, ``set_image_size`` and augmentation
+            keywords beside the views (ValueError).
         **options: the keywords below, declared once in C++ beside their options structs and
             shared with the CLI (``batch_size`` is ``gpufeed bench --batch-size``); every one
             keyword-only. A value of the wrong type raises TypeError, a refused value ValueError,
@@ -203,13 +215,14 @@ class DataLoader:
         self.root = kw.root
         self._c = _C._Loader(self.root, kw.schema, str(self.device), _DTYPES[kw.dtype],
                              kw.memory_format == torch.channels_last, kw.rank, kw.world_size, kw.shuffle,
-                             kw.sampler_drop_last, _sample_only or self.labels_only, kw.extensions)
+                             kw.sampler_drop_last, _sample_only or self.labels_only, kw.extensions, kw.view_rows)
         # What loader.dataset pickles to load the same samples in another process (a spawned or
         # forkserver DataLoader worker): plain str, int, float, bool and lists only, the checked
         # schema keywords (the seed a sampler= gave included) and the dtype by name, so it
         # unpickles wherever gpufeed imports (a torch.dtype or memory_format pickles as a reference
         # to whichever module holds torch, which a child of `python -c` or a notebook may lack).
-        self._sample_recipe = {"root": self.root, "keywords": dict(kw.schema), "extensions": list(kw.extensions),
+        keywords = dict(kw.schema, views=kw.view_rows) if kw.view_rows else dict(kw.schema)
+        self._sample_recipe = {"root": self.root, "keywords": keywords, "extensions": list(kw.extensions),
                                "dtype": _DTYPES[kw.dtype]}
         self._init_options(kw)
         self._init_torch_attributes(sampler, _sample_only or self.labels_only)
@@ -226,6 +239,9 @@ class DataLoader:
         self.seed = kw.seed
         self.train = bool(kw.in_force("train"))
         self.image_size = int(kw.in_force("image_size"))
+        # Multi-crop: the views in force, one dict of every view keyword each (views_preset's
+        # form); None for the single-view transform.
+        self.views = self._c.views() or None
         self.mean = tuple(float(m) for m in kw.in_force("mean"))
         self.std = tuple(float(v) for v in kw.in_force("std"))
         self.shuffle = kw.shuffle

@@ -146,7 +146,10 @@ def _normalise_sample(image: torch.Tensor, dtype: torch.dtype, mean: Sequence[fl
                       std: Sequence[float]) -> torch.Tensor:
     """One [S, S, 3] uint8 sample as the loader's batches carry it: itself for uint8, else
     [3, S, S] (x * 1/(255 std) - mean/std) in float32 (a multiply, then a subtract: the CPU
-    prefetcher's operations and roundings), then cast to `dtype`."""
+    prefetcher's operations and roundings), then cast to `dtype`. A list (multi-crop views):
+    each view alike."""
+    if isinstance(image, list):
+        return [_normalise_sample(v, dtype, mean, std) for v in image]
     if dtype == torch.uint8:
         return image
     std_t = torch.tensor(std, dtype=torch.float32)

@@ -100,28 +100,51 @@ nb::dlpack::dtype dlpack_dtype(device::OutputType type) {
   throw std::invalid_argument("unknown OutputType");
 }
 
-/// A slot as tensors that keep its lease: [N, H, W, 3] uint8 and [N] int64, CPU.
+/// A slot as tensors that keep its lease: [N, H, W, 3] uint8 (with views, a list of the K views'
+/// [N, S_k, S_k, 3]) and [N] int64, CPU.
 std::pair<nb::object, nb::object> lease_tensors(const loader::Batch& b) {
   const auto n = static_cast<size_t>(b.size);
-  nb::object images = tensor(b.images, {n, static_cast<size_t>(b.height), static_cast<size_t>(b.width), 3}, {},
-                             nb::dtype<uint8_t>(), owner_of(b.lease));
+  nb::object images;
+  if (b.views.empty()) {
+    images = tensor(b.images, {n, static_cast<size_t>(b.height), static_cast<size_t>(b.width), 3}, {},
+                    nb::dtype<uint8_t>(), owner_of(b.lease));
+  } else {
+    nb::list views;
+    for (const loader::BatchView& v : b.views)
+      views.append(tensor(v.images, {n, static_cast<size_t>(v.height), static_cast<size_t>(v.width), 3}, {},
+                          nb::dtype<uint8_t>(), owner_of(b.lease)));
+    images = std::move(views);
+  }
   nb::object labels = tensor(b.labels, {n}, {}, nb::dtype<int64_t>(), owner_of(b.lease));
   return {images, labels};
 }
 
-/// An engine batch as tensors on its device: images [N, 3, H, W] of its dtype (uint8: [N, H, W, 3],
-/// the slot's layout), NCHW or channels_last strides; labels [N] int64.
-std::pair<nb::object, nb::object> device_tensors(const device::EngineBatch& b, int device_id) {
-  const auto n = static_cast<size_t>(b.size), h = static_cast<size_t>(b.height), w = static_cast<size_t>(b.width);
-  nb::object images;
-  if (b.dtype == device::OutputType::kUInt8) {
-    images = tensor(b.images->data(), {n, h, w, 3}, {}, dlpack_dtype(b.dtype), owner_of(b.images), device_id);
-  } else if (b.channels_last) {
+/// One converted device buffer as a tensor: [N, 3, H, W] of the batch's dtype (uint8: [N, H, W, 3],
+/// the slot's layout), NCHW or channels_last strides.
+nb::object device_images(const device::EngineBatch& b, const std::shared_ptr<device::DeviceBuffer>& buffer,
+                         int64_t height, int64_t width, int device_id) {
+  const auto n = static_cast<size_t>(b.size), h = static_cast<size_t>(height), w = static_cast<size_t>(width);
+  if (b.dtype == device::OutputType::kUInt8)
+    return tensor(buffer->data(), {n, h, w, 3}, {}, dlpack_dtype(b.dtype), owner_of(buffer), device_id);
+  if (b.channels_last) {
     const auto hw = static_cast<int64_t>(h * w), wi = static_cast<int64_t>(w);
-    images = tensor(b.images->data(), {n, 3, h, w}, {hw * 3, 1, wi * 3, 3}, dlpack_dtype(b.dtype), owner_of(b.images),
-                    device_id);
+    return tensor(buffer->data(), {n, 3, h, w}, {hw * 3, 1, wi * 3, 3}, dlpack_dtype(b.dtype), owner_of(buffer),
+                  device_id);
+  }
+  return tensor(buffer->data(), {n, 3, h, w}, {}, dlpack_dtype(b.dtype), owner_of(buffer), device_id);
+}
+
+/// An engine batch as tensors on its device: images (device_images; with views, a list of the K
+/// views') and labels [N] int64.
+std::pair<nb::object, nb::object> device_tensors(const device::EngineBatch& b, int device_id) {
+  const auto n = static_cast<size_t>(b.size);
+  nb::object images;
+  if (b.views.empty()) {
+    images = device_images(b, b.images, b.height, b.width, device_id);
   } else {
-    images = tensor(b.images->data(), {n, 3, h, w}, {}, dlpack_dtype(b.dtype), owner_of(b.images), device_id);
+    nb::list views;
+    for (const device::EngineView& v : b.views) views.append(device_images(b, v.images, v.height, v.width, device_id));
+    images = std::move(views);
   }
   nb::object labels = tensor(b.labels->data(), {n}, {}, nb::dtype<int64_t>(), owner_of(b.labels), device_id);
   return {images, labels};
@@ -173,6 +196,17 @@ nb::object to_python(const options::Value& v) {
     }
   } visit;
   return std::visit(visit, v);
+}
+
+/// Views as Python dicts of their view keywords (transforms::views_to_rows).
+nb::list view_dicts(const transforms::ViewsOptions& views) {
+  nb::list out;
+  for (const auto& row : transforms::views_to_rows(views)) {
+    nb::dict d;
+    for (const auto& [key, value] : row) d[key.c_str()] = to_python(value);
+    out.append(d);
+  }
+  return out;
 }
 
 /// gpufeed.DataLoader's schema keywords as dicts (name, type, help, unit, min, max, words,
@@ -274,14 +308,19 @@ class PyLoader {
   PyLoader(const std::string& path, const std::map<std::string, options::Value>& keywords,
            const std::string& device, const std::string& dtype, bool channels_last, int64_t rank,
            int64_t world_size, bool shuffle, bool sampler_drop_last, bool sample_only,
-           const std::vector<std::string>& extensions) {
+           const std::vector<std::string>& extensions,
+           const std::vector<std::map<std::string, options::Value>>& view_rows) {
     try {
       device_ = device::parse_device(device);
     } catch (const std::invalid_argument&) {
       throw nb::value_error(("device must be 'cpu' or 'cuda[:N]', not '" + device + "'").c_str());
     }
     dtype_ = parse_dtype(dtype);
-    const KeywordOptions k = apply_keywords(keywords);
+    KeywordOptions k = apply_keywords(keywords);
+    if (!view_rows.empty()) {  // views=[{...}, ...]: described one by one (views=NAME is a keyword)
+      k.loader.views = transforms::views_from_rows(view_rows);
+      k.loader.validate();
+    }
     const loader::LoaderOptions& o = k.loader;
     options_ = o;
     dataset_ = open_interruptibly(path, k.data, extensions);
@@ -472,9 +511,11 @@ class PyLoader {
     return d;
   }
   nb::dict epoch_summary() { return to_dict(loader().epoch_summary()); }
+  /// The views in force (LoaderOptions::views), one dict of view keywords each; [] without views.
+  nb::list views() const { return view_dicts(options_.views); }
   /// Decodes sample `index` of `epoch` exactly as a worker does, at train side `size` (0: the
-  /// options' own): [S, S, 3] uint8 capsule. Needs no loader (threads, slots), so it works in a
-  /// sample-only object and in a fork() child.
+  /// options' own): [S, S, 3] uint8 capsule (with views, a list of the K views' [S_k, S_k, 3]).
+  /// Needs no loader (threads, slots), so it works in a sample-only object and in a fork() child.
   nb::object load_sample(int64_t index, int64_t epoch, int size) {
     if (index < 0 || index >= dataset_->size())
       throw nb::index_error(("sample index " + std::to_string(index) + " out of range for " +
@@ -482,7 +523,7 @@ class PyLoader {
     loader::LoaderOptions o = options_;
     if (size > 0 && o.transform.kind == transforms::TransformOptions::Kind::kTrain) o.transform.rrc.size = size;
     const auto s = static_cast<size_t>(o.transform.output_size());
-    auto out = std::make_unique<std::vector<uint8_t>>(s * s * 3);
+    auto out = std::make_unique<std::vector<uint8_t>>(static_cast<size_t>(loader::sample_bytes(o)));
     uint8_t* data = out->data();
     if (!sample_reader_) {
       nb::gil_scoped_release nogil;
@@ -496,7 +537,15 @@ class PyLoader {
       run_interruptibly<void>([&] { loader::load_sample(*dataset_, *sample_reader_, tag, index, epoch, o, data); },
                               [&] { sample_reader_->forget(tag); });
     }
-    return tensor(data, {s, s, 3}, {}, nb::dtype<uint8_t>(), owner_of(std::move(out)));
+    if (o.views.empty()) return tensor(data, {s, s, 3}, {}, nb::dtype<uint8_t>(), owner_of(std::move(out)));
+    nb::object owner = owner_of(std::move(out));
+    nb::list views;
+    for (const transforms::ViewOptions& v : o.views.views) {
+      const auto side = static_cast<size_t>(v.rrc.size);
+      views.append(tensor(data, {side, side, 3}, {}, nb::dtype<uint8_t>(), owner));
+      data += side * side * 3;
+    }
+    return views;
   }
 
  private:
@@ -595,9 +644,10 @@ NB_MODULE(_C, m) {
   nb::register_exception_translator(translate_errors);
   nb::class_<PyLoader>(m, "_Loader")
       .def(nb::init<const std::string&, const std::map<std::string, gpufeed::options::Value>&, const std::string&,
-                    const std::string&, bool, int64_t, int64_t, bool, bool, bool, const std::vector<std::string>&>(),
+                    const std::string&, bool, int64_t, int64_t, bool, bool, bool, const std::vector<std::string>&,
+                    const std::vector<std::map<std::string, gpufeed::options::Value>>&>(),
            "path"_a, "keywords"_a, "device"_a, "dtype"_a, "channels_last"_a, "rank"_a, "world_size"_a, "shuffle"_a,
-           "sampler_drop_last"_a, "sample_only"_a, "extensions"_a)
+           "sampler_drop_last"_a, "sample_only"_a, "extensions"_a, "view_rows"_a)
       .def("close", &PyLoader::close)
       .def("start_epoch", &PyLoader::start_epoch, "epoch"_a, "start_batch"_a)
       .def("next", &PyLoader::next, "slice_s"_a, "stream"_a = 0)
@@ -615,6 +665,7 @@ NB_MODULE(_C, m) {
       .def("samples", &PyLoader::samples)
       .def("stats", &PyLoader::stats)
       .def("epoch_summary", &PyLoader::epoch_summary)
+      .def("views", &PyLoader::views)
       .def("load_sample", &PyLoader::load_sample, "index"_a, "epoch"_a, "size"_a);
   m.def("decode_image", &decode_image, "source"_a, "apply_exif_orientation"_a = false);
   m.def("cuda_available", &gpufeed::device::cuda_available);
@@ -627,6 +678,13 @@ NB_MODULE(_C, m) {
   m.def("inspect_json", &inspect_json, "paths"_a, "all_files"_a, "apply_exif_orientation"_a, "strict"_a,
         "allow_truncated"_a, "max_pixels"_a, "write_png"_a);
   m.def("option_specs", &option_specs);
+  m.def(
+      "views_preset",
+      [](const std::string& name, int local_crops_number) {
+        return view_dicts(gpufeed::transforms::views_preset(name, local_crops_number));
+      },
+      "name"_a, "local_crops_number"_a = -1);
+  m.def("views_preset_names", [] { return gpufeed::transforms::views_preset_names(); });
   m.def("spell_options", [](const std::string& text) {
     return gpufeed::options::spell_options(text, gpufeed::options::Front::kPython);
   }, "text"_a);

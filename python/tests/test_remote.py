@@ -1018,6 +1018,46 @@ def test_the_profiles_ca_bundle_verifies_an_https_endpoint(packed, monkeypatch, 
             assert_same(local, remote)
 
 
+@pytest.mark.parametrize("where", ["SSL_CERT_FILE", "SSL_CERT_DIR", "none"])
+def test_ssl_cert_file_and_dir_verify_an_https_server(monkeypatch, tmp_path, where):
+    """A shard (made here with tarfile: no index, read from its tar headers) over https with a
+    self-signed certificate: trusted through SSL_CERT_FILE (CURLOPT_CAINFO) or a c_rehash-style
+    SSL_CERT_DIR (CURLOPT_CAPATH); without either, the system's CAs refuse it."""
+    from PIL import Image
+    from remote_servers import self_signed_cert
+
+    (tmp_path / "shards").mkdir()
+    with tarfile.open(tmp_path / "shards" / "train-000000.tar", "w") as tar:
+        for i in range(7):
+            jpeg = io.BytesIO()
+            Image.new("RGB", (40, 30), (i * 30, 90, 200 - i * 20)).save(jpeg, "JPEG")
+            for name, data in ((f"s{i:03d}.jpg", jpeg.getvalue()), (f"s{i:03d}.cls", str(i % 3).encode())):
+                member = tarfile.TarInfo(name)
+                member.size = len(data)
+                tar.addfile(member, io.BytesIO(data))
+    cert, key = self_signed_cert(tmp_path)
+    for name in ("AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    if where == "SSL_CERT_FILE":
+        monkeypatch.setenv("SSL_CERT_FILE", cert)
+    elif where == "SSL_CERT_DIR":
+        digest = subprocess.run(["openssl", "x509", "-hash", "-noout", "-in", cert], capture_output=True, text=True,
+                                check=True).stdout.strip()
+        (tmp_path / "certs").mkdir()
+        os.symlink(cert, tmp_path / "certs" / f"{digest}.0")
+        monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path / "certs"))
+    with RangeHTTPServer(tmp_path, tls=(cert, key)) as https:
+        url = f"{https.url}/shards/train-000000.tar"
+        if where == "none":
+            # the shard's HEAD or its index's GET, whichever fails first
+            failed = r"(HEAD|GET) https://127\.0\.0\.1:\d+/shards/train-000000\.tar(\.gpufeed-idx)?: .*certificate"
+            with pytest.raises(RuntimeError, match=failed):
+                gpufeed.DataLoader(url, **COMMON)
+        else:
+            labels = sorted(int(v) for _, y in gpufeed.DataLoader(url, **COMMON) for v in y)
+            assert labels == [0, 0, 0, 1, 1, 2, 2]
+
+
 # --------------------------------------------------------------------------------------------
 # Fail fast, fetch only what is used
 

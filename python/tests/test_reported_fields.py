@@ -12,7 +12,7 @@ FIELDS = _C._reported_fields()
 
 def test_field_lists_are_the_documented_keys():
     assert FIELDS["LoaderStats"] == ["samples", "skipped", "bytes_read", "read_s", "decode_s", "resize_s",
-                                     "decoded_pixels"]
+                                     "decoded_pixels", "decodes"]
     assert FIELDS["SlotCounts"] == ["ready", "in_flight", "held", "free"]
     assert FIELDS["ThreadDecision"] == ["epoch", "batch", "from", "to", "prefetch_depth_from", "prefetch_depth_to",
                                         "sample_cost_us", "demand_per_s", "needed", "wait_fraction", "why"]
@@ -76,4 +76,5 @@ def test_bench_json_reports_every_field(folder, gpufeed_cli):
     assert set(FIELDS["LoaderStats"]) <= set(record)
     check_loader_stats(record, FIELDS["LoaderStats"])
     assert record["samples"] == 27 and record["skipped"] == 0 and record["decoded_pixels"] > 0
+    assert record["decodes"] > 0
     assert record["thread_decisions"] == []

@@ -51,6 +51,8 @@ PUBLIC_HEADERS = [
 # pack/pack.h (gpufeed_pack, `gpufeed pack`). datasets/tbb_tsan.h is the loader rooms' oneTBB helper.
 INTERNAL_HEADERS = ["gpufeed/log.h", "gpufeed/log_text.h", "gpufeed/json_text.h", "gpufeed/unique_fd.h", "gpufeed/profiler/nvml.h", "gpufeed/profiler/trace.h",
                     "gpufeed/pack/inspect.h", "gpufeed/pack/pack.h", "gpufeed/datasets/tbb_tsan.h",
+                    # The https client's CA search (remote_client.cpp and its test).
+                    "gpufeed/datasets/ca_bundle.h",
                     # The reported structs' field lists, read by the fronts (Python, the CLI, the profiler).
                     "gpufeed/fields.h", "gpufeed/fields_json.h", "gpufeed/loader/stats_fields.h",
                     "gpufeed/datasets/remote_fields.h", "gpufeed/profiler/profile_fields.h"]

@@ -79,10 +79,27 @@ def _files_and_labels(data):
     return [os.path.join(data, n) for n in names], [index[p] for p in prefixes]
 
 
+def pil_files(files, labels, transform):
+    """A map-style torch Dataset of (transform(image), label), each file read as torchvision's
+    pil_loader reads it (PIL, converted to RGB)."""
+    import torch
+    from PIL import Image
+
+    class Files(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(files)
+
+        def __getitem__(self, i):
+            with open(files[i], "rb") as f:
+                img = Image.open(f).convert("RGB")
+            return transform(img), labels[i]
+
+    return Files()
+
+
 def child_pytorch(args):
     import torch
     import torchvision.transforms as T
-    from PIL import Image
 
     torch.set_num_threads(1)
     files, labels = _files_and_labels(args.data)
@@ -98,19 +115,10 @@ def child_pytorch(args):
     else:
         tf = T.Compose([T.Resize(round(size * 256 / 224)), T.CenterCrop(size), T.PILToTensor()])
 
-    class Files(torch.utils.data.Dataset):
-        def __len__(self):
-            return len(files)
-
-        def __getitem__(self, i):
-            with open(files[i], "rb") as f:  # torchvision's pil_loader
-                img = Image.open(f).convert("RGB")
-            return tf(img), labels[i]
-
     import warnings
     warnings.filterwarnings("ignore", message=".*pin_memory.*")  # no accelerator here
     loader = torch.utils.data.DataLoader(
-        Files(), batch_size=args.batch_size, num_workers=args.threads, pin_memory=True,
+        pil_files(files, labels, tf), batch_size=args.batch_size, num_workers=args.threads, pin_memory=True,
         persistent_workers=args.threads > 0)
     samples, t0 = 0, time.perf_counter()
     for e in range(args.warmup + args.epochs):

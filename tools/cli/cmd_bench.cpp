@@ -442,6 +442,9 @@ void parse_workers(Args& a, const options::Spec& spec) {
   }
   if (a.consumer_ms > 0 && a.mode != "loader")
     throw std::invalid_argument("bench: --consumer-ms needs --mode loader (the floors hand no batches to a consumer)");
+  if (!a.loader.views.empty() && (a.mode != "loader" || !a.dump.empty()))
+    throw std::invalid_argument("bench: --views needs --mode loader without --dump (the floors and the dump replay "
+                                "the single-view transform)");
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "gpufeed/log.h"
+#include "gpufeed/datasets/ca_bundle.h"
 #include "gpufeed/datasets/remote.h"
 
 namespace gpufeed::datasets::remote {
@@ -85,30 +86,24 @@ std::string s3_error_code(const decode::ByteBuffer& body) {
   return message.empty() ? code : code + " (" + message + ")";
 }
 
-// The CA bundle for https: AWS_CA_BUNDLE, CURL_CA_BUNDLE or SSL_CERT_FILE when set; else
-// libcurl's built-in one when it exists (the wheel's libcurl was built on Debian); else the
-// first of the other distributions' usual files; "" leaves libcurl's default.
-// The variables are read at every request (a process may set them after its first dataset);
-// the fallback is found once.
-std::string ca_bundle() {
-  for (const char* name : {"AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"}) {
-    if (const char* v = std::getenv(name); v && *v) return std::string(v);
+// The CA certificates for https (ca_bundle.h's search). The variables are read at every request
+// (a process may set them after its first dataset); a search that found something is kept while
+// they stay the same, one that found nothing is run again (the file may appear).
+CaBundle ca_bundle() {
+  thread_local std::string key;
+  thread_local CaBundle found;
+  std::string now;
+  for (const char* name : {"AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR"}) {
+    const char* v = std::getenv(name);
+    now.append(v ? v : "").push_back('\0');
   }
-  static const std::string path = [] {
-    CURL* e = curl_easy_init();
-    char* builtin = nullptr;
-    curl_easy_getinfo(e, CURLINFO_CAINFO, &builtin);
-    const bool have_builtin = builtin != nullptr && ::access(builtin, R_OK) == 0;
-    curl_easy_cleanup(e);
-    if (have_builtin) return std::string();
-    for (const char* f : {"/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
-                          "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem", "/etc/ssl/ca-bundle.pem",
-                          "/etc/ssl/cert.pem"}) {
-      if (::access(f, R_OK) == 0) return std::string(f);
-    }
-    return std::string();
-  }();
-  return path;
+  if (found.found() && now == key) return found;
+  CaBundle b = find_ca_bundle();
+  if (b.found()) {
+    key = std::move(now);
+    found = b;
+  }
+  return b;
 }
 
 std::string describe(const Request& r) {
@@ -302,6 +297,12 @@ struct Client::Impl {
         return;
       }
     }
+    CaBundle ca = ca_bundle();
+    if (s3c != nullptr && !s3c->ca_bundle.empty()) ca.file = s3c->ca_bundle;
+    if (!ca.found() && t->http_url.starts_with("https://")) {
+      fail(*t, describe(r) + ": " + ca.missing_message());
+      return;
+    }
     CURL* e = curl_easy_init();
     t->easy = e;
     curl_easy_setopt(e, CURLOPT_URL, t->http_url.c_str());
@@ -309,8 +310,8 @@ struct Client::Impl {
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
-    const std::string cainfo = s3c != nullptr && !s3c->ca_bundle.empty() ? s3c->ca_bundle : ca_bundle();
-    if (!cainfo.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, cainfo.c_str());
+    if (!ca.file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, ca.file.c_str());
+    if (!ca.dir.empty()) curl_easy_setopt(e, CURLOPT_CAPATH, ca.dir.c_str());
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &Impl::on_header);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, t.get());
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &Impl::on_body);

@@ -9,8 +9,10 @@
 #include <bit>
 #include <cmath>
 #include <numbers>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -148,6 +150,96 @@ struct GrayTables {
 const GrayTables& gray_tables() {
   static const GrayTables t;
   return t;
+}
+
+#if defined(__x86_64__)
+// GrayTables::gray_floor of 4 pixels (r, g, b as int32 lanes): the same float and double
+// operations (the tables hold exact products: a float product widened, and an 8-bit integer
+// times a float, exact in double), so the same values.
+__attribute__((target("avx2"), always_inline)) inline __m128 gray_floor4(__m128i r, __m128i g, __m128i b) {
+  const __m256d red = _mm256_cvtps_pd(_mm_mul_ps(_mm_cvtepi32_ps(r), _mm_set1_ps(0.2989f)));
+  const __m256d green = _mm256_mul_pd(_mm256_cvtepi32_pd(g), _mm256_set1_pd(static_cast<double>(0.587f)));
+  const __m128 l = _mm256_cvtpd_ps(_mm256_add_pd(red, green));
+  const __m256d blue = _mm256_mul_pd(_mm256_cvtepi32_pd(b), _mm256_set1_pd(static_cast<double>(0.114f)));
+  const __m128 t = _mm256_cvtpd_ps(_mm256_add_pd(_mm256_cvtps_pd(l), blue));
+  return _mm_round_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+}
+
+// The r, g, b bytes of 4 pixels at `px` as int32 lanes.
+__attribute__((target("avx2"), always_inline)) inline void load_rgb4(const uint8_t* px, __m128i& r, __m128i& g,
+                                                                        __m128i& b) {
+  r = _mm_setr_epi32(px[0], px[3], px[6], px[9]);
+  g = _mm_setr_epi32(px[1], px[4], px[7], px[10]);
+  b = _mm_setr_epi32(px[2], px[5], px[8], px[11]);
+}
+
+// adjust_saturation's blend of one channel's 4 values `x` with gray term `gterm`:
+// to_u8_trunc(float(gterm + double(float(x) * ratio))).
+__attribute__((target("avx2"), always_inline)) inline __m128i blend4(__m256d gterm, __m128i x, __m128 ratio) {
+  const __m256d scaled = _mm256_cvtps_pd(_mm_mul_ps(_mm_cvtepi32_ps(x), ratio));
+  const __m128 v = _mm256_cvtpd_ps(_mm256_add_pd(gterm, scaled));
+  return _mm_cvttps_epi32(_mm_min_ps(_mm_max_ps(v, _mm_setzero_ps()), _mm_set1_ps(255.0f)));
+}
+
+// adjust_saturation on 4 pixels per step; returns the pixels done (the caller does the rest).
+__attribute__((target("avx2"))) size_t adjust_saturation_avx2(uint8_t* image, size_t n, float ratio, float alpha) {
+  const __m128 vratio = _mm_set1_ps(ratio);
+  const __m256d valpha = _mm256_set1_pd(static_cast<double>(alpha));
+  alignas(16) int32_t out[3][4];
+  size_t p = 0;
+  for (; p + 4 <= n; p += 4) {
+    uint8_t* px = image + p * 3;
+    __m128i r, g, b;
+    load_rgb4(px, r, g, b);
+    const __m256d gterm = _mm256_mul_pd(_mm256_cvtps_pd(gray_floor4(r, g, b)), valpha);
+    _mm_store_si128(reinterpret_cast<__m128i*>(out[0]), blend4(gterm, r, vratio));
+    _mm_store_si128(reinterpret_cast<__m128i*>(out[1]), blend4(gterm, g, vratio));
+    _mm_store_si128(reinterpret_cast<__m128i*>(out[2]), blend4(gterm, b, vratio));
+    for (int j = 0; j < 4; ++j) {
+      px[3 * j] = static_cast<uint8_t>(out[0][j]);
+      px[3 * j + 1] = static_cast<uint8_t>(out[1][j]);
+      px[3 * j + 2] = static_cast<uint8_t>(out[2][j]);
+    }
+  }
+  return p;
+}
+
+// The sum of gray_floor over the first pixels of `image`, 4 per step; `done` the pixels summed.
+__attribute__((target("avx2"))) int64_t gray_sum_avx2(const uint8_t* image, size_t n, size_t& done) {
+  __m256d sum = _mm256_setzero_pd();  // whole numbers below 2^53: exact
+  size_t p = 0;
+  for (; p + 4 <= n; p += 4) {
+    __m128i r, g, b;
+    load_rgb4(image + p * 3, r, g, b);
+    sum = _mm256_add_pd(sum, _mm256_cvtps_pd(gray_floor4(r, g, b)));
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, sum);
+  done = p;
+  return static_cast<int64_t>(lanes[0]) + static_cast<int64_t>(lanes[1]) + static_cast<int64_t>(lanes[2]) +
+         static_cast<int64_t>(lanes[3]);
+}
+#endif
+
+// Whether the colour kernels run their AVX2 loops for `kernel` (hue's, saturation's, contrast's).
+bool colour_avx2(ColorKernel kernel) {
+#if defined(__x86_64__)
+  static const bool cpu = __builtin_cpu_supports("avx2") != 0;
+#else
+  static const bool cpu = false;
+#endif
+  static const bool scalar_asked = [] {
+    const char* env = std::getenv("GPUFEED_RESIZE_KERNEL");
+    return env != nullptr && std::string_view(env) == "scalar";
+  }();
+  switch (kernel) {
+    case ColorKernel::kScalar: return false;
+    case ColorKernel::kAvx2:
+      if (!cpu) throw std::invalid_argument("ColorKernel::kAvx2 on a CPU without AVX2");
+      return true;
+    case ColorKernel::kAuto: break;
+  }
+  return cpu && !scalar_asked;
 }
 
 void check_factor(const char* what, double factor) {
@@ -743,7 +835,7 @@ void adjust_brightness(uint8_t* image, int height, int width, double factor) {
   apply_lut(image, height, width, lut);
 }
 
-void adjust_saturation(uint8_t* image, int height, int width, double factor) {
+void adjust_saturation(uint8_t* image, int height, int width, double factor, ColorKernel kernel) {
   check_factor("adjust_saturation", factor);
   // _blend(image, gray, ratio): image.mul(ratio).add_(gray, alpha=1 - ratio), fused.
   const float ratio = static_cast<float>(factor);
@@ -755,7 +847,14 @@ void adjust_saturation(uint8_t* image, int height, int width, double factor) {
     gray_term[static_cast<size_t>(v)] = static_cast<double>(v) * static_cast<double>(alpha);
   }
   const GrayTables& gt = gray_tables();
-  const size_t n = pixel_count(height, width);
+  size_t n = pixel_count(height, width);
+#if defined(__x86_64__)
+  if (colour_avx2(kernel)) {
+    const size_t done = adjust_saturation_avx2(image, n, ratio, alpha);
+    image += done * 3;
+    n -= done;
+  }
+#endif
   for (size_t p = 0; p < n; ++p, image += 3) {
     const double g = gray_term[static_cast<uint32_t>(static_cast<int32_t>(gt.gray_floor(image[0], image[1], image[2])))];
     image[0] = to_u8_trunc(static_cast<float>(g + scaled[image[0]]));
@@ -764,12 +863,16 @@ void adjust_saturation(uint8_t* image, int height, int width, double factor) {
   }
 }
 
-void adjust_contrast(uint8_t* image, int height, int width, double factor) {
+void adjust_contrast(uint8_t* image, int height, int width, double factor, ColorKernel kernel) {
   check_factor("adjust_contrast", factor);
   const size_t n = pixel_count(height, width);
   int64_t sum = 0;  // of whole numbers <= 255: torch's float32 sum is exact below 2^24
   const GrayTables& gt = gray_tables();
-  for (const uint8_t* px = image; px != image + 3 * n; px += 3) {
+  size_t done = 0;
+#if defined(__x86_64__)
+  if (colour_avx2(kernel)) sum = gray_sum_avx2(image, n, done);
+#endif
+  for (const uint8_t* px = image + 3 * done; px != image + 3 * n; px += 3) {
     sum += static_cast<int64_t>(gt.gray_floor(px[0], px[1], px[2]));
   }
   const float mean = static_cast<float>(sum) / static_cast<float>(n);
@@ -815,15 +918,116 @@ void adjust_sharpness(uint8_t* image, int height, int width, double factor, Augm
   }
 }
 
-void adjust_hue(uint8_t* image, int height, int width, double factor) {
+namespace {
+
+// adjust_hue's constants, float32 as torchvision computes in float32.
+struct HueConstants {
+  float inv255 = static_cast<float>(1.0 / 255);
+  float sixth = static_cast<float>(1.0 / 6.0);
+  float to_u8 = static_cast<float>(255 + 1.0 - 1e-3);
+};
+
+#if defined(__x86_64__)
+// adjust_hue on 8 pixels at a time: the scalar loop's float32 operations in the same order, on
+// 8 lanes (no FMA: every product and sum rounds as the scalar code's do), so the bytes are the
+// scalar path's. Returns the pixels done (a multiple of 8); the caller does the rest.
+__attribute__((target("avx2"), always_inline)) inline __m256 floor8(__m256 v) {
+  return _mm256_round_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+}
+__attribute__((target("avx2"), always_inline)) inline __m256 clamp01(__m256 v) {
+  return _mm256_min_ps(_mm256_max_ps(v, _mm256_setzero_ps()), _mm256_set1_ps(1.0f));
+}
+
+__attribute__((target("avx2"))) size_t adjust_hue_avx2(uint8_t* image, size_t n, float hue) {
+  const HueConstants k;
+  const __m256 inv255 = _mm256_set1_ps(k.inv255), sixth = _mm256_set1_ps(k.sixth), to_u8 = _mm256_set1_ps(k.to_u8);
+  const __m256 one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f);
+  const __m256 four = _mm256_set1_ps(4.0f), six = _mm256_set1_ps(6.0f), vhue = _mm256_set1_ps(hue);
+  alignas(32) float r8[8], g8[8], b8[8];
+  alignas(32) int32_t out[3][8];
+  size_t p = 0;
+  for (; p + 8 <= n; p += 8) {
+    uint8_t* px = image + p * 3;
+    for (int j = 0; j < 8; ++j) {
+      r8[j] = px[3 * j];
+      g8[j] = px[3 * j + 1];
+      b8[j] = px[3 * j + 2];
+    }
+    const __m256 r = _mm256_mul_ps(_mm256_load_ps(r8), inv255);
+    const __m256 g = _mm256_mul_ps(_mm256_load_ps(g8), inv255);
+    const __m256 b = _mm256_mul_ps(_mm256_load_ps(b8), inv255);
+    const __m256 maxc = _mm256_max_ps(_mm256_max_ps(r, g), b);
+    const __m256 minc = _mm256_min_ps(_mm256_min_ps(r, g), b);
+    const __m256 eqc = _mm256_cmp_ps(maxc, minc, _CMP_EQ_OQ);
+    const __m256 cr = _mm256_sub_ps(maxc, minc);
+    const __m256 s = _mm256_div_ps(cr, _mm256_blendv_ps(maxc, one, eqc));
+    const __m256 crd = _mm256_blendv_ps(cr, one, eqc);
+    const __m256 rc = _mm256_div_ps(_mm256_sub_ps(maxc, r), crd);
+    const __m256 gc = _mm256_div_ps(_mm256_sub_ps(maxc, g), crd);
+    const __m256 bc = _mm256_div_ps(_mm256_sub_ps(maxc, b), crd);
+    const __m256 max_ne_r = _mm256_cmp_ps(maxc, r, _CMP_NEQ_UQ);
+    const __m256 max_eq_g = _mm256_cmp_ps(maxc, g, _CMP_EQ_OQ);
+    // The scalar code multiplies by 1.0f or 0.0f; so do these lanes.
+    const __m256 hg = _mm256_mul_ps(_mm256_sub_ps(_mm256_add_ps(rc, two), bc),
+                                    _mm256_and_ps(_mm256_and_ps(max_eq_g, max_ne_r), one));
+    const __m256 hr = _mm256_mul_ps(_mm256_sub_ps(bc, gc), _mm256_andnot_ps(max_ne_r, one));
+    const __m256 hb = _mm256_mul_ps(_mm256_sub_ps(_mm256_add_ps(gc, four), rc),
+                                    _mm256_and_ps(_mm256_andnot_ps(max_eq_g, max_ne_r), one));
+    __m256 h = _mm256_add_ps(_mm256_mul_ps(_mm256_add_ps(_mm256_add_ps(hr, hg), hb), sixth), one);
+    h = _mm256_sub_ps(h, floor8(h));
+    h = _mm256_add_ps(h, vhue);
+    h = _mm256_sub_ps(h, floor8(h));
+    const __m256 h6 = _mm256_mul_ps(h, six);
+    const __m256 i = floor8(h6);
+    const __m256 f = _mm256_sub_ps(h6, i);
+    // sector = int(i) mod 6, i in [0, 6]: 6 -> 0
+    __m256i sector = _mm256_cvttps_epi32(i);
+    sector = _mm256_sub_epi32(sector, _mm256_and_si256(_mm256_cmpgt_epi32(sector, _mm256_set1_epi32(5)),
+                                                       _mm256_set1_epi32(6)));
+    const __m256 sxf = _mm256_mul_ps(s, f);
+    const __m256 one_minus_s = _mm256_sub_ps(one, s);
+    const __m256 v = maxc;
+    const __m256 q = clamp01(_mm256_mul_ps(_mm256_sub_ps(one, sxf), v));
+    const __m256 t = clamp01(_mm256_mul_ps(_mm256_add_ps(sxf, one_minus_s), v));
+    const __m256 pp = clamp01(_mm256_mul_ps(one_minus_s, v));
+    const __m256 vpqt[4] = {v, pp, q, t};
+    static constexpr int kSelect[3][6] = {{0, 2, 1, 1, 3, 0}, {3, 0, 0, 2, 1, 1}, {1, 1, 3, 0, 0, 2}};
+    for (int c = 0; c < 3; ++c) {
+      __m256 chosen = vpqt[kSelect[c][0]];
+      for (int sec = 1; sec < 6; ++sec) {
+        const __m256 here = _mm256_castsi256_ps(_mm256_cmpeq_epi32(sector, _mm256_set1_epi32(sec)));
+        chosen = _mm256_blendv_ps(chosen, vpqt[kSelect[c][sec]], here);
+      }
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out[c]), _mm256_cvttps_epi32(_mm256_mul_ps(chosen, to_u8)));
+    }
+    for (int j = 0; j < 8; ++j) {
+      px[3 * j] = static_cast<uint8_t>(out[0][j]);
+      px[3 * j + 1] = static_cast<uint8_t>(out[1][j]);
+      px[3 * j + 2] = static_cast<uint8_t>(out[2][j]);
+    }
+  }
+  return p;
+}
+#else
+size_t adjust_hue_avx2(uint8_t*, size_t, float) { return 0; }
+#endif
+
+}  // namespace
+
+
+void adjust_hue(uint8_t* image, int height, int width, double factor, ColorKernel kernel) {
   if (!(factor >= -0.5 && factor <= 0.5)) {
     throw std::invalid_argument(fmt::format("adjust_hue: factor {} is not in [-0.5, 0.5]", factor));
   }
   const float hue = static_cast<float>(factor);
-  const float inv255 = static_cast<float>(1.0 / 255);
-  const float sixth = static_cast<float>(1.0 / 6.0);
-  const float to_u8 = static_cast<float>(255 + 1.0 - 1e-3);
-  const size_t n = pixel_count(height, width);
+  const HueConstants k;
+  const float inv255 = k.inv255, sixth = k.sixth, to_u8 = k.to_u8;
+  size_t n = pixel_count(height, width);
+  if (colour_avx2(kernel)) {
+    const size_t done = adjust_hue_avx2(image, n, hue);
+    image += done * 3;
+    n -= done;
+  }
   for (size_t p = 0; p < n; ++p, image += 3) {
     const float r = static_cast<float>(image[0]) * inv255;
     const float g = static_cast<float>(image[1]) * inv255;
@@ -935,8 +1139,36 @@ void blur_row_scalar(const float* padded, size_t padded_row, const float* kernel
 }
 
 #if defined(__x86_64__) || defined(__i386__)
+// 32 values of the row at once, their sums kept in registers through all k x k taps (the same
+// fused multiply-adds in the same tap order as the loop below, so the same values, without a
+// load and store of the sums per tap).
+__attribute__((target("avx2,fma"))) void blur_block32_fma(const float* padded, size_t padded_row, const float* kernel,
+                                                          int k, float* row) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  for (int i = 0; i < k; ++i) {
+    const float* in = padded + static_cast<size_t>(i) * padded_row;
+    for (int j = 0; j < k; ++j, in += 3) {
+      const __m256 wv = _mm256_set1_ps(kernel[i * k + j]);
+      a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(in), a0);
+      a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(in + 8), a1);
+      a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(in + 16), a2);
+      a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(in + 24), a3);
+    }
+  }
+  _mm256_storeu_ps(row, a0);
+  _mm256_storeu_ps(row + 8, a1);
+  _mm256_storeu_ps(row + 16, a2);
+  _mm256_storeu_ps(row + 24, a3);
+}
+
 __attribute__((target("avx2,fma"))) void blur_row_fma(const float* padded, size_t padded_row, const float* kernel,
                                                       int k, size_t n_values, float* row) {
+  const size_t blocks = n_values / 32 * 32;
+  for (size_t n = 0; n < blocks; n += 32) blur_block32_fma(padded + n, padded_row, kernel, k, row + n);
+  // The rest (under 32 values): the sums in memory, as before.
+  padded += blocks;
+  row += blocks;
+  n_values -= blocks;
   std::fill(row, row + n_values, 0.0f);
   const size_t vec_end = n_values / 8 * 8;
   for (int i = 0; i < k; ++i) {

@@ -165,6 +165,11 @@ Schema<TransformOptions> make_transform_schema() {
          .words = {"bilinear", "bicubic"}},
         [](TransformOptions& t, const Value& v) { t.interpolation = parse_resize_filter(std::get<std::string>(v)); },
         [](const TransformOptions& t) -> Value { return std::string(to_string(t.interpolation)); });
+  s.add({.name = "hflip_p", .type = Type::kFloat,
+         .help = "train transform: RandomHorizontalFlip's probability (torchvision's p); 0 = never", .min = 0,
+         .max = 1},
+        [](TransformOptions& t, const Value& v) { t.flip_probability = static_cast<float>(std::get<double>(v)); },
+        [](const TransformOptions& t) -> Value { return f(t.flip_probability); });
   s.add({.name = "resize_size", .type = Type::kInt,
          .help = "eval transform: Resize's shorter side before CenterCrop(image_size)", .unit = "pixels",
          .min = 1, .max = kMaxSide, .derived_default = "round(image_size x 256 / 224)"},

@@ -1,8 +1,12 @@
 #include "gpufeed/transforms/views.h"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 #include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace gpufeed::transforms {
 namespace {
@@ -108,6 +112,23 @@ void resize_view(const SamplePlan& plan, const decode::DecodeResult& result,
                  static_cast<size_t>(o) * 3, plan.flip, plan.filter);
 }
 
+double decode_cost(const decode::ImageInfo& info, const decode::DecodeOptions& d) {
+  const double w = info.width, h = info.height;
+  CropRect c = d.crop;
+  if (c.width <= 0) c = {0, 0, info.width, info.height};
+  const double bottom = info.progressive ? h : std::min<double>(h, c.y + c.height);
+  const double area = static_cast<double>(c.width) * c.height;
+  return (kEntropyShare * w * bottom + (decode::scale_cost(d.scale) - kEntropyShare) * area) / (w * h);
+}
+
+bool decode_views_separately(std::span<const SamplePlan> plans, const decode::ImageInfo& info,
+                             const decode::DecodeOptions& base) {
+  if (plans.size() < 2 || info.format != decode::ImageFormat::kJpeg) return false;
+  double separate = 0;
+  for (const SamplePlan& p : plans) separate += decode_cost(info, decode_options_for(p, info, base));
+  return separate < 0.9 * decode_cost(info, decode_options_for_views(plans, info, base));
+}
+
 decode::DecodeOptions decode_views_into(std::span<const uint8_t> bytes, std::string_view source,
                                         const ViewsOptions& options,
                                         const decode::DecodeOptions& base, uint64_t seed,
@@ -117,6 +138,7 @@ decode::DecodeOptions decode_views_into(std::span<const uint8_t> bytes, std::str
     throw std::invalid_argument("decode_views_into: " + std::to_string(outs.size()) +
                                 " outputs for " + std::to_string(options.views.size()) + " views");
   }
+  const auto t0 = std::chrono::steady_clock::now();
   const decode::ImageInfo info = decode::probe(bytes, source);
   // Plans are made in the frame the decoder returns (the loader's plan_for does the same).
   const bool upright =
@@ -124,11 +146,24 @@ decode::DecodeOptions decode_views_into(std::span<const uint8_t> bytes, std::str
   plan_views(options, upright ? info.height : info.width, upright ? info.width : info.height, seed,
              epoch, index, w.plans);
   const decode::DecodeOptions d = decode_options_for_views(w.plans, info, base);
-  const decode::DecodeResult decoded = w.decoder.decode(bytes, source, d, w.image);
-  ++w.decodes;
+  const bool separately = decode_views_separately(w.plans, info, base);
+  decode::DecodeResult decoded{};
+  const auto decode_now = [&](const decode::DecodeOptions& options) {
+    const auto start = std::chrono::steady_clock::now();
+    decoded = w.decoder.decode(bytes, source, options, w.image);
+    ++w.decodes;
+    w.decode_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  };
+  w.decode_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  if (!separately) decode_now(d);
   for (size_t k = 0; k < outs.size(); ++k) {
     const SamplePlan& p = w.plans[k];
-    resize_view(p, decoded, w.image, w.resizer, outs[k]);
+    if (separately) {
+      decode_now(decode_options_for(p, info, base));
+      resize_sample(p, decoded, w.image, w.resizer, outs[k]);
+    } else {
+      resize_view(p, decoded, w.image, w.resizer, outs[k]);
+    }
     const AugmentOptions& aug = options.views[k].augment;
     if (!aug.enabled()) continue;
     SampleRng rng = *p.rng;  // the view's stream after its crop and flip draws
@@ -137,6 +172,133 @@ decode::DecodeOptions decode_views_into(std::span<const uint8_t> bytes, std::str
     apply_augment(w.augment, outs[k], p.output_size, p.output_size, w.scratch);
   }
   return d;
+}
+
+ViewOptions view_of(const TransformOptions& t) {
+  if (t.kind != TransformOptions::Kind::kTrain) {
+    throw std::invalid_argument("views: a view is a train transform (RandomResizedCrop), not an eval one");
+  }
+  ViewOptions v;
+  v.rrc = t.rrc;
+  v.interpolation = t.interpolation;
+  v.flip_probability = t.flip_probability;
+  v.augment = t.augment;
+  return v;
+}
+
+TransformOptions transform_of(const ViewOptions& v) {
+  TransformOptions t;
+  t.kind = TransformOptions::Kind::kTrain;
+  t.rrc = v.rrc;
+  t.eval.crop = v.rrc.size;
+  t.interpolation = v.interpolation;
+  t.flip_probability = v.flip_probability;
+  t.augment = v.augment;
+  return t;
+}
+
+const std::vector<std::string>& view_keywords() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const auto& f : transform_options_schema().fields()) {
+      if (f.spec.name != "train" && f.spec.name != "resize_size") out.push_back(f.spec.name);
+    }
+    return out;
+  }();
+  return names;
+}
+
+ViewsOptions views_from_rows(const std::vector<std::map<std::string, options::Value>>& rows) {
+  if (rows.empty()) throw std::invalid_argument("views: no views (expected at least one)");
+  const std::vector<std::string>& keys = view_keywords();
+  ViewsOptions out;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const std::string where = fmt::format("views[{}].", k);
+    for (const auto& [name, value] : rows[k]) {
+      if (std::find(keys.begin(), keys.end(), name) == keys.end()) {
+        throw options::OptionError(where + name, fmt::format("is not a view keyword (accepted: {})",
+                                                             fmt::join(keys, ", ")));
+      }
+    }
+    TransformOptions t;  // the default train transform
+    try {
+      transform_options_schema().apply(t, rows[k]);
+    } catch (const options::OptionError& e) {
+      throw options::OptionError(where + e.option(), std::string(e.what()).substr(e.option().size() + 3));
+    }
+    out.views.push_back(view_of(t));
+  }
+  out.validate();
+  return out;
+}
+
+std::vector<std::map<std::string, options::Value>> views_to_rows(const ViewsOptions& views) {
+  std::vector<std::map<std::string, options::Value>> rows;
+  const auto& schema = transform_options_schema();
+  for (const ViewOptions& v : views.views) {
+    const TransformOptions t = transform_of(v);
+    std::map<std::string, options::Value> row;
+    for (const std::string& name : view_keywords()) row[name] = schema.find(name)->get(t);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+const std::vector<std::string>& views_preset_names() {
+  static const std::vector<std::string> names{"dino", "dinov2", "dinov2_paper"};
+  return names;
+}
+
+namespace {
+
+// One crop of the DINO family: RandomResizedCrop(size, scale, bicubic), flip 0.5,
+// RandomApply(ColorJitter(0.4, 0.4, 0.2, 0.1), 0.8), RandomGrayscale(0.2), GaussianBlur(9,
+// (0.1, 2.0)) with probability `blur_p`, RandomSolarize(128, solarize_p).
+ViewOptions dino_crop(int size, float scale_min, float scale_max, float blur_p, float solarize_p) {
+  ViewOptions v;
+  v.rrc.size = size;
+  v.rrc.scale_min = scale_min;
+  v.rrc.scale_max = scale_max;
+  v.interpolation = ResizeFilter::kBicubic;
+  v.flip_probability = 0.5f;
+  v.augment.color_jitter = ColorJitterOptions{0.4f, 0.4f, 0.2f, 0.1f};
+  v.augment.color_jitter_p = 0.8f;
+  v.augment.grayscale_p = 0.2f;
+  v.augment.gaussian_blur = GaussianBlurOptions{blur_p, 9, 0.1f, 2.0f};
+  v.augment.solarize_p = solarize_p;
+  v.augment.solarize_threshold = 128;
+  return v;
+}
+
+}  // namespace
+
+ViewsOptions views_preset(std::string_view name, int local_crops_number) {
+  if (local_crops_number < -1 || local_crops_number > 64) {
+    throw std::invalid_argument(
+        fmt::format("views: local_crops_number {} is outside [0, 64] (-1: the preset's 8)", local_crops_number));
+  }
+  struct Recipe {
+    float global_min, local_max, blur_global1, blur_global2, blur_local;
+  };
+  Recipe r{};
+  if (name == "dino") {
+    r = {0.4f, 0.4f, 1.0f, 0.1f, 0.5f};
+  } else if (name == "dinov2") {
+    r = {0.32f, 0.32f, 0.0f, 0.9f, 0.5f};
+  } else if (name == "dinov2_paper") {
+    r = {0.32f, 0.32f, 1.0f, 0.1f, 0.5f};
+  } else {
+    throw std::invalid_argument(fmt::format("views: no preset named '{}' (presets: {})", name,
+                                            fmt::join(views_preset_names(), ", ")));
+  }
+  ViewsOptions out;
+  out.preset = std::string(name);
+  out.local_crops_number = local_crops_number;
+  out.views.push_back(dino_crop(224, r.global_min, 1.0f, r.blur_global1, 0.0f));
+  out.views.push_back(dino_crop(224, r.global_min, 1.0f, r.blur_global2, 0.2f));
+  const int locals = local_crops_number < 0 ? 8 : local_crops_number;
+  for (int k = 0; k < locals; ++k) out.views.push_back(dino_crop(96, 0.05f, r.local_max, r.blur_local, 0.0f));
+  return out;
 }
 
 }  // namespace gpufeed::transforms

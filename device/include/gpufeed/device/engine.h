@@ -70,6 +70,13 @@ struct EngineOptions {
   std::shared_ptr<DeviceAllocator> allocator;
 };
 
+/// One view of a multi-crop batch on the device (loader::LoaderOptions::views): as
+/// EngineBatch::images, [size, 3, height, width] of the batch's dtype and layout.
+struct EngineView {
+  std::shared_ptr<DeviceBuffer> images;
+  int64_t height = 0, width = 0;
+};
+
 /// One batch on the device, ready on the stream passed to next().
 struct EngineBatch {
   /// [size, 3, height, width] of `dtype`: NCHW-contiguous, or channels_last memory ([size, height,
@@ -79,6 +86,9 @@ struct EngineBatch {
   OutputType dtype = OutputType::kFloat32;
   bool channels_last = false;
   int64_t size = 0, height = 0, width = 0;
+  /// Multi-crop: the K views, in order, each copied and converted as `images` is (views[0].images
+  /// is `images`); empty without views.
+  std::vector<EngineView> views;
   int64_t epoch = 0;
   int64_t batch_index = 0;
   std::vector<int64_t> indices;                // dataset indices, sampler order

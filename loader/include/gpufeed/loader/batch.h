@@ -35,12 +35,21 @@ struct DeferredSample {
   bool pending = false;            ///< internal: set for the batch being assembled
 };
 
+/// One view of a multi-crop batch (LoaderOptions::views): [size, height, width, 3] uint8 RGB,
+/// NHWC, contiguous, inside the batch's slot.
+struct BatchView {
+  uint8_t* images = nullptr;
+  int64_t height = 0;  ///< pixels
+  int64_t width = 0;   ///< pixels
+};
+
 /// One batch, as plain data over a slot of the loader's ring: no torch, no copy. The slot goes
 /// back to the ring when the last copy of this Batch (or of its `lease`) is destroyed, so hold a
 /// Batch exactly as long as its memory is needed (the CUDA prefetcher holds it until its copy's
 /// event completed).
 struct Batch {
-  uint8_t* images = nullptr;   ///< [size, height, width, 3] uint8 RGB, NHWC, contiguous
+  /// [size, height, width, 3] uint8 RGB, NHWC, contiguous. With views: view 0 (views[0]).
+  uint8_t* images = nullptr;
   int64_t* labels = nullptr;   ///< [size] int64 class indices
   int64_t size = 0;            ///< samples in this batch (<= batch_size; the last may be short)
   int64_t height = 0;          ///< pixels
@@ -52,10 +61,12 @@ struct Batch {
   /// Samples left for the GPU decoder (decode_device gpu/auto), by position; owned by the slot,
   /// valid while `lease` is held. Empty under decode_device cpu.
   std::vector<const DeferredSample*> deferred;
+  /// LoaderOptions::views: the K views, in order, each [size, S_k, S_k, 3]; empty without views.
+  std::vector<BatchView> views;
   std::shared_ptr<const void> epoch_plan;  ///< internal: the epoch this batch came from (skip replacement)
   std::shared_ptr<void> lease;  ///< keeps the slot out of the ring while held
 
-  /// Bytes of `images`: size * height * width * 3.
+  /// Bytes of `images`: size * height * width * 3 (view 0's only, with views).
   int64_t image_bytes() const { return size * height * width * 3; }
 };
 

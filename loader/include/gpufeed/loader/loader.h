@@ -29,6 +29,7 @@
 #include "gpufeed/loader/host_allocator.h"
 #include "gpufeed/loader/thread_tuner.h"
 #include "gpufeed/transforms/transform.h"
+#include "gpufeed/transforms/views.h"
 #include "gpufeed/sampler/sampler.h"
 #include "gpufeed/sampler/shard_order.h"
 
@@ -132,6 +133,11 @@ struct LoaderOptions {
   int prefetch_depth = 3;     ///< batch slots that exist, held by the consumer included; >= 1, or kAutoPrefetchDepth
   uint64_t seed = 0;          ///< augmentation seed: sample i of epoch e draws from (seed, e, i)
   transforms::TransformOptions transform{};        ///< train or eval transform and its parameters
+  /// Multi-crop (DINO, DINOv2): K views of every sample from one decode (transforms/views.h), in
+  /// place of `transform`'s single output: Batch::views holds view k as [size, S_k, S_k, 3]
+  /// uint8. Empty (the default): the single-view transform. Needs decode_device cpu,
+  /// max_image_size 0 and a `transform` without augmentations (the views carry their own).
+  transforms::ViewsOptions views{};
   decode::DecodeOptions decode{};      ///< pixel limit, truncated-data policy (scale/crop ignored)
   ErrorPolicy error_policy = ErrorPolicy::kRaise;
   int64_t max_skips = 100;    ///< skip policy: more skips than this in one epoch is an error
@@ -170,7 +176,9 @@ struct LoaderOptions {
 
   /// The rules a Loader needs of these options: batch_size >= 1; prefetch_depth >= 1 or
   /// kAutoPrefetchDepth; num_workers in 0..kMaxNumWorkers or kAutoNumWorkers; a transform output
-  /// size >= 1; max_image_size 0 or >= that size; the augmentations' (AugmentOptions::validate).
+  /// size >= 1; max_image_size 0 or >= that size; the augmentations' (AugmentOptions::validate);
+  /// views valid (ViewsOptions::validate) and, when given, with decode_device cpu, no
+  /// max_image_size and no augmentation in `transform`.
   /// Throws std::invalid_argument naming the field and its value. The one place these rules
   /// live: Loader's constructor calls it, and so does loader_options_schema() after a front
   /// has set its options.
@@ -179,7 +187,8 @@ struct LoaderOptions {
 
 /// LoaderOptions' user-facing fields, transform and augmentations included (gpufeed/option.h):
 /// batch_size, drop_last, num_workers, prefetch_depth, seed, on_error, max_skips, strict_decode,
-/// max_image_size, then transform_options_schema()'s. The CLI's --batch-size ... and
+/// max_image_size, views and local_crops_number (a preset of transforms::views_preset), then
+/// transform_options_schema()'s. The CLI's --batch-size ... and
 /// gpufeed.DataLoader's keywords are generated from it.
 const options::Schema<LoaderOptions>& loader_options_schema();
 
@@ -231,6 +240,11 @@ struct LoaderStats {
   double decode_s = 0;        ///< summed over threads: probe + decode
   double resize_s = 0;        ///< summed over threads: resize + flip into the slot
   int64_t decoded_pixels = 0; ///< pixels the decoder produced (DCT scaling and crops shrink this)
+  /// Decoder::decode calls that produced pixels: one per sample written, views or not (a sample
+  /// with K views is decoded once, but for the rare samples whose views
+  /// transforms::decode_views_separately decodes one by one), replacements under the skip policy
+  /// included; samples left to the GPU decoder (decode_device gpu/auto) are not counted.
+  int64_t decodes = 0;
 };
 
 /// Per-sample stage times in power-of-two microsecond buckets: counts[0] holds times below 1 us,
@@ -441,8 +455,13 @@ struct PlannedSample {
 PlannedSample plan_for(const decode::ImageInfo& info, const LoaderOptions& options, int64_t epoch,
                        int64_t index);
 
+/// The bytes one sample takes in a slot: S x S x 3 (S = transform.output_size()), or with views
+/// the sum of their S_k x S_k x 3.
+int64_t sample_bytes(const LoaderOptions& options);
+
 /// Decodes and transforms one sample exactly as the loader's workers do, into `out`
-/// ([S, S, 3] uint8, S = options.transform.output_size()). For tests and tools; uses a
+/// ([S, S, 3] uint8, S = options.transform.output_size(); with options.views the K views back to
+/// back, view k [S_k, S_k, 3], sample_bytes(options) in all). For tests and tools; uses a
 /// thread-local decoder. Throws decode::DecodeError.
 void load_sample(const datasets::Dataset& dataset, int64_t index, int64_t epoch, const LoaderOptions& options,
                  uint8_t* out);

@@ -21,7 +21,8 @@ struct FieldList<loader::LoaderStats> {
                                            field("read_s", &S::read_s, "s (thread time)"),
                                            field("decode_s", &S::decode_s, "s (thread time)"),
                                            field("resize_s", &S::resize_s, "s (thread time)"),
-                                           field("decoded_pixels", &S::decoded_pixels, "pixels")};
+                                           field("decoded_pixels", &S::decoded_pixels, "pixels"),
+                                           field("decodes", &S::decodes, "count")};
 };
 
 template <>

@@ -36,6 +36,16 @@
 // the profile's endpoint_url (path-style requests), else AWS (virtual-hosted); CA bundle from
 // AWS_CA_BUNDLE or the profile's ca_bundle. Without credentials requests go unsigned (public
 // buckets); a 403 then says that no credentials were found and where they were looked for.
+//
+// CA certificates of https requests (gpufeed/datasets/ca_bundle.h): the file AWS_CA_BUNDLE, else
+// CURL_CA_BUNDLE, else SSL_CERT_FILE names (for s3:// URLs the profile's ca_bundle comes after
+// AWS_CA_BUNDLE and before the others), and the directory SSL_CERT_DIR names (CURLOPT_CAPATH);
+// without a file variable, the first readable one of Debian/Ubuntu's
+// /etc/ssl/certs/ca-certificates.crt, RHEL/Fedora's /etc/pki/tls/certs/ca-bundle.crt and
+// /etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem, SUSE's /etc/ssl/ca-bundle.pem and
+// /var/lib/ca-certificates/ca-bundle.pem, Alpine's /etc/ssl/cert.pem; libcurl's built-in file or
+// directory last. With none of them an https request fails at once (no retry) with RemoteError
+// naming the URL and every variable and path looked at.
 
 #include <chrono>
 #include <cstdint>
@@ -80,7 +90,8 @@ struct S3Config {
   std::string region = "us-east-1";
   std::string access_key, secret_key, session_token;
   /// The CA bundle for https (CURLOPT_CAINFO): AWS_CA_BUNDLE, else the profile's ca_bundle;
-  /// "" leaves the client's default (CURL_CA_BUNDLE, SSL_CERT_FILE, the system's).
+  /// "" leaves the client's search (CURL_CA_BUNDLE, SSL_CERT_FILE, the distributions' files:
+  /// gpufeed/datasets/ca_bundle.h).
   std::string ca_bundle;
   /// When the credentials expire (credential_process's Expiration); nullopt: they do not.
   std::optional<std::chrono::system_clock::time_point> expiration;

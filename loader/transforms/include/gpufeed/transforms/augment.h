@@ -150,15 +150,26 @@ void apply_augment(const AugmentPlan& plan, uint8_t* image, int height, int widt
 
 /// adjust_brightness: trunc(min(x * f, 255)) in float32. f >= 0.
 void adjust_brightness(uint8_t* image, int height, int width, double factor);
-/// adjust_saturation: blend with floor(0.2989 r + 0.587 g + 0.114 b) (float32, fused adds).
-void adjust_saturation(uint8_t* image, int height, int width, double factor);
-/// adjust_contrast: blend with the float32 mean of the floored grayscale.
-void adjust_contrast(uint8_t* image, int height, int width, double factor);
+
 /// adjust_sharpness: blend with the rounded 3x3 [1 1 1; 1 5 1; 1 1 1] / 13 blur; borders kept.
 void adjust_sharpness(uint8_t* image, int height, int width, double factor, AugmentScratch& scratch);
+/// Which implementation the colour kernels (adjust_hue, adjust_saturation, adjust_contrast) run.
+/// Both give identical bytes (the same float operations in the same order, several pixels per
+/// step in AVX2; tests/test_augment.cpp compares them on every 24-bit colour).
+enum class ColorKernel {
+  kAuto,    ///< kAvx2 where the CPU has it, unless GPUFEED_RESIZE_KERNEL=scalar (resize.h)
+  kScalar,  ///< portable C++
+  kAvx2,    ///< x86 AVX2 (no FMA); std::invalid_argument on a CPU without it
+};
 /// adjust_hue: RGB -> HSV -> shift -> RGB in float32 (torchvision's _rgb_to_hsv/_hsv_to_rgb).
 /// factor in [-0.5, 0.5].
-void adjust_hue(uint8_t* image, int height, int width, double factor);
+void adjust_hue(uint8_t* image, int height, int width, double factor, ColorKernel kernel = ColorKernel::kAuto);
+/// adjust_saturation: blend with floor(0.2989 r + 0.587 g + 0.114 b) (float32, fused adds).
+/// `kernel` as adjust_hue's (the AVX2 loop does 4 pixels per step, the same operations).
+void adjust_saturation(uint8_t* image, int height, int width, double factor, ColorKernel kernel = ColorKernel::kAuto);
+/// adjust_contrast: blend with the float32 mean of the floored grayscale. `kernel` as
+/// adjust_saturation's (for the grayscale sum).
+void adjust_contrast(uint8_t* image, int height, int width, double factor, ColorKernel kernel = ColorKernel::kAuto);
 /// posterize: keep the top `bits` bits; bits in [0, 8].
 void posterize(uint8_t* image, int height, int width, int bits);
 /// solarize: x >= threshold (compared in float32) becomes 255 - x; threshold <= 255.
