@@ -4,8 +4,9 @@
 //
 //   shuffle_quality            both tables
 //
-// Quality: a class-sorted dataset (1000 classes x 1300 samples written in class order, shards of
-// 1000 samples, as `gpufeed pack` writes an ImageFolder), batches of 256. Locality: ImageNet's
+// Quality: 1000 classes x 1300 samples in shards of 1000, batches of 256, written in class order
+// (as `gpufeed pack` writes an ImageFolder) and shuffled (`gpufeed pack --shuffle`: sample i is
+// the source's randperm(n, 0)[i]). Locality: ImageNet's
 // 1,281,167 samples in shards of 1000, and 6 shards of 150, over world sizes 1 to 8, with the
 // default window and partitions.
 
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "gpufeed/sampler/randperm.h"
 #include "gpufeed/sampler/resume.h"
 #include "gpufeed/sampler/sampler.h"
 #include "gpufeed/sampler/shard_order.h"
@@ -39,16 +41,17 @@ struct Quality {
   double entropy = 0;  // mean label entropy per batch, bits
 };
 
-Quality quality_of(const Indices& order, int64_t per_class) {
+// labels_of[i]: sample i's class.
+Quality quality_of(const Indices& order, const Indices& labels_of) {
   Quality q;
-  const int64_t top = order.empty() ? 0 : *std::max_element(order.begin(), order.end());
-  std::vector<int64_t> count(static_cast<size_t>(top / per_class + 1), 0);
+  const int64_t top = labels_of.empty() ? 0 : *std::max_element(labels_of.begin(), labels_of.end());
+  std::vector<int64_t> count(static_cast<size_t>(top + 1), 0);
   int64_t batches = 0;
   for (size_t start = 0; start + kBatch <= order.size(); start += kBatch, ++batches) {
-    std::vector<int64_t> labels;
-    for (size_t i = start; i < start + kBatch; ++i) labels.push_back(order[i] / per_class);
-    for (const int64_t l : labels) ++count[static_cast<size_t>(l)];
-    for (const int64_t l : labels) {
+    std::vector<int64_t> batch;
+    for (size_t i = start; i < start + kBatch; ++i) batch.push_back(labels_of[static_cast<size_t>(order[i])]);
+    for (const int64_t l : batch) ++count[static_cast<size_t>(l)];
+    for (const int64_t l : batch) {
       if (count[static_cast<size_t>(l)] == 0) continue;
       const double p = static_cast<double>(count[static_cast<size_t>(l)]) / kBatch;
       q.entropy -= p * std::log2(p);
@@ -69,32 +72,40 @@ void print_quality() {
   const int64_t classes = 1000, per_class = 1300, n = classes * per_class;
   const Indices sizes = equal_shards(n, 1000);
   std::printf(
-      "Quality: %lld classes x %lld samples in class order, %zu shards of 1000, batches of "
-      "%lld\n\n",
+      "Quality: %lld classes x %lld samples, %zu shards of 1000, batches of %lld; shards written in class "
+      "order, or shuffled (gpufeed pack --shuffle)\n\n",
       static_cast<long long>(classes), static_cast<long long>(per_class), sizes.size(),
       static_cast<long long>(kBatch));
   std::printf(
       "| order | classes / batch | entropy (bits) | vs exact | classes / rank batch, 8 ranks |\n");
   std::printf("|---|---|---|---|---|\n");
+  Indices in_order(static_cast<size_t>(n)), shuffled = randperm(n, 0);
+  for (int64_t i = 0; i < n; ++i) in_order[static_cast<size_t>(i)] = i / per_class;
+  for (int64_t& l : shuffled) l /= per_class;
   // list: one rank's order; list8: the lockstep list of 8 ranks (rank 0's part is its order).
-  auto row = [&](const std::string& name, const Indices& list, const Indices& list8, double exact_entropy) {
-    const Quality q = quality_of(list, per_class);
-    const Quality r = quality_of(rank_part(list8, 8, 0), per_class);
+  auto row = [&](const std::string& name, const Indices& list, const Indices& list8, double exact_entropy,
+                 const Indices& labels) {
+    const Quality q = quality_of(list, labels);
+    const Quality r = quality_of(rank_part(list8, 8, 0), labels);
     std::printf("| %s | %.1f | %.2f | %.3f | %.1f |\n", name.c_str(), q.classes, q.entropy,
                 exact_entropy > 0 ? q.entropy / exact_entropy : 1.0, r.classes);
     return q.entropy;
   };
   const double exact = row("DistributedSampler (exact)",
                            distributed_epoch_list(n, {1, 0, true, kSeed, false}, 0),
-                           distributed_epoch_list(n, {8, 0, true, kSeed, false}, 0), 0);
-  for (const int64_t window : {1, 4, 8, 16, 64}) {
-    ShardOrderOptions o;
-    o.seed = kSeed;
-    o.window = window;
-    const Indices one = shard_aware_lockstep_list(sizes, o, 0);
-    o.num_replicas = 8;
-    row("shard-aware, partitions " + std::to_string(o.partitions) + ", window " + std::to_string(window), one,
-        shard_aware_lockstep_list(sizes, o, 0), exact);
+                           distributed_epoch_list(n, {8, 0, true, kSeed, false}, 0), 0, in_order);
+  for (const bool shuffled_shards : {false, true}) {
+    for (const int64_t window : {1, 4, 8, 16, 64}) {
+      if (shuffled_shards && window != 1 && window != 8) continue;
+      ShardOrderOptions o;
+      o.seed = kSeed;
+      o.window = window;
+      const Indices one = shard_aware_lockstep_list(sizes, o, 0);
+      o.num_replicas = 8;
+      row(std::string(shuffled_shards ? "shuffled shards" : "class-ordered shards") + ", shard-aware, partitions " +
+              std::to_string(o.partitions) + ", window " + std::to_string(window),
+          one, shard_aware_lockstep_list(sizes, o, 0), exact, shuffled_shards ? shuffled : in_order);
+    }
   }
 }
 

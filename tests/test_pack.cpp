@@ -4,6 +4,7 @@
 // overwrite; the tar writer's ustar fields; the options' schema.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "gpufeed/datasets/dataset.h"
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/pack/pack.h"
+#include "gpufeed/sampler/randperm.h"
 #include "gpufeed/transforms/resize.h"
 #include "gpufeed/datasets/shards.h"
 #include "gpufeed/version.h"
@@ -55,6 +57,16 @@ fs::path make_folder(const fs::path& root) {
   };
   write_bytes(root / "class_000" / "zz_small.png", png(60, 30));
   write_bytes(root / "class_001" / "zz_big.PNG", png(90, 150));
+  return root;
+}
+
+// make_folder plus two bad files: class_001/zz_truncated.jpg (half a JPEG) and
+// class_002/zz_empty.jpg (0 bytes): 25 samples.
+fs::path make_broken_folder(const fs::path& root) {
+  make_folder(root);
+  const Bytes good = file_bytes(root / "class_000" / "img_00001.jpg");
+  write_bytes(root / "class_001" / "zz_truncated.jpg", Bytes(good.begin(), good.begin() + static_cast<long>(good.size() / 2)));
+  write_bytes(root / "class_002" / "zz_empty.jpg", Bytes{});
   return root;
 }
 
@@ -396,10 +408,7 @@ TEST(Pack, WebdatasetPackageReadsTheShards) {
 // Test 4: broken files under raise and skip.
 TEST(Pack, BrokenFilesRaiseOrAreSkippedAndCounted) {
   TempDir dir("pack_broken");
-  const fs::path src = make_folder(dir.path / "src");
-  const Bytes good = file_bytes(src / "class_000" / "img_00001.jpg");
-  write_bytes(src / "class_001" / "zz_truncated.jpg", Bytes(good.begin(), good.begin() + static_cast<long>(good.size() / 2)));
-  write_bytes(src / "class_002" / "zz_empty.jpg", Bytes{});
+  const fs::path src = make_broken_folder(dir.path / "src");
   const ImageFolder folder(src, {.index_cache = "off"});
   PackOptions o = small_shards();
   try {
@@ -449,6 +458,53 @@ TEST(Pack, BrokenFilesRaiseOrAreSkippedAndCounted) {
     EXPECT_NE(std::string(e.what()).find("more than 1 files skipped"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("zz_empty.jpg"), std::string::npos) << e.what();
   }
+}
+
+// `shuffle`: the samples in torch.randperm(N, seed)'s order, each copied whole with its label;
+// keys number the pack positions; a skipped file is reported by its dataset index; the manifest
+// records the order.
+TEST(Pack, ShuffleWritesTheSamplesInTorchRandpermOrder) {
+  TempDir dir("pack_shuffle");
+  const fs::path src = make_broken_folder(dir.path / "src");
+  const ImageFolder folder(src, {.index_cache = "off"});
+  ASSERT_EQ(folder.size(), 25);
+  PackOptions o = small_shards();
+  o.max_side = 0;  // every image copied byte for byte
+  o.shuffle = true;
+  o.seed = 7;
+  o.error_policy = ErrorPolicy::kSkip;
+  const PackResult r = pack_dataset(folder, src, dir.path / "out", o);
+  // torch.randperm(25, generator=torch.Generator().manual_seed(7)).tolist()
+  const std::vector<int64_t> order{15, 5, 19, 23, 1, 12, 0, 4, 6, 18, 3, 24, 17, 22, 9, 8, 16, 7, 20, 2, 21, 14, 11, 13, 10};
+  ASSERT_EQ(sampler::randperm(25, 7), order);
+  ASSERT_EQ(r.samples, 23);
+  const TarShards shards(shard_files(dir.path / "out", r), dir.path / "out", {.index_cache = "off"});
+  ASSERT_EQ(shards.size(), 23);
+  std::vector<int64_t> broken, labels;
+  int64_t j = 0;
+  for (int64_t pos = 0; pos < 25; ++pos) {
+    const int64_t i = order[static_cast<size_t>(pos)];
+    const SampleRef a = folder.at(i);
+    if (std::string(a.path).find("/zz_truncated") != std::string::npos || std::string(a.path).find("/zz_empty") != std::string::npos) {
+      broken.push_back(i);
+      continue;
+    }
+    const SampleRef b = shards.at(j++);
+    EXPECT_EQ(b.label, a.label) << pos;
+    labels.push_back(b.label);
+    EXPECT_NE(std::string(b.member).find(pack_key(pos, 25, a.path, "", src)), std::string::npos) << b.member;
+    Bytes want, got;
+    read_sample(a, want);
+    read_sample(b, got);
+    EXPECT_EQ(got, want) << a.path;
+  }
+  ASSERT_EQ(r.skipped.size(), 2u);
+  EXPECT_EQ((std::vector<int64_t>{r.skipped[0].index, r.skipped[1].index}), broken);
+  EXPECT_FALSE(std::is_sorted(labels.begin(), labels.end()));
+  const auto m = nlohmann::json::parse(gpufeed::test::read_text(dir.path / "out" / "manifest.json"));
+  EXPECT_EQ(m["options"]["shuffle"], true);
+  EXPECT_EQ(m["options"]["seed"], 7);
+  EXPECT_EQ(m["skipped"][0]["index"], broken[0]);
 }
 
 // Test 5: manifest.json.

@@ -283,7 +283,9 @@ TEST(PackCli, HelpListsEveryPackOptionWithPackOptionsDefault) {
       {"--on-error", std::string(gpufeed::loader::to_string(d.error_policy))},
       {"--max-skips", std::to_string(d.max_skips)},
       {"--raw-budget", std::to_string(d.raw_budget)},
+      {"--seed", std::to_string(d.seed)},
       {flag("reencode", d.reencode), ""},  // a flag: its spelling is the default
+      {flag("shuffle", d.shuffle), ""},
       {flag("strict-decode", d.decode.strict), ""},
       {flag("overwrite", d.overwrite), ""},
   };

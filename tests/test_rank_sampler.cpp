@@ -5,16 +5,22 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 
 #include "gpufeed/datasets/dataset.h"
 #include "gpufeed/datasets/shards.h"
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/loader/rank_sampler.h"
+#include "gpufeed/log.h"
 #include "gpufeed/pack/pack.h"
 #include "gpufeed/sampler/resume.h"
 #include "gpufeed/sampler/shard_order.h"
 #include "test_util.h"
+
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <sstream>
 
 namespace fs = std::filesystem;
 using namespace gpufeed;
@@ -23,15 +29,18 @@ using gpufeed::test::TempDir;
 namespace {
 
 // tiny_dataset (4 classes x 8 JPEGs) packed 5 samples per shard: 7 shards of 5, 5, 5, 5, 5, 5, 2.
+// With `shuffle`, the same samples written in torch.randperm's order (gpufeed pack --shuffle).
 struct PackedSet {
-  TempDir dir{"rank_sampler"};
+  TempDir dir;  // one per kind: TempDir's path is the name and the pid
   fs::path folder, shards;
   pack::PackResult packed;
-  PackedSet() {
+  explicit PackedSet(bool shuffle = false, int64_t per_shard = 5)
+      : dir(shuffle ? "rank_sampler_shuffled" : "rank_sampler") {
     folder = gpufeed::test::tiny_dataset(dir.path / "src");
     const datasets::ImageFolder images(folder, {.index_cache = "off"});
     pack::PackOptions o;
-    o.max_samples_per_shard = 5;
+    o.max_samples_per_shard = per_shard;
+    o.shuffle = shuffle;
     shards = dir.path / "shards";
     packed = pack::pack_dataset(images, folder, shards, o);
   }
@@ -189,4 +198,37 @@ TEST(RankSampler, ShardOrderResumedOnAnotherWorldSizeDeliversTheRestOnce) {
   std::sort(expected.begin(), expected.end());
   EXPECT_EQ(rest, expected);
   EXPECT_EQ(rest.size(), 20u);
+}
+
+// Shards written class by class defeat a window of shards: class_mixing measures it on the
+// dataset's labels and make_rank_sampler says so once, naming the cure; the same samples packed
+// shuffled mix like the exact order, and nothing is said.
+TEST(RankSampler, ClassOrderedShardsAreMeasuredAndWarnedOfAndShuffledShardsMixLikeTheExactOrder) {
+  auto o = small_loader(loader::ShuffleOrder::kShards);
+  o.batch_size = 4;
+  o.shard_window = 1;
+  const PackedSet ordered(false, 8), shuffled(true, 8);  // 4 shards: one class each, or mixed
+  const auto a = ordered.open(), b = shuffled.open();
+  const loader::ClassMixing m = loader::class_mixing(*a, o, rank_of(0, 1));
+  const loader::ClassMixing n = loader::class_mixing(*b, o, rank_of(0, 1));
+  std::printf("classes per batch of 4 (4 classes): class-ordered shards %.2f vs exact %.2f; shuffled shards %.2f vs exact %.2f\n",
+              m.shards, m.exact, n.shards, n.exact);
+  EXPECT_EQ(m.batches, 8);  // 32 samples
+  EXPECT_EQ(n.batches, 8);
+  EXPECT_DOUBLE_EQ(m.shards, 1.0);  // window 1 over shards of one class
+  EXPECT_LT(m.shards, 0.5 * m.exact);
+  EXPECT_GE(n.shards, 0.75 * n.exact);  // 2.38 vs 3.00 (deterministic: seeds fixed)
+  EXPECT_GT(n.shards, 2 * m.shards);
+  // The warning, once per sampler made, only for the class-ordered shards.
+  std::ostringstream said;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(said);
+  gpufeed::log()->sinks().push_back(sink);
+  loader::make_rank_sampler(*b, o, rank_of(0, 1), "shuffled");
+  const std::string quiet = said.str();
+  loader::make_rank_sampler(*a, o, rank_of(0, 1), "ordered");
+  gpufeed::log()->sinks().pop_back();
+  EXPECT_EQ(quiet.find("shuffle_order shards"), std::string::npos) << quiet;
+  const std::string text = said.str();
+  EXPECT_NE(text.find("shuffle_order shards: a batch of 4 holds 1.0 classes"), std::string::npos) << text;
+  EXPECT_NE(text.find("gpufeed pack --shuffle"), std::string::npos) << text;
 }

@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "gpufeed/log.h"
 #include "gpufeed/option.h"
 #include "gpufeed/sampler/shard_order.h"
@@ -20,7 +23,64 @@ void warn_exact_on_remote(const datasets::Dataset& dataset, size_t shards) {
       dataset.size(), shards);
 }
 
+sampler::ShardOrderOptions shard_order_options(const LoaderOptions& options,
+                                               const sampler::DistributedSamplerOptions& distributed) {
+  sampler::ShardOrderOptions so;
+  so.num_replicas = distributed.num_replicas;
+  so.rank = distributed.rank;
+  so.shuffle = distributed.shuffle;
+  so.seed = distributed.seed;
+  so.drop_last = distributed.drop_last;
+  so.window = options.shard_window;
+  so.partitions = options.shard_partitions;
+  return so;
+}
+
+// The mean count of distinct labels over the first `batches` full batches of `order`.
+double labels_per_batch(const datasets::Dataset& dataset, const std::vector<int64_t>& order, int64_t batch_size,
+                        int64_t batches) {
+  int64_t distinct = 0;
+  std::vector<int64_t> labels;
+  for (int64_t b = 0; b < batches; ++b) {
+    labels.clear();
+    for (int64_t k = 0; k < batch_size; ++k) labels.push_back(dataset.at(order[static_cast<size_t>(b * batch_size + k)]).label);
+    std::sort(labels.begin(), labels.end());
+    distinct += std::unique(labels.begin(), labels.end()) - labels.begin();
+  }
+  return batches > 0 ? static_cast<double>(distinct) / static_cast<double>(batches) : 0.0;
+}
+
+// Shards that keep a class together defeat a window of a few shards: said once, at open, with
+// the figures measured on this dataset's labels.
+void warn_if_classes_unmixed(const datasets::Dataset& dataset, const LoaderOptions& options,
+                             const sampler::DistributedSamplerOptions& distributed) {
+  if (!distributed.shuffle) return;
+  const ClassMixing m = class_mixing(dataset, options, distributed);
+  if (m.batches == 0 || !(m.shards < 0.5 * m.exact)) return;
+  gpufeed::log()->warn(
+      "shuffle_order shards: a batch of {} holds {:.1f} classes on average where DistributedSampler's order "
+      "holds {:.1f} (the first {} batches of this rank): the shards keep each class's samples together and the "
+      "order mixes shard_window = {} shards at a time; write the shards shuffled (gpufeed pack --shuffle), raise "
+      "shard_window, or use shuffle_order exact",
+      options.batch_size, m.shards, m.exact, m.batches, options.shard_window);
+}
+
 }  // namespace
+
+ClassMixing class_mixing(const datasets::Dataset& dataset, const LoaderOptions& options,
+                         const sampler::DistributedSamplerOptions& distributed, int64_t max_batches) {
+  sampler::ShardAwareSampler shards(dataset.shard_sizes(), shard_order_options(options, distributed));
+  sampler::DistributedSampler exact(dataset.size(), distributed);
+  shards.set_epoch(0);
+  exact.set_epoch(0);
+  const std::vector<int64_t> a = shards.indices(), b = exact.indices();
+  const int64_t batch = std::max<int64_t>(options.batch_size, 1);
+  ClassMixing m;
+  m.batches = std::min<int64_t>(max_batches, static_cast<int64_t>(std::min(a.size(), b.size())) / batch);
+  m.shards = labels_per_batch(dataset, a, batch, m.batches);
+  m.exact = labels_per_batch(dataset, b, batch, m.batches);
+  return m;
+}
 
 std::string_view to_string(ShuffleOrder order) {
   switch (order) {
@@ -64,15 +124,8 @@ std::shared_ptr<sampler::ResumableSampler> make_rank_sampler(const datasets::Dat
       warn_exact_on_remote(dataset, dataset.shard_sizes().size());
     return std::make_shared<sampler::ResumedDistributedSampler>(dataset.size(), distributed);
   }
-  sampler::ShardOrderOptions so;
-  so.num_replicas = distributed.num_replicas;
-  so.rank = distributed.rank;
-  so.shuffle = distributed.shuffle;
-  so.seed = distributed.seed;
-  so.drop_last = distributed.drop_last;
-  so.window = options.shard_window;
-  so.partitions = options.shard_partitions;
-  return std::make_shared<sampler::ShardAwareSampler>(dataset.shard_sizes(), so);
+  warn_if_classes_unmixed(dataset, options, distributed);
+  return std::make_shared<sampler::ShardAwareSampler>(dataset.shard_sizes(), shard_order_options(options, distributed));
 }
 
 }  // namespace gpufeed::loader

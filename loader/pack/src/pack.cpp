@@ -19,6 +19,7 @@
 #include <exception>
 #include <fstream>
 #include <memory>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <openssl/evp.h>
 #include <optional>
@@ -31,6 +32,7 @@
 #include "gpufeed/json_text.h"
 #include "gpufeed/transforms/resize.h"
 #include "gpufeed/datasets/shards.h"
+#include "gpufeed/sampler/randperm.h"
 #include "gpufeed/version.h"
 #include "gpufeed/datasets/tbb_tsan.h"
 
@@ -529,6 +531,8 @@ nlohmann::json manifest(const PackResult& r, const PackOptions& o, const fs::pat
         {"max_side", o.max_side},
         {"quality", o.quality},
         {"reencode", o.reencode},
+        {"shuffle", o.shuffle},
+        {"seed", o.seed},
         {"raw_budget", o.raw_budget},
         {"raw_budget_fraction", o.raw_budget_fraction},
         {"on_error", o.error_policy == loader::ErrorPolicy::kSkip ? "skip" : "raise"},
@@ -705,12 +709,27 @@ void process_chunk(const datasets::Dataset& dataset, const PackOptions& o, int64
   });
 }
 
-// Sample i, which failed: rethrown under ErrorPolicy::kRaise, else recorded as skipped (by
+// The dataset in pack order (PackOptions::shuffle): position i is sample order[i]. Only what pack
+// reads of a dataset: its size, samples and classes.
+class PackOrder final : public datasets::Dataset {
+ public:
+  PackOrder(const datasets::Dataset& dataset, std::vector<int64_t> order) : dataset_(dataset), order_(std::move(order)) {}
+  int64_t size() const override { return static_cast<int64_t>(order_.size()); }
+  datasets::SampleRef at(int64_t i) const override { return dataset_.at(index(i)); }
+  const std::vector<std::string>& classes() const override { return dataset_.classes(); }
+  int64_t index(int64_t i) const { return order_[static_cast<size_t>(i)]; }  // the dataset's index
+
+ private:
+  const datasets::Dataset& dataset_;
+  std::vector<int64_t> order_;
+};
+
+// Sample i (in pack order), which failed: rethrown under ErrorPolicy::kRaise, else recorded as skipped (by
 // kind), which throws std::runtime_error once more than max_skips are.
-void skip(const datasets::Dataset& dataset, int64_t i, const PackOptions& o, const Item& it, PackResult& r) {
+void skip(const PackOrder& dataset, int64_t i, const PackOptions& o, const Item& it, PackResult& r) {
   if (o.error_policy == loader::ErrorPolicy::kRaise) std::rethrow_exception(it.error);
   const datasets::SampleRef s = dataset.at(i);
-  r.skipped.push_back({i, s.source(), it.kind, it.reason});
+  r.skipped.push_back({dataset.index(i), s.source(), it.kind, it.reason});
   ++r.skipped_by_kind[it.kind];
   if (static_cast<int64_t>(r.skipped.size()) > o.max_skips)
     throw std::runtime_error(fmt::format("pack: more than {} files skipped (`max_skips`); the last: {}: {}: {}",
@@ -743,7 +762,7 @@ std::string PackResult::summary() const {
       seconds > 0 ? static_cast<double>(samples + static_cast<int64_t>(skipped.size())) / seconds : 0.0);
 }
 
-PackResult pack_dataset(const datasets::Dataset& dataset, const fs::path& source, const fs::path& out_dir,
+PackResult pack_dataset(const datasets::Dataset& source_dataset, const fs::path& source, const fs::path& out_dir,
                         const PackOptions& o, const std::function<void(const PackProgress&)>& progress) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
@@ -751,7 +770,14 @@ PackResult pack_dataset(const datasets::Dataset& dataset, const fs::path& source
   const OutputFolder folder = prepare_output(out_dir, o);
   std::error_code ec;
   const fs::path base = !o.base.empty() ? o.base : fs::is_directory(source, ec) ? source : source.parent_path();
-  const int64_t n = dataset.size();
+  const int64_t n = source_dataset.size();
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  if (o.shuffle) {
+    order = sampler::randperm(n, static_cast<uint64_t>(o.seed));
+  } else {
+    std::iota(order.begin(), order.end(), int64_t{0});
+  }
+  const PackOrder dataset(source_dataset, std::move(order));
   PackResult r;
   r.classes = dataset.classes();
   ShardSet shards(out_dir, o, r);
@@ -773,7 +799,7 @@ PackResult pack_dataset(const datasets::Dataset& dataset, const fs::path& source
   for (int64_t start = 0; start < n; start += o.chunk_samples) {
     const int64_t end = std::min(n, start + o.chunk_samples);
     process_chunk(dataset, o, start, end, raw_plan, arena, states, items);
-    for (int64_t i = start; i < end; ++i) {  // written in dataset order, whatever the threads did
+    for (int64_t i = start; i < end; ++i) {  // written in pack order, whatever the threads did
       const Item& it = items[static_cast<size_t>(i - start)];
       if (it.error) {
         skip(dataset, i, o, it, r);

@@ -101,6 +101,16 @@ void add_pixel_rows(Schema<PackOptions>& s) {
            &PackOptions::reencode);
 }
 
+void add_order_rows(Schema<PackOptions>& s) {
+  s.member({.name = "shuffle", .type = Type::kBool,
+            .help = "write the samples in a seeded random order (torch.randperm(N) of the seed), not the dataset's "
+                    "class-by-class order: what readers that mix a few shards at a time need (webdataset's shuffle "
+                    "buffer, shuffle_order shards)"},
+           &PackOptions::shuffle);
+  s.member({.name = "seed", .type = Type::kInt, .help = "shuffle's seed (torch.manual_seed's)", .min = 0},
+           &PackOptions::seed);
+}
+
 // num_workers, on_error and max_skips: the loader's rows, with pack's words where they differ.
 void add_worker_rows(Schema<PackOptions>& s) {
   // No "auto": pack has no consumer whose rate would size the pool; it runs the whole budget.
@@ -120,6 +130,7 @@ Schema<PackOptions> make_pack_schema() {
   Schema<PackOptions> s;
   add_shard_rows(s);
   add_pixel_rows(s);
+  add_order_rows(s);
   add_worker_rows(s);
   s.add({.name = "raw_budget", .type = Type::kString,
          .help = "store some samples as raw PPM (KEY.ppm: no decode when loading) within this many extra bytes "

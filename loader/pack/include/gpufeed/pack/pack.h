@@ -3,9 +3,15 @@
 // WebDataset tar shards, OUT_DIR/<prefix>-000000.tar, <prefix>-000001.tar, ..., plus
 // OUT_DIR/manifest.json. The shards are what gpufeed's TarShards (shards.h) and the `webdataset`
 // Python package read: per sample two adjacent members, `KEY.<ext>` (the image) and `KEY.cls`
-// (the class index as ASCII digits, webdataset's "cls"), in the dataset's order.
+// (the class index as ASCII digits, webdataset's "cls"), in the dataset's order, or with `shuffle`
+// in the order torch.randperm(N, generator=torch.Generator().manual_seed(seed)) gives (N the
+// dataset's size; sampler/randperm.h): written shuffled, as webdataset's and MosaicML
+// streaming's docs advise, so that a reader mixing a few shards at a time (webdataset's shuffle
+// buffer, the loader's `shuffle_order shards`) still sees every class in a batch; a dataset
+// folder lists its samples class by class.
 //
-// Keys: "<n>_<path>", n the sample's dataset index zero-padded to max(6, digits of size-1)
+// Keys: "<n>_<path>", n the sample's position in the pack (its dataset index unless `shuffle`)
+// zero-padded to max(6, digits of size-1)
 // (unique, and sorting the keys sorts the samples), <path> the file's path relative to the
 // dataset's folder without its extension ("n01440764/sub/x.JPEG" -> "n01440764_sub_x"; a file
 // outside it: its file name; a tar member: the member name), every byte but [A-Za-z0-9-] made
@@ -61,7 +67,7 @@
 //
 // Determinism: the shards and the manifest depend only on the dataset's files and the options,
 // never on num_workers: samples are processed in chunks of `chunk_samples` (in parallel on a
-// oneTBB arena of num_workers threads) and written by one writer in dataset order, so memory holds
+// oneTBB arena of num_workers threads) and written by one writer in pack order, so memory holds
 // at most one chunk of encoded samples. Tar headers are fixed: mode 0644, uid/gid 0, mtime 0,
 // empty uname/gname, ustar format.
 #include <cstdint>
@@ -135,6 +141,9 @@ struct PackOptions {
   /// Re-encode every image (not stored raw) as a JPEG at `quality`, resized or not: FFCV's
   /// write_mode="jpg" (smaller files than high-quality originals, at a generation of loss).
   bool reencode = false;
+  /// Write the samples in a seeded random order (see the top), not the dataset's.
+  bool shuffle = false;
+  int64_t seed = 0;                          ///< shuffle's seed (torch.manual_seed's), >= 0
   int num_workers = 0;                       ///< decode/resize/encode threads; 0 = the CPU budget (gpufeed/cpu_budget.h); <= kMaxNumWorkers
   loader::ErrorPolicy error_policy = loader::ErrorPolicy::kRaise;  ///< a file that cannot be read or decoded
   int64_t max_skips = 100;                   ///< kSkip: more skipped files than this is an error
@@ -156,7 +165,7 @@ struct PackOptions {
 
 /// PackOptions' user-facing fields (gpufeed/option.h), the flags of `gpufeed pack`: prefix,
 /// shard_size (a number of bytes, "1e9"), max_samples_per_shard, max_side, quality, reencode,
-/// num_workers, on_error (error_policy), max_skips, raw_budget (bytes "2e9", a fraction "0.25" or
+/// shuffle, seed, num_workers, on_error (error_policy), max_skips, raw_budget (bytes "2e9", a fraction "0.25" or
 /// a percentage "25%": raw_budget or raw_budget_fraction), strict_decode (decode.strict),
 /// overwrite. num_workers, on_error, max_skips and strict_decode take the loader's specs
 /// (loader_options_schema()). chunk_samples, plan_keep_bytes, base and decode's other limits are
@@ -165,7 +174,7 @@ const options::Schema<PackOptions>& pack_options_schema();
 
 /// A file left out under ErrorPolicy::kSkip.
 struct PackSkip {
-  int64_t index = -1;   ///< dataset index
+  int64_t index = -1;   ///< dataset index (not the pack position, under `shuffle`)
   std::string path;     ///< SampleRef::source(): the file, or "shard.tar:member"
   std::string kind;     ///< decode::to_string(kind), or "error" for any other failure
   std::string reason;   ///< DecodeError::reason(), else what()
