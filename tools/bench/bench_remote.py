@@ -7,7 +7,12 @@ train transform (RandomResizedCrop + horizontal flip, uint8 out) and worker coun
 
   local       gpufeed.DataLoader on the shards on local disk (page cache warm after the first pass)
   http        gpufeed.DataLoader on http://.../train-{000000..000005}.tar served by nginx
-              (tests/remote_servers.NginxServer) through a LatencyProxy adding L ms per request
+              (tests/remote_servers.NginxServer) through a LatencyProxy adding L ms per request,
+              in the default order for remote shards (shuffle_order auto = shards: whole shards,
+              one GET each, a window of 8 shards mixed; docs/DATASETS.md, "Shuffle order")
+  http-exact  the same with shuffle_order="exact" and remote_read="samples": DistributedSampler's
+              order, one ranged GET per sample (what remote_read auto takes for that order once
+              it spans more shards than remote_shards_in_flight, 16: on fewer it holds them all)
   http-direct the same straight from nginx (no proxy): what the proxy itself costs, at latency 0
   s3          gpufeed.DataLoader on s3://bucket/shards/train-{...}.tar from moto's S3 server
               (MotoS3, filled with boto3 uploads of the pack output) through a LatencyProxy
@@ -16,9 +21,13 @@ train transform (RandomResizedCrop + horizontal flip, uint8 out) and worker coun
               torchvision RandomResizedCrop + RandomHorizontalFlip + PILToTensor (uint8), torch
               DataLoader(num_workers, persistent_workers=True), the same batch size
 
-gpufeed runs with shuffle=True (DistributedSampler's order, a global shuffle over all shards, so
-every sample is a separate ranged GET, issued ahead in the sampler's order up to --max-requests
-in flight and --read-ahead MiB ahead); set_epoch each epoch. WebDataset streams each shard with
+gpufeed runs with shuffle=True and set_epoch each epoch. In the shard-aware order (http, s3) it
+fetches whole shards, up to remote_shards_in_flight (16) at once, the next window while the
+current one decodes; in the exact order (http-exact) every sample is a separate ranged GET,
+issued ahead in the sampler's order up to --max-requests in flight and --read-ahead MiB ahead.
+The shards are packed with ``gpufeed pack --shuffle`` (samples in a seeded random order, as
+webdataset and MosaicML streaming advise), so the shard-aware order's batches mix classes as the
+exact order's do. WebDataset streams each shard with
 one GET (in shard order, shards split over its workers), so latency costs it one round trip per
 shard. Every configuration runs in its own child process (``--one``: its VmHWM, the peak RSS, is
 that configuration's; for wds the sum over the child and its DataLoader workers). The servers
@@ -30,7 +39,9 @@ limit of the s3 rows: their rate is printed as measured, with no target.
 Each configuration runs --epochs passes per round, --rounds rounds (the whole set again,
 interleaved: on a shared machine its load then falls on every configuration alike); the table
 gives the best pass's rate (and the mean and the spread, min..max, over all passes). Targets
-(PASS/FAIL): at 50 ms, gpufeed http >= 0.9 x gpufeed local and >= 3 x wds. At L ms per request
+(PASS/FAIL): at 50 ms, gpufeed http >= 0.9 x gpufeed local and >= 3 x wds, and its requests per
+pass <= 2 x the shards. "MB/pass" is what the proxy passed per pass (response bodies), "x data"
+that over the shards' bytes: the egress in copies of the dataset. At L ms per request
 gpufeed completes at most max_requests / L requests per second (128 / 50 ms: 2560 samples/s),
 printed beside the targets.
 
@@ -116,11 +127,15 @@ def child_gpufeed(a, cfg: dict) -> dict:
 
     kw = dict(batch_size=a.batch_size, num_workers=a.num_workers, image_size=a.image_size,
               dtype=torch.uint8, index_cache="off", shuffle=True)
+    for k in ("shuffle_order", "remote_read"):
+        if cfg.get(k):
+            kw[k] = cfg[k]
     if cfg["remote"]:
         kw.update(max_requests=a.max_requests, read_ahead=a.read_ahead)
     t0 = time.perf_counter()
     loader = gpufeed.DataLoader(cfg["root"], **kw)
     open_s = time.perf_counter() - t0
+    opened = dict(loader.stats().get("remote", {}))
     hwm_open = _vm_hwm_kib()
     epochs = []
     c0 = os.times()
@@ -136,7 +151,7 @@ def child_gpufeed(a, cfg: dict) -> dict:
     stats = loader.stats()
     return {"epochs": epochs, "open_s": open_s, "vm_hwm_kib": _vm_hwm_kib(), "vm_hwm_open_kib": hwm_open,
             "cpu_s": (c1.user + c1.system) - (c0.user + c0.system),
-            "num_samples": len(loader.samples),
+            "num_samples": len(loader.samples), "remote_open": opened, "remote": dict(stats.get("remote", {})),
             "stats": {k: v for k, v in stats.items() if isinstance(v, (int, float, str))}}
 
 
@@ -249,7 +264,8 @@ class Bench:
         source, latency_ms, kind, remote, proxy = c["source"], c["latency_ms"], c["kind"], c["remote"], c.get("proxy")
         if proxy is not None:
             proxy.latency_s = (latency_ms or 0.0) / 1000
-        cfg = {"kind": kind, "root": c["root"], "remote": remote}
+        cfg = {"kind": kind, "root": c["root"], "remote": remote, "shuffle_order": c.get("shuffle_order"),
+               "remote_read": c.get("remote_read")}
         cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--one", json.dumps(cfg),
                "--epochs", str(a.epochs), "--num-workers", str(a.num_workers),
                "--batch-size", str(a.batch_size), "--image-size", str(a.image_size),
@@ -304,6 +320,15 @@ class Bench:
         row["server_cpu_s_per_epoch"] = sum(r["server_cpu_s"] for r in runs) / passes
         if all("proxy_requests" in r for r in runs):
             row["requests_per_epoch"] = sum(r["proxy_requests"] for r in runs) / passes
+            row["body_bytes_per_epoch"] = sum(r["proxy_body_bytes"] for r in runs) / passes
+        if all(r.get("remote") for r in runs):
+            # gpufeed's own counts (RemoteStats), the open's (the shard indexes) apart.
+            row["gets_per_epoch"] = sum(r["remote"]["requests"] - r["remote_open"].get("requests", 0)
+                                        for r in runs) / passes
+            row["open_gets"] = max(r["remote_open"].get("requests", 0) for r in runs)
+            row["copies_per_epoch"] = sum((r["remote"]["bytes_fetched"] - r["remote_open"].get("bytes_fetched", 0))
+                                          / r["remote"]["dataset_bytes"] for r in runs) / passes
+            row["refetched_per_epoch"] = sum(r["remote"].get("chunks_refetched", 0) for r in runs) / passes
         if all("read_s" in r.get("stats", {}) for r in runs):
             row["read_s_per_epoch"] = sum(r["stats"]["read_s"] for r in runs) / passes
 
@@ -314,7 +339,7 @@ class Bench:
 
 def pack(a, out: pathlib.Path) -> None:
     gpufeed_bin = pathlib.Path(a.build) / "tools" / "gpufeed"
-    cmd = [str(gpufeed_bin), "pack", a.data, str(out), "--shard-size", str(a.shard_size),
+    cmd = [str(gpufeed_bin), "pack", a.data, str(out), "--shuffle", "--shard-size", str(a.shard_size),
            "--max-samples-per-shard", str(a.samples_per_shard), "--index-cache", "off", "--progress", "off"]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -348,7 +373,7 @@ def main(argv=None):
                     help="pack --max-samples-per-shard (0: no limit); the default splits the 900 "
                          "sample images into 6 equal shards, so WebDataset's 2 workers get equal "
                          "work (with only the 20 MB cap the last shard holds a few samples)")
-    ap.add_argument("--skip", default="", help="comma-separated, of: local,http,s3,wds")
+    ap.add_argument("--skip", default="", help="comma-separated, of: local,http,exact,s3,wds")
     ap.add_argument("--build", default=str(ROOT / "build" / "release"),
                     help="build folder (its python/ package and tools/gpufeed; default %(default)s)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per child run at most (default 900)")
@@ -416,6 +441,10 @@ def main(argv=None):
                 if "http" not in skip:
                     configs.append({"source": "gpufeed http", "latency_ms": lat, "kind": "gpufeed",
                                     "root": f"{px.url}/{pattern}", "remote": True, "proxy": px})
+                if "http" not in skip and "exact" not in skip:
+                    configs.append({"source": "gpufeed http-exact", "latency_ms": lat, "kind": "gpufeed",
+                                    "root": f"{px.url}/{pattern}", "remote": True, "proxy": px,
+                                    "shuffle_order": "exact", "remote_read": "samples"})
                 if "wds" not in skip:
                     configs.append({"source": "webdataset http", "latency_ms": lat, "kind": "wds",
                                     "root": f"pipe:curl -s {px.url}/{pattern}", "remote": True, "proxy": px})
@@ -439,14 +468,15 @@ def main(argv=None):
                 b.run(c)
         for what, why in skipped.items():
             print(f"skipped {what}: {why}")
-        report(b, a, info, latencies, skipped, f"{shards}/{pattern}")
+        report(b, a, info, latencies, skipped, f"{shards}/{pattern}", len(tars), total_mb)
 
 
-def report(b: Bench, a, info: dict, latencies, skipped: dict, shards: str):
+def report(b: Bench, a, info: dict, latencies, skipped: dict, shards: str, num_shards: int, total_mb: float):
     local = b.find("gpufeed local", None)
     print()
     hdr = (f"{'source':<22}{'lat ms':>7}{'images/s':>10}{'mean':>8}{'spread':>13}{'x local':>9}"
-           f"{'x wds':>7}{'peak RSS':>10}{'read_ahead':>11}{'reqs/pass':>10}{'cpu/pass':>9}{'srv cpu':>9}"
+           f"{'x wds':>7}{'peak RSS':>10}{'read_ahead':>11}{'GETs/pass':>10}{'open':>6}{'x data':>7}{'refetch':>8}"
+           f"{'cpu/pass':>9}{'srv cpu':>9}"
            f"{'read wait':>10}")
     print(hdr)
     print("-" * len(hdr))
@@ -465,18 +495,28 @@ def report(b: Bench, a, info: dict, latencies, skipped: dict, shards: str):
         spread = f"{r['min']:.0f}..{r['best']:.0f}"
         rss = f"{r['vm_hwm_kib'] / 1024:.0f} MiB"
         ra = f"{r['read_ahead_mib']} MiB" if r.get("read_ahead_mib") else "-"
-        gets = f"{r['requests_per_epoch']:.0f}" if "requests_per_epoch" in r else "-"
+        if "gets_per_epoch" in r:  # gpufeed's own counts
+            gets, opened = f"{r['gets_per_epoch']:.0f}", f"{r['open_gets']}"
+            copies, refetch = f"{r['copies_per_epoch']:.2f}", f"{r['refetched_per_epoch']:.1f}"
+        elif "requests_per_epoch" in r:  # webdataset: the proxy's
+            gets, opened, refetch = f"{r['requests_per_epoch']:.0f}", "-", "-"
+            copies = f"{r['body_bytes_per_epoch'] / 1e6 / total_mb:.2f}"
+        else:
+            gets = opened = copies = refetch = "-"
         cpu = f"{r['cpu_s_per_epoch']:.2f} s"
         srv = f"{r['server_cpu_s_per_epoch']:.2f} s" if r["source"] != "gpufeed local" else "-"
         wait = f"{r['read_s_per_epoch']:.2f} s" if "read_s_per_epoch" in r else "-"
         print(f"{r['source']:<22}{lat:>7}{r['best']:>10.0f}{r['mean']:>8.0f}{spread:>13}{x_local:>9}"
-              f"{x_wds:>7}{rss:>10}{ra:>11}{gets:>10}{cpu:>9}{srv:>9}{wait:>10}")
+              f"{x_wds:>7}{rss:>10}{ra:>11}{gets:>10}{opened:>6}{copies:>7}{refetch:>8}{cpu:>9}{srv:>9}{wait:>10}")
     print()
     print("images/s: the best pass; mean and spread (min..best) over the passes. x local: / gpufeed local; "
           "x wds: / webdataset at the same latency (local: at the first latency). peak RSS: VmHWM of the "
           "configuration's process (webdataset: + its workers', shared pages counted in each). reqs/pass: "
-          "requests through the proxy per pass (gpufeed: one ranged GET per sample, plus the indexes "
-          "fetched on opening and the next epoch's first samples, prefetched). cpu/pass: CPU s per pass "
+          f"GETs/pass: requests per pass ({num_shards} shards; gpufeed's own count, RemoteStats, without the "
+          "open's, which 'open' gives: the shard indexes; webdataset: the proxy's count). x data: bytes fetched "
+          f"per pass over the shards' {total_mb:.1f} MB, the egress in copies of the dataset (webdataset: the "
+          "proxy's bytes). refetch: chunks_refetched per pass (whole shards or chunks fetched again after being "
+          "dropped to keep remote_shards_in_flight). cpu/pass: CPU s per pass "
           "of the loader (its process; webdataset: + its workers). srv cpu: CPU s per pass of the "
           f"proxy, moto and nginx, on the same {info['nproc']} CPUs as the loader. read wait: gpufeed's "
           "stats()['read_s'] per pass, its decode threads' time in reads (waiting for sample bytes).")
@@ -517,6 +557,16 @@ def report(b: Bench, a, info: dict, latencies, skipped: dict, shards: str):
             ok = ratio >= need
             print(f"{'PASS' if ok else 'FAIL'} {name}: {ratio:.2f} ({num['best']:.0f} / {den['best']:.0f} images/s)")
             targets.append({"target": name, "status": "PASS" if ok else "FAIL", "ratio": ratio})
+        name = f"gpufeed http @ {TARGET_LATENCY_MS:g} ms requests per pass <= 2 x {num_shards} shards"
+        if http50 is None or "gets_per_epoch" not in http50:
+            print(f"SKIP {name}: not measured")
+            targets.append({"target": name, "status": "SKIP"})
+        else:
+            ok = http50["gets_per_epoch"] <= 2 * num_shards
+            print(f"{'PASS' if ok else 'FAIL'} {name}: {http50['gets_per_epoch']:.1f} "
+                  f"(and {http50['open_gets']} on opening)")
+            targets.append({"target": name, "status": "PASS" if ok else "FAIL",
+                            "gets_per_epoch": http50["gets_per_epoch"], "open_gets": http50["open_gets"]})
     s3rows = [r for r in b.rows.values() if r["source"].startswith("gpufeed s3") and "best" in r]
     if s3rows:
         print("s3 (moto, pure Python, no target): " + ", ".join(
