@@ -56,6 +56,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "gpufeed/sampler/resume.h"
@@ -110,41 +111,71 @@ std::vector<int64_t> shard_aware_lockstep_list(const std::vector<int64_t>& shard
 /// [offset_s, offset_s + sizes[s]). Throws std::invalid_argument for a negative shard size.
 std::vector<int64_t> shard_of_samples(const std::vector<int64_t>& shard_sizes);
 
-/// This rank's part of the shard-aware list: remaining_for_rank(shard_aware_lockstep_list(...), 0,
-/// num_replicas, rank), its contiguous run of L, with DistributedSampler's size() and total_size().
-/// In the epoch of an EpochResume (set_resume; resume.num_replicas is the world size that consumed
-/// the first resume.consumed positions), this rank's part of that epoch's remaining positions, as
-/// ResumedDistributedSampler deals them: the lockstep list of resume.num_replicas, from
-/// resume.consumed on, dealt round-robin to this run's num_replicas ranks without padding (on the
-/// same world size, each rank's run continues). consumed_after_batches() turns a rank's batch
-/// count into resume.consumed, as for DistributedSampler.
-class ShardAwareSampler : public ResumableSampler {
+/// The rank side of an order whose epoch is one list L of n positions (the same n every epoch,
+/// independent of the world size): ShardAwareSampler's and MixingSampler's (mixing.h). Rank r of
+/// num_replicas reads L's contiguous run [floor(r n / W), floor((r + 1) n / W)), padded to
+/// DistributedSampler's num_samples by repeating the run's start (drop_last: cut to it), i.e.
+/// remaining_for_rank(lockstep list, 0, num_replicas, rank) with the lockstep list of
+/// shard_aware_lockstep_list. In the epoch of an EpochResume (set_resume; resume.num_replicas is
+/// the world size that consumed the first resume.consumed positions), this rank's part of that
+/// epoch's remaining positions, as ResumedDistributedSampler deals them: the lockstep list of
+/// resume.num_replicas, from resume.consumed on, dealt round-robin to this run's num_replicas ranks
+/// without padding (on the same world size, each rank's run continues). consumed_after_batches()
+/// turns a rank's batch count into resume.consumed, as for DistributedSampler.
+class ContiguousRunSampler : public ResumableSampler {
  public:
-  /// Throws std::invalid_argument for what shard_aware_epoch_list rejects, a rank outside
-  /// [0, num_replicas), and what set_resume rejects.
-  ShardAwareSampler(std::vector<int64_t> shard_sizes, ShardOrderOptions options,
-                    std::optional<EpochResume> resume = std::nullopt);
   /// The epoch to resume (std::nullopt: none). Throws std::invalid_argument for
   /// resume.num_replicas < 1 or consumed outside [0, that world size's total_size].
   void set_resume(std::optional<EpochResume> resume) override;
   const std::optional<EpochResume>& resume() const override { return resume_; }
-  std::unique_ptr<ResumableSampler> clone() const override { return std::make_unique<ShardAwareSampler>(*this); }
   std::vector<int64_t> indices() const override;
   /// The current epoch's count: num_samples as DistributedSampler's, or the resumed share.
   int64_t size() const override;
   /// num_samples * num_replicas for this run's world size (DistributedSampler's total_size).
-  int64_t total_size() const { return total_size_for(options_.num_replicas); }
-  const ShardOrderOptions& options() const { return options_; }
-  const std::vector<int64_t>& shard_sizes() const { return shard_sizes_; }
+  int64_t total_size() const { return total_size_for(run_.num_replicas); }
+  /// The epoch's lockstep list for `num_replicas` ranks (total_size positions for that world size).
+  std::vector<int64_t> lockstep_list(int64_t epoch, int64_t num_replicas) const;
+
+ protected:
+  /// run: the deal's num_replicas, rank, shuffle, seed and drop_last; n: L's length; `what`
+  /// begins the messages thrown. Throws std::invalid_argument for num_replicas < 1, a rank outside
+  /// [0, num_replicas), and what set_resume throws.
+  ContiguousRunSampler(DistributedSamplerOptions run, int64_t n, std::string what,
+                       std::optional<EpochResume> resume);
+  /// L of `epoch`: n positions, before padding.
+  virtual std::vector<int64_t> unpadded_list(int64_t epoch) const = 0;
 
  private:
   bool resuming() const;  // the current epoch is resume_'s, with something consumed
   int64_t total_size_for(int64_t num_replicas) const;
 
+  DistributedSamplerOptions run_;
+  int64_t n_ = 0;
+  std::string what_;
+  std::optional<EpochResume> resume_;
+};
+
+/// This rank's part of the shard-aware list (ContiguousRunSampler over shard_aware_epoch_list's
+/// L): remaining_for_rank(shard_aware_lockstep_list(...), 0, num_replicas, rank), its contiguous
+/// run of L, with DistributedSampler's size() and total_size(); resumable as ContiguousRunSampler.
+class ShardAwareSampler : public ContiguousRunSampler {
+ public:
+  /// Throws std::invalid_argument for what shard_aware_epoch_list rejects, a rank outside
+  /// [0, num_replicas), and what set_resume rejects.
+  ShardAwareSampler(std::vector<int64_t> shard_sizes, ShardOrderOptions options,
+                    std::optional<EpochResume> resume = std::nullopt);
+  std::unique_ptr<ResumableSampler> clone() const override {
+    return std::make_unique<ShardAwareSampler>(*this);
+  }
+  const ShardOrderOptions& options() const { return options_; }
+  const std::vector<int64_t>& shard_sizes() const { return shard_sizes_; }
+
+ protected:
+  std::vector<int64_t> unpadded_list(int64_t epoch) const override;
+
+ private:
   std::vector<int64_t> shard_sizes_;
   ShardOrderOptions options_;
-  int64_t n_ = 0;
-  std::optional<EpochResume> resume_;
 };
 
 }  // namespace gpufeed::sampler
