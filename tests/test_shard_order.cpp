@@ -8,12 +8,15 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "sampler_checks.h"
 #include "gpufeed/sampler/resume.h"
 #include "gpufeed/sampler/sampler.h"
 #include "gpufeed/sampler/shard_order.h"
@@ -336,37 +339,18 @@ TEST(ShardOrder, FixedPartitionsKeepEachRanksShardsAcrossEpochs) {
 // padding positions once); the next epoch is plain shard-aware order for the new world size.
 TEST(ShardOrder, ResumesMidEpochOnAnotherWorldSize) {
   const Indices sizes = {150, 150, 150, 150, 150, 150, 41, 0, 77};
-  const int64_t batch = 16, epoch = 3;
+  auto make = [&](int64_t world, int64_t rank, std::optional<EpochResume> resume) {
+    ShardOrderOptions o = order_options(world, 8, 6);
+    o.rank = rank;
+    return std::unique_ptr<ResumableSampler>(std::make_unique<ShardAwareSampler>(sizes, o, resume));
+  };
+  auto lockstep = [&](int64_t world) {
+    return shard_aware_lockstep_list(sizes, order_options(world, 8, 6), 3);
+  };
   for (const auto& [from, to] : std::vector<std::pair<int64_t, int64_t>>{{4, 3}, {2, 4}, {4, 1}}) {
     for (const int64_t k : {0, 1, 5, 9}) {
-      const ShardOrderOptions old_o = order_options(from, 8, 6);
-      const Indices list = shard_aware_lockstep_list(sizes, old_o, epoch);
-      Indices delivered;
-      for (int64_t r = 0; r < from; ++r) {
-        const Indices mine = rank_part(sizes, old_o, r, epoch);
-        const auto take = std::min<size_t>(static_cast<size_t>(k * batch), mine.size());
-        delivered.insert(delivered.end(), mine.begin(),
-                         mine.begin() + static_cast<std::ptrdiff_t>(take));
-      }
-      const int64_t consumed =
-          consumed_after_batches(static_cast<int64_t>(list.size()), 0, from, 0, k, batch, false);
-      ASSERT_EQ(sorted(delivered), sorted(head(list, consumed)))
-          << from << "->" << to << " k=" << k;
-      for (int64_t r = 0; r < to; ++r) {
-        ShardOrderOptions o = order_options(to, 8, 6);
-        o.rank = r;
-        ShardAwareSampler s(sizes, o, EpochResume{epoch, from, consumed});
-        s.set_epoch(epoch);
-        const Indices mine = s.indices();
-        EXPECT_EQ(static_cast<int64_t>(mine.size()), s.size());
-        delivered.insert(delivered.end(), mine.begin(), mine.end());
-        s.set_epoch(epoch + 1);
-        EXPECT_EQ(s.indices(), rank_part(sizes, o, r, epoch + 1));
-      }
-      // Nothing consumed: the epoch is the new world's own list (its padding, not the old one's).
-      const Indices whole =
-          consumed > 0 ? list : shard_aware_lockstep_list(sizes, order_options(to, 8, 6), epoch);
-      EXPECT_EQ(sorted(delivered), sorted(whole)) << from << "->" << to << " k=" << k;
+      const Indices delivered = gpufeed::test::expect_elastic_resume(make, lockstep, from, to, k,
+                                                                     /*batch=*/16, /*epoch=*/3);
       std::set<int64_t> distinct(delivered.begin(), delivered.end());
       EXPECT_EQ(static_cast<int64_t>(distinct.size()), total(sizes));
     }
@@ -374,14 +358,7 @@ TEST(ShardOrder, ResumesMidEpochOnAnotherWorldSize) {
 }
 
 TEST(ShardOrder, RejectsBadOptionsNamingThem) {
-  auto message_of = [](auto&& make) -> std::string {
-    try {
-      make();
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    }
-    return "(nothing thrown)";
-  };
+  auto message_of = [](auto&& make) { return gpufeed::test::invalid_argument_message(make); };
   const Indices sizes = {10, 10};
   ShardOrderOptions o;
   o.window = 0;

@@ -20,8 +20,8 @@ int64_t length(const Piece& piece) { return piece.end - piece.begin; }
 // [floor(p * n / parts), floor((p + 1) * n / parts)); a unit across a cut becomes one piece per
 // side. These cuts are where lockstep_runs cuts the ranks' runs when the world size divides
 // `parts`, so no partition is shared by two ranks.
-std::vector<std::vector<Piece>> cut_into_partitions(const std::vector<Piece>& units,
-                                                    int64_t parts, uint64_t seed) {
+std::vector<std::vector<Piece>> cut_into_partitions(const std::vector<Piece>& units, int64_t parts,
+                                                    uint64_t seed) {
   int64_t n = 0;
   for (const Piece& unit : units) n += length(unit);
   std::vector<std::vector<Piece>> out(static_cast<size_t>(parts));

@@ -29,7 +29,7 @@ PUBLIC_HEADERS = [
     "gpufeed/loader.h", "gpufeed/torch.h", "gpufeed/version.h",
     "gpufeed/decode/decoder.h", "gpufeed/decode/error.h",
     "gpufeed/sampler/sampler.h", "gpufeed/sampler/randperm.h", "gpufeed/sampler/ra_sampler.h",
-    "gpufeed/sampler/shard_order.h",
+    "gpufeed/sampler/shard_order.h", "gpufeed/sampler/mixing.h",
     "gpufeed/transforms/augment.h", "gpufeed/loader/batch.h", "gpufeed/datasets/dataset.h", "gpufeed/loader/host_allocator.h",
     "gpufeed/loader/loader.h", "gpufeed/datasets/remote.h", "gpufeed/transforms/resize.h", "gpufeed/datasets/shards.h",
     "gpufeed/datasets/synthetic.h",
