@@ -31,7 +31,13 @@ uint32_t crc32c_table(uint32_t crc, const uint8_t* p, size_t n) {
 }
 
 #ifdef GPUFEED_CRC32C_X86
-__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const uint8_t* p, size_t n) {
+// Newer clang (zig's: cmake/toolchains/zig.cmake) keeps the CRC32 instruction apart from SSE4.2.
+#if defined(__clang__)
+#define GPUFEED_CRC32C_TARGET __attribute__((target("sse4.2,crc32")))
+#else
+#define GPUFEED_CRC32C_TARGET __attribute__((target("sse4.2")))
+#endif
+GPUFEED_CRC32C_TARGET uint32_t crc32c_sse42(uint32_t crc, const uint8_t* p, size_t n) {
   uint64_t c = ~crc;
   for (; n >= 8; n -= 8, p += 8) {
     uint64_t v;
