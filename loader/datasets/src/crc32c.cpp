@@ -5,6 +5,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <nmmintrin.h>
+#include "gpufeed/cpu_features.h"
 #define GPUFEED_CRC32C_X86 1
 #endif
 
@@ -55,7 +56,7 @@ GPUFEED_CRC32C_TARGET uint32_t crc32c_sse42(uint32_t crc, const uint8_t* p, size
 uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
 #ifdef GPUFEED_CRC32C_X86
-  static const bool sse42 = __builtin_cpu_supports("sse4.2");
+  static const bool sse42 = gpufeed::cpu::x86_features().sse42;
   if (sse42) return crc32c_sse42(crc, p, n);
 #endif
   return crc32c_table(crc, p, n);
