@@ -15,6 +15,7 @@
 
 #include "bugkinds.h"
 #include "process_util.h"
+#include "gpufeed/cpu_features.h"
 #include "gpufeed/decode/decoder.h"
 #include "gpufeed/decode/error.h"
 
@@ -276,9 +277,9 @@ TEST(BenchCli, ResizeKernelVariableGivesTheSameSamplesAndRefusesAnUnknownKernel)
   ASSERT_EQ(reference.size(), 6u * 40 * 40 * 3);
   std::vector<std::string> kernels = {"scalar"};
 #if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2")) kernels.push_back("avx2");
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) kernels.push_back("avx512");
+  const auto& cpu = gpufeed::cpu::x86_features();
+  if (cpu.avx2) kernels.push_back("avx2");
+  if (cpu.avx512f && cpu.avx512bw) kernels.push_back("avx512");
 #endif
   for (const std::string& k : kernels) {
     ASSERT_EQ(bench(k, k + ".raw", out, err), 0) << k << ": " << err;
@@ -288,7 +289,7 @@ TEST(BenchCli, ResizeKernelVariableGivesTheSameSamplesAndRefusesAnUnknownKernel)
   EXPECT_NE(err.find("GPUFEED_RESIZE_KERNEL=avx1024: expected auto, scalar, avx2 or avx512"),
             std::string::npos) << err;
 #if defined(__x86_64__) || defined(__i386__)
-  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))) {
+  if (!(gpufeed::cpu::x86_features().avx512f && gpufeed::cpu::x86_features().avx512bw)) {
     EXPECT_NE(bench("avx512", "bad.raw", out, err), 0);
     EXPECT_NE(err.find("GPUFEED_RESIZE_KERNEL=avx512: this CPU does not run that kernel"),
               std::string::npos) << err;

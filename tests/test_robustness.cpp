@@ -652,6 +652,19 @@ TEST(Memory, ResidentSizeAfterThreeEpochsIsWithinFivePercentOfAfterOne) {
       << "RSS after epochs 1, 2, 3: " << rss[0] << ", " << rss[1] << ", " << rss[2];
 }
 
+// The heap in use (malloc's uordblks). mallinfo2 is glibc 2.33's; a build for an older glibc floor
+// (cmake/toolchains/zig.cmake: 2.28) has mallinfo, whose int fields hold this test's heap.
+size_t heap_in_use() {
+#if __GLIBC_PREREQ(2, 33)
+  return ::mallinfo2().uordblks;
+#else
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"  // newer headers: "use mallinfo2"
+  return static_cast<unsigned>(::mallinfo().uordblks);
+#pragma GCC diagnostic pop
+#endif
+}
+
 TEST(Memory, EveryBadFileDecodedAThousandTimesLeavesTheHeapAsItWas) {
   // Under LSan (the asan preset) a leak fails the run at exit; here, in every build, the bytes
   // malloc holds must not grow with the number of passes.
@@ -687,9 +700,9 @@ TEST(Memory, EveryBadFileDecodedAThousandTimesLeavesTheHeapAsItWas) {
     }
   };
   pass(10);  // warm up: per-decoder scratch reaches its size
-  const size_t heap_before = ::mallinfo2().uordblks;
+  const size_t heap_before = heap_in_use();
   pass(990);
-  const size_t heap_after = ::mallinfo2().uordblks;
+  const size_t heap_after = heap_in_use();
   EXPECT_EQ(failures, static_cast<int64_t>(bad.size()) * 1000);
   // A leak of even 16 bytes per failing decode would show as ~bad.size() * 16 KB here.
   EXPECT_LE(heap_after, heap_before + 4096) << "before " << heap_before << " after " << heap_after;

@@ -279,6 +279,31 @@ struct SkipAccount {
   }
 };
 
+// std::atomic<std::shared_ptr> (C++20) where the standard library has it (libstdc++ 12); libc++
+// (zig's toolchain for the manylinux wheels: cmake/toolchains/zig.cmake) has not: the same load
+// and store under a mutex. Counters reaches it only when an observer is set.
+#if defined(__cpp_lib_atomic_shared_ptr)
+template <class T>
+using AtomicSharedPtr = std::atomic<std::shared_ptr<T>>;
+#else
+template <class T>
+class AtomicSharedPtr {
+ public:
+  std::shared_ptr<T> load(std::memory_order) const {
+    std::lock_guard lock(mutex_);
+    return ptr_;
+  }
+  void store(std::shared_ptr<T> p, std::memory_order) {
+    std::lock_guard lock(mutex_);
+    ptr_.swap(p);  // the old pointer is released by p, after the lock
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::shared_ptr<T> ptr_;
+};
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // Counters: totals, per-stage histograms and the optional per-sample observer. Lock-free; every
 // worker updates them after each sample.
@@ -289,7 +314,7 @@ struct Counters {
   // has_observer is read first (a plain relaxed load): libstdc++'s atomic<shared_ptr> load takes
   // a spin lock, which would put a lock shared by every worker on each sample's path.
   std::atomic<bool> has_observer{false};
-  std::atomic<std::shared_ptr<const std::function<void(const SampleTiming&)>>> observer;
+  AtomicSharedPtr<const std::function<void(const SampleTiming&)>> observer;
   std::atomic<int64_t> samples{0}, skipped{0}, bytes_read{0}, read_ns{0}, decode_ns{0},
       resize_ns{0}, pixels{0}, decodes{0};
 

@@ -49,7 +49,9 @@ inline const OptionSet& set_named(const std::vector<OptionSet>& sets, const std:
 // GCC 12 reports a member of a value-initialised TrainOptions (DataOptions::interrupt, a
 // shared_ptr) as maybe uninitialised once option_set is inlined: a false positive.
 #pragma GCC diagnostic push
+#if !defined(__clang__)  // clang has no such warning, and -Werror rejects unknown ones
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 /// The rows of `schema`, with the defaults read off one default-constructed struct (as
 /// Schema::default_value reads them: none for a derived default).
 template <class T>

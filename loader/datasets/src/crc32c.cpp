@@ -5,6 +5,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <nmmintrin.h>
+#include "gpufeed/cpu_features.h"
 #define GPUFEED_CRC32C_X86 1
 #endif
 
@@ -31,7 +32,13 @@ uint32_t crc32c_table(uint32_t crc, const uint8_t* p, size_t n) {
 }
 
 #ifdef GPUFEED_CRC32C_X86
-__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const uint8_t* p, size_t n) {
+// Newer clang (zig's: cmake/toolchains/zig.cmake) keeps the CRC32 instruction apart from SSE4.2.
+#if defined(__clang__)
+#define GPUFEED_CRC32C_TARGET __attribute__((target("sse4.2,crc32")))
+#else
+#define GPUFEED_CRC32C_TARGET __attribute__((target("sse4.2")))
+#endif
+GPUFEED_CRC32C_TARGET uint32_t crc32c_sse42(uint32_t crc, const uint8_t* p, size_t n) {
   uint64_t c = ~crc;
   for (; n >= 8; n -= 8, p += 8) {
     uint64_t v;
@@ -49,7 +56,7 @@ __attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const uint
 uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
 #ifdef GPUFEED_CRC32C_X86
-  static const bool sse42 = __builtin_cpu_supports("sse4.2");
+  static const bool sse42 = gpufeed::cpu::x86_features().sse42;
   if (sse42) return crc32c_sse42(crc, p, n);
 #endif
   return crc32c_table(crc, p, n);

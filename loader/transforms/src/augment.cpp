@@ -21,6 +21,7 @@
 #endif
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include "gpufeed/cpu_features.h"
 #endif
 
 namespace gpufeed::transforms {
@@ -224,7 +225,7 @@ __attribute__((target("avx2"))) int64_t gray_sum_avx2(const uint8_t* image, size
 // Whether the colour kernels run their AVX2 loops for `kernel` (hue's, saturation's, contrast's).
 bool colour_avx2(ColorKernel kernel) {
 #if defined(__x86_64__)
-  static const bool cpu = __builtin_cpu_supports("avx2") != 0;
+  static const bool cpu = gpufeed::cpu::x86_features().avx2;
 #else
   static const bool cpu = false;
 #endif
@@ -467,8 +468,8 @@ void grid_bilinear(uint8_t* image, int height, int width, const std::array<doubl
   const uint8_t* padded = scratch.copy.data();
   const AffineGrid g(height, width, matrix);
 #if defined(__x86_64__) || defined(__i386__)
-  static const bool has_fma = __builtin_cpu_supports("fma") != 0;
-  static const bool has_avx2 = has_fma && __builtin_cpu_supports("avx2") != 0;
+  static const bool has_fma = gpufeed::cpu::x86_features().fma;
+  static const bool has_avx2 = has_fma && gpufeed::cpu::x86_features().avx2;
   if (has_avx2) return grid_bilinear_avx2(image, height, width, g, padded);
   if (has_fma) return grid_bilinear_fma(image, height, width, g, padded);
 #endif
@@ -1186,10 +1187,7 @@ __attribute__((target("avx2,fma"))) void blur_row_fma(const float* padded, size_
 }
 
 bool cpu_has_fma() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
-  }();
+  static const bool has = gpufeed::cpu::x86_features().avx2 && gpufeed::cpu::x86_features().fma;
   return has;
 }
 #endif

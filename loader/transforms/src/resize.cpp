@@ -24,6 +24,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include "gpufeed/cpu_features.h"
 #define GPUFEED_RESIZE_X86 1
 #endif
 
@@ -40,12 +41,12 @@ inline uint8_t clip8(int32_t acc) {
 
 bool cpu_supports(ResizeKernel kernel) {
 #if GPUFEED_RESIZE_X86
-  __builtin_cpu_init();
+  const auto& cpu = gpufeed::cpu::x86_features();
   switch (kernel) {
     case ResizeKernel::kAvx2:
-      return __builtin_cpu_supports("avx2") != 0;
+      return cpu.avx2;
     case ResizeKernel::kAvx512:
-      return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512bw") != 0;
+      return cpu.avx512f && cpu.avx512bw;
     default:
       return true;
   }
