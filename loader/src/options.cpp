@@ -72,8 +72,8 @@ Schema<LoaderOptions> make_loader_schema() {
             .unit = "shards", .min = 1},
            &LoaderOptions::shard_window);
   s.member({.name = "shard_partitions", .type = Type::kInt,
-            .help = "shuffle_order shards: runs of shards the global order is cut into; each shard goes to one rank "
-                    "per epoch when the world size divides it (24: 1, 2, 3, 4, 6, 8, 12, 24)",
+            .help = "shuffle_order shards: runs of shards the global order is cut into; with at least as many shards, "
+                    "each shard goes to one rank per epoch when the world size divides it (24: 1, 2, 3, 4, 6, 8, 12, 24)",
             .min = 1},
            &LoaderOptions::shard_partitions);
   s.add({.name = "on_error", .type = Type::kChoice,
