@@ -9,11 +9,13 @@
 #include <numeric>
 
 #include "gpufeed/datasets/dataset.h"
+#include "gpufeed/datasets/mixed.h"
 #include "gpufeed/datasets/shards.h"
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/loader/rank_sampler.h"
 #include "gpufeed/log.h"
 #include "gpufeed/pack/pack.h"
+#include "gpufeed/sampler/mixing.h"
 #include "gpufeed/sampler/resume.h"
 #include "gpufeed/sampler/shard_order.h"
 #include "test_util.h"
@@ -80,6 +82,48 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> run_epoch(const std::share
     labels.insert(labels.end(), b->labels, b->labels + b->size);
   }
   return {indices, labels};
+}
+
+// A dataset as `inner` whose reader records what it is told (what MixedDataset hands a source).
+struct Recorded {
+  std::vector<std::pair<uint64_t, std::vector<int64_t>>> announced;
+  std::vector<int64_t> read;
+  std::vector<uint64_t> forgotten;
+};
+
+class RecordingDataset : public datasets::Dataset {
+ public:
+  RecordingDataset(std::shared_ptr<datasets::Dataset> inner, std::shared_ptr<Recorded> log)
+      : inner_(std::move(inner)), log_(std::move(log)) {}
+  int64_t size() const override { return inner_->size(); }
+  datasets::SampleRef at(int64_t i) const override { return inner_->at(i); }
+  const std::vector<std::string>& classes() const override { return inner_->classes(); }
+  std::vector<int64_t> shard_sizes() const override { return inner_->shard_sizes(); }
+  std::unique_ptr<datasets::SampleReader> reader(datasets::ReadOrder) const override {
+    return std::make_unique<Reader>(*this);
+  }
+
+ private:
+  struct Reader : datasets::SampleReader {
+    explicit Reader(const RecordingDataset& d) : d(d) {}
+    void announce(uint64_t tag, const std::vector<int64_t>& indices) override {
+      d.log_->announced.emplace_back(tag, indices);
+    }
+    void forget(uint64_t tag) override { d.log_->forgotten.push_back(tag); }
+    void read(uint64_t, int64_t index, decode::ByteBuffer& out) override {
+      d.log_->read.push_back(index);
+      datasets::read_sample(d.at(index), out);
+    }
+    const RecordingDataset& d;
+  };
+  std::shared_ptr<datasets::Dataset> inner_;
+  std::shared_ptr<Recorded> log_;
+};
+
+std::vector<uint8_t> bytes_of(const datasets::SampleRef& ref) {
+  std::vector<uint8_t> out;
+  datasets::read_sample(ref, out);
+  return out;
 }
 
 }  // namespace
@@ -231,4 +275,116 @@ TEST(RankSampler, ClassOrderedShardsAreMeasuredAndWarnedOfAndShuffledShardsMixLi
   const std::string text = said.str();
   EXPECT_NE(text.find("shuffle_order shards: a batch of 4 holds 1.0 classes"), std::string::npos) << text;
   EXPECT_NE(text.find("gpufeed pack --shuffle"), std::string::npos) << text;
+}
+
+// Several sources as one dataset (gpufeed/datasets/mixed.h): ConcatDataset's numbering, each
+// sample its source's (path, label, bytes), shard sizes concatenated only when every source has
+// shards, and a reader that tells each source's reader its own part of an announced order.
+TEST(MixedDataset, NumbersSourcesAsConcatDatasetAndSplitsAnnouncedOrdersPerSource) {
+  const PackedSet set;
+  const auto shards = set.open();
+  const auto folder = std::make_shared<datasets::ImageFolder>(set.folder, datasets::ImageFolderOptions{.index_cache = "off"});
+  const datasets::MixedDataset mixed({shards, folder}, {"shards", "folder"});
+  ASSERT_EQ(mixed.size(), 64);
+  EXPECT_EQ(mixed.offsets(), (std::vector<int64_t>{0, 32, 64}));
+  for (int64_t i = 0; i < 64; ++i) {
+    const auto want = i < 32 ? shards->at(i) : folder->at(i - 32);
+    EXPECT_EQ(mixed.at(i).path, want.path) << i;
+    EXPECT_EQ(mixed.at(i).label, want.label) << i;
+    EXPECT_EQ(mixed.at(i).offset, want.offset) << i;
+    EXPECT_EQ(mixed.source_of(i), i < 32 ? 0 : 1);
+  }
+  EXPECT_THROW(mixed.at(64), std::out_of_range);
+  EXPECT_THROW(mixed.source_of(-1), std::out_of_range);
+  EXPECT_EQ(mixed.classes(), shards->classes());  // the names differ ("0" vs "class_000"): source 0's
+  EXPECT_TRUE(mixed.shard_sizes().empty());  // the folder has none
+  EXPECT_EQ(mixed.source_shard_sizes(), (std::vector<std::vector<int64_t>>{{5, 5, 5, 5, 5, 5, 2}, {}}));
+  EXPECT_FALSE(mixed.remote());
+  EXPECT_EQ(mixed.reader(), nullptr);  // no source reads through a reader of its own
+  const datasets::MixedDataset two({shards, shards}, {"a", "b"});
+  EXPECT_EQ(two.shard_sizes(), (std::vector<int64_t>{5, 5, 5, 5, 5, 5, 2, 5, 5, 5, 5, 5, 5, 2}));
+  decode::ByteBuffer got;
+  two.read(40, two.at(40), got);
+  const auto want = bytes_of(shards->at(8));
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), got.data(), got.data() + got.size()));
+
+  const auto log = std::make_shared<Recorded>();
+  const datasets::MixedDataset recorded({folder, std::make_shared<RecordingDataset>(shards, log)}, {"f", "r"});
+  const auto reader = recorded.reader(datasets::ReadOrder::kShardRuns);
+  ASSERT_NE(reader, nullptr);
+  reader->announce(7, {40, 3, 33, 63, 31, 32});
+  reader->announce(8, {0, 1});  // none of the recorded source's: nothing announced to it
+  ASSERT_EQ(log->announced.size(), 1u);
+  EXPECT_EQ(log->announced[0], (std::pair<uint64_t, std::vector<int64_t>>{7, {8, 1, 31, 0}}));
+  reader->read(7, 40, got);  // the recorded source's sample 8, through its reader
+  const auto eighth = bytes_of(shards->at(8));
+  EXPECT_TRUE(std::equal(eighth.begin(), eighth.end(), got.data(), got.data() + got.size()));
+  reader->read(7, 3, got);  // the folder's sample 3, read directly
+  const auto third = bytes_of(folder->at(3));
+  EXPECT_TRUE(std::equal(third.begin(), third.end(), got.data(), got.data() + got.size()));
+  EXPECT_EQ(log->read, (std::vector<int64_t>{8}));
+  reader->forget(7);
+  EXPECT_EQ(log->forgotten, (std::vector<uint64_t>{7}));
+
+  EXPECT_THROW(datasets::MixedDataset({}, {}), std::invalid_argument);
+  EXPECT_THROW(datasets::MixedDataset({shards}, {"a", "b"}), std::invalid_argument);
+  EXPECT_THROW(datasets::MixedDataset({shards, nullptr}, {"a", "b"}), std::invalid_argument);
+}
+
+// Mixed sources get the MixingSampler (its list is mixing_epoch_list's, the same for every world
+// size), `auto` is exact for local sources and shards is accepted with a folder among them; a Loader
+// hands out exactly the sampler's indices with each source's labels.
+TEST(RankSampler, MixedSourcesAreDealtTheMixingListAndTheLoaderReadsEachSourcesSamples) {
+  const PackedSet set;
+  const auto shards = set.open();
+  const auto folder = std::make_shared<datasets::ImageFolder>(set.folder, datasets::ImageFolderOptions{.index_cache = "off"});
+  const auto mixed = std::make_shared<datasets::MixedDataset>(std::vector<std::shared_ptr<datasets::Dataset>>{shards, folder},
+                                                              std::vector<std::string>{"shards", "folder"});
+  EXPECT_EQ(loader::resolve_shuffle_order(*mixed, loader::ShuffleOrder::kAuto, "m"), loader::ShuffleOrder::kExact);
+  EXPECT_EQ(loader::resolve_shuffle_order(*mixed, loader::ShuffleOrder::kShards, "m"), loader::ShuffleOrder::kShards);
+  const loader::Mixing mixing{.weights = {1, 3}, .epoch_size = 26};
+  EXPECT_EQ(loader::epoch_samples(*mixed, mixing), 26);
+  EXPECT_EQ(loader::epoch_samples(*mixed, {}), 64);
+  EXPECT_EQ(loader::epoch_samples(*shards, {}), 32);
+  sampler::MixingOptions mo;
+  mo.seed = 11;
+  mo.window = 2;
+  mo.partitions = 4;
+  mo.weights = {1, 3};
+  mo.epoch_size = 26;
+  const std::vector<sampler::SourceShards> sources{{5, 5, 5, 5, 5, 5, 2}, sampler::one_shard_per_sample(32)};
+  for (const auto order : {loader::ShuffleOrder::kExact, loader::ShuffleOrder::kShards}) {
+    mo.exact_order = order == loader::ShuffleOrder::kExact;
+    const auto o = small_loader(order);
+    for (const int64_t epoch : {0, 1}) {
+      const auto list = sampler::mixing_epoch_list(sources, mo, epoch);
+      ASSERT_EQ(list.size(), 26u);
+      std::vector<int64_t> seen;
+      for (int64_t r = 0; r < 2; ++r) {
+        auto s = loader::make_rank_sampler(*mixed, o, rank_of(r, 2), "mixed", mixing);
+        auto* m = dynamic_cast<sampler::MixingSampler*>(s.get());
+        ASSERT_NE(m, nullptr);
+        EXPECT_EQ(m->options().exact_order, mo.exact_order);
+        const auto [indices, labels] = run_epoch(mixed, s, o, epoch);
+        EXPECT_EQ(indices, std::vector<int64_t>(list.begin() + 13 * r, list.begin() + 13 * (r + 1)));
+        for (size_t k = 0; k < indices.size(); ++k) EXPECT_EQ(labels[k], mixed->at(indices[k]).label);
+        seen.insert(seen.end(), indices.begin(), indices.end());
+      }
+      EXPECT_EQ(seen, list);
+      const int64_t from_shards = std::count_if(seen.begin(), seen.end(), [](int64_t i) { return i < 32; });
+      EXPECT_EQ(from_shards, 7) << "26 / 4 = 6.5: the tie goes to the lower source";
+    }
+  }
+  // One dataset with epoch_size alone is mixed too (resampled); a refused weight names itself.
+  auto one = loader::make_rank_sampler(*shards, small_loader(loader::ShuffleOrder::kAuto), rank_of(0, 1), "s",
+                                       loader::Mixing{.weights = {}, .epoch_size = 12});
+  ASSERT_NE(dynamic_cast<sampler::MixingSampler*>(one.get()), nullptr);
+  EXPECT_EQ(one->size(), 12);
+  try {
+    loader::make_rank_sampler(*mixed, small_loader(loader::ShuffleOrder::kAuto), rank_of(0, 1), "m",
+                              loader::Mixing{.weights = {1}, .epoch_size = std::nullopt});
+    FAIL() << "one weight for two sources";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("weights"), std::string::npos) << e.what();
+  }
 }

@@ -22,6 +22,7 @@
 #include "gpufeed/transforms/augment.h"
 #include "gpufeed/cpu_budget.h"
 #include "gpufeed/log.h"
+#include "gpufeed/sampler/mixing.h"
 #include "gpufeed/sampler/shard_order.h"
 #include "epoch_schedule.h"
 #include "fork_guard.h"
@@ -38,10 +39,12 @@ using detail::InFlight;
 using detail::Slot;
 using Clock = std::chrono::steady_clock;
 
-// The shard-aware order (shuffle_order shards) tells the dataset's reader so: a remote one then
-// reads whole shards under remote_read auto (RemoteShards::reader).
+// The shard-aware order (shuffle_order shards), also of mixed sources, tells the dataset's reader
+// so: a remote one then reads whole shards under remote_read auto (RemoteShards::reader).
 datasets::ReadOrder read_order(const sampler::Sampler& s) {
-  const bool shard_aware = dynamic_cast<const sampler::ShardAwareSampler*>(&s) != nullptr;
+  const auto* mixing = dynamic_cast<const sampler::MixingSampler*>(&s);
+  const bool shard_aware =
+      dynamic_cast<const sampler::ShardAwareSampler*>(&s) != nullptr || (mixing && !mixing->options().exact_order);
   return shard_aware ? datasets::ReadOrder::kShardRuns : datasets::ReadOrder::kAny;
 }
 

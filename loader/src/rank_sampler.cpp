@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <vector>
 
+#include "gpufeed/datasets/mixed.h"
 #include "gpufeed/log.h"
 #include "gpufeed/option.h"
+#include "gpufeed/sampler/mixing.h"
 #include "gpufeed/sampler/shard_order.h"
 
 namespace gpufeed::loader {
@@ -16,16 +18,18 @@ namespace {
 // DistributedSampler's order over remote data reads one sample per request, from every shard in
 // turn: said once, at open, with the figures that make it costly. The URL is not printed (a
 // presigned one carries its signature).
-void warn_exact_on_remote(const datasets::Dataset& dataset, size_t shards) {
+void warn_exact_on_remote(int64_t samples, size_t shards) {
   gpufeed::log()->warn(
       "shuffle_order exact on remote data: an epoch makes about {} requests (one per sample) over {} shards; "
       "shuffle_order shards (the default for remote data) keeps each shard's samples together",
-      dataset.size(), shards);
+      samples, shards);
 }
 
-sampler::ShardOrderOptions shard_order_options(const LoaderOptions& options,
-                                               const sampler::DistributedSamplerOptions& distributed) {
-  sampler::ShardOrderOptions so;
+// The fields sampler::ShardOrderOptions and sampler::MixingOptions share (same names), from the
+// loader's options and the rank's DistributedSampler options.
+template <class O>
+O order_options(const LoaderOptions& options, const sampler::DistributedSamplerOptions& distributed) {
+  O so;
   so.num_replicas = distributed.num_replicas;
   so.rank = distributed.rank;
   so.shuffle = distributed.shuffle;
@@ -65,11 +69,43 @@ void warn_if_classes_unmixed(const datasets::Dataset& dataset, const LoaderOptio
       options.batch_size, m.shards, m.exact, m.batches, options.shard_window);
 }
 
+// The sampler mixes: several sources, or weights / epoch_size given for one.
+bool mixes(const datasets::Dataset& dataset, const Mixing& mixing) {
+  return mixing.given() || dynamic_cast<const datasets::MixedDataset*>(&dataset) != nullptr;
+}
+
+// Each source's shard sizes, a source without shards one shard per sample.
+std::vector<sampler::SourceShards> mixing_sources(const datasets::Dataset& dataset) {
+  std::vector<std::vector<int64_t>> shards;
+  std::vector<int64_t> sizes;
+  if (const auto* mixed = dynamic_cast<const datasets::MixedDataset*>(&dataset)) {
+    shards = mixed->source_shard_sizes();
+    for (const auto& s : mixed->sources()) sizes.push_back(s->size());
+  } else {
+    shards.push_back(dataset.shard_sizes());
+    sizes.push_back(dataset.size());
+  }
+  for (size_t s = 0; s < shards.size(); ++s)
+    if (shards[s].empty()) shards[s] = sampler::one_shard_per_sample(sizes[s]);
+  return shards;
+}
+
+std::shared_ptr<sampler::ResumableSampler> make_mixing_sampler(const datasets::Dataset& dataset,
+                                                               const LoaderOptions& options,
+                                                               const sampler::DistributedSamplerOptions& distributed,
+                                                               ShuffleOrder order, const Mixing& mixing) {
+  auto mo = order_options<sampler::MixingOptions>(options, distributed);
+  mo.weights = mixing.weights;
+  mo.epoch_size = mixing.epoch_size;
+  mo.exact_order = order == ShuffleOrder::kExact;
+  return std::make_shared<sampler::MixingSampler>(mixing_sources(dataset), std::move(mo));
+}
+
 }  // namespace
 
 ClassMixing class_mixing(const datasets::Dataset& dataset, const LoaderOptions& options,
                          const sampler::DistributedSamplerOptions& distributed, int64_t max_batches) {
-  sampler::ShardAwareSampler shards(dataset.shard_sizes(), shard_order_options(options, distributed));
+  sampler::ShardAwareSampler shards(dataset.shard_sizes(), order_options<sampler::ShardOrderOptions>(options, distributed));
   sampler::DistributedSampler exact(dataset.size(), distributed);
   shards.set_epoch(0);
   exact.set_epoch(0);
@@ -103,6 +139,10 @@ ShuffleOrder parse_shuffle_order(std::string_view name) {
 
 ShuffleOrder resolve_shuffle_order(const datasets::Dataset& dataset, ShuffleOrder requested,
                                    std::string_view data_name) {
+  if (dynamic_cast<const datasets::MixedDataset*>(&dataset) != nullptr) {
+    if (requested != ShuffleOrder::kAuto) return requested;
+    return dataset.remote() ? ShuffleOrder::kShards : ShuffleOrder::kExact;
+  }
   const bool has_shards = !dataset.shard_sizes().empty();
   if (requested == ShuffleOrder::kAuto)
     return dataset.remote() && has_shards ? ShuffleOrder::kShards : ShuffleOrder::kExact;
@@ -117,15 +157,24 @@ ShuffleOrder resolve_shuffle_order(const datasets::Dataset& dataset, ShuffleOrde
 std::shared_ptr<sampler::ResumableSampler> make_rank_sampler(const datasets::Dataset& dataset,
                                                              const LoaderOptions& options,
                                                              const sampler::DistributedSamplerOptions& distributed,
-                                                             std::string_view data_name) {
+                                                             std::string_view data_name, const Mixing& mixing) {
   const ShuffleOrder order = resolve_shuffle_order(dataset, options.shuffle_order, data_name);
+  if (mixes(dataset, mixing)) {
+    if (options.shuffle_order == ShuffleOrder::kExact && dataset.remote())
+      warn_exact_on_remote(epoch_samples(dataset, mixing), dataset.shard_sizes().size());
+    return make_mixing_sampler(dataset, options, distributed, order, mixing);
+  }
   if (order == ShuffleOrder::kExact) {
     if (options.shuffle_order == ShuffleOrder::kExact && dataset.remote())
-      warn_exact_on_remote(dataset, dataset.shard_sizes().size());
+      warn_exact_on_remote(dataset.size(), dataset.shard_sizes().size());
     return std::make_shared<sampler::ResumedDistributedSampler>(dataset.size(), distributed);
   }
   warn_if_classes_unmixed(dataset, options, distributed);
-  return std::make_shared<sampler::ShardAwareSampler>(dataset.shard_sizes(), shard_order_options(options, distributed));
+  return std::make_shared<sampler::ShardAwareSampler>(dataset.shard_sizes(), order_options<sampler::ShardOrderOptions>(options, distributed));
+}
+
+int64_t epoch_samples(const datasets::Dataset& dataset, const Mixing& mixing) {
+  return mixes(dataset, mixing) && mixing.epoch_size ? *mixing.epoch_size : dataset.size();
 }
 
 }  // namespace gpufeed::loader

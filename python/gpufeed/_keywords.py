@@ -7,7 +7,7 @@ import dataclasses
 import numbers
 import operator
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -146,7 +146,8 @@ def _extensions(value: Optional[Sequence[str]]) -> List[str]:
 class Keywords:
     """gpufeed.DataLoader's keywords, checked and resolved (resolve_keywords)."""
 
-    root: str
+    root: Union[str, List[str]]  # one dataset's path, or (a list given) the sources' paths
+    paths: List[str]  # the datasets to open: [root] or the sources
     schema: Dict[str, Any]  # the schema keywords given (None: left out), checked for type; the seed a sampler= gave
     device: torch.device  # "cuda" resolved to the current CUDA device
     dtype: torch.dtype
@@ -173,10 +174,10 @@ def resolve_keywords(root: Any, options: Dict[str, Any], *, device: Any, dtype: 
     torch.distributed / torchrun's environment when rank or world_size is None. TypeError for a
     value of the wrong type or an unknown keyword, ValueError for a refused value; both name the
     keyword."""
-    if isinstance(root, bytes):
-        root = os.fsdecode(root)
-    elif not isinstance(root, (str, os.PathLike)):
-        raise TypeError(f"root must be a path (str or os.PathLike), not {type(root).__name__}")
+    paths = [_path(r) for r in root] if isinstance(root, (list, tuple)) else [_path(root)]
+    if not paths:
+        raise ValueError("root: an empty list names no dataset (give a path, or a list of sources to mix)")
+    root = paths if isinstance(root, (list, tuple)) else paths[0]
     options = dict(options)
     view_rows = _view_rows(options.pop("views")) if isinstance(options.get("views"), (list, tuple)) else []
     keywords = _schema_keywords(options)
@@ -205,10 +206,19 @@ def resolve_keywords(root: Any, options: Dict[str, Any], *, device: Any, dtype: 
     rank, world_size = _shard(rank, world_size)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return Keywords(root=os.fspath(root), schema=keywords, device=device, dtype=dtype, memory_format=memory_format,
+    return Keywords(root=root, paths=paths, schema=keywords, device=device, dtype=dtype, memory_format=memory_format,
                     shuffle=bool(shuffle), rank=rank, world_size=world_size, seed=int(seed),
                     sampler_drop_last=bool(sampler_drop_last), labels_only=labels_only,
                     extensions=_extensions(extensions), view_rows=view_rows)
+
+
+def _path(root: Any) -> str:
+    """A dataset's path as str; TypeError for anything but str, bytes and os.PathLike."""
+    if isinstance(root, bytes):
+        return os.fsdecode(root)
+    if not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"root must be a path (str or os.PathLike) or a list of them, not {type(root).__name__}")
+    return os.fspath(root)
 
 
 # The keywords one view is written with (views=[{...}, ...]): the transform's, less train and

@@ -6,6 +6,7 @@ docstring), _epochs (the iteration state machine: iterators, epochs, state_dict)
 from __future__ import annotations
 
 import atexit
+import numbers
 import os
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -82,7 +83,26 @@ class DataLoader:
         root: an ImageFolder root (``root/<class>/**/<image>``, classes sorted, as torchvision),
             a flat folder of images (class = file-name prefix up to the first ``_``, as
             ``n01440764_tench.JPEG``), or a file list of ``path label`` lines (paths relative to
-            the list's folder; labels are class indices). The CLI's ``--data``.
+            the list's folder; labels are class indices). The CLI's ``--data``. A list of them
+            (each any of these, or shards, local or remote) mixes several sources: their samples
+            are numbered as ``torch.utils.data.ConcatDataset`` numbers them (``samples``,
+            ``indices``, ``last_batch["indices"]``), labels kept as each source gives them, and
+            each epoch takes from source s a fixed count set by ``weights`` (see there).
+        weights: sources mixed (``root`` a list): the relative weight of each, one per source,
+            each > 0 (MosaicML streaming's ``Stream(proportion=...)``, litData's
+            ``CombinedStreamingDataset(weights=...)``). An epoch of E = ``epoch_size`` samples takes
+            k_s = E w_s / sum(w) from source s, rounded by the largest remainder (sum k_s = E,
+            |k_s - E w_s / sum(w)| < 1, the same every epoch): whole passes over the source, then
+            a different seeded subset of its shards each epoch (of its samples, for a source without
+            shards), ordered as ``shuffle_order`` says (docs/DATASETS.md, "Mixing several
+            sources"). Default: each source's size (an epoch is each sample once, ConcatDataset's).
+            ``source_counts()`` and ``stats()["sources"]`` report the counts. Also for one dataset,
+            with ``epoch_size``. ValueError for a count other than one per source or a weight not
+            finite and > 0.
+        epoch_size: samples per epoch over all sources, >= 0 (streaming's ``epoch_size``): above the
+            total it repeats sources, below it samples them down. Default: the sources' total size.
+            ``len(loader)``, ``len(loader.sampler)`` and the padding follow it as
+            DistributedSampler(epoch_size) would.
         shuffle: permute every epoch with a generator seeded ``seed + epoch``, exactly
             DistributedSampler's order (also with one process).
         device: ``"cpu"`` or ``"cuda[:N]"`` (a torch.device too). CUDA batches are copied from
@@ -200,7 +220,9 @@ class DataLoader:
     shards (their requests are cancelled).
     """
 
-    def __init__(self, root: "str | os.PathLike[str]", *, device: "str | torch.device" = "cpu",
+    def __init__(self, root: "str | os.PathLike[str] | Sequence[str | os.PathLike[str]]", *,
+                 weights: Optional[Sequence[float]] = None, epoch_size: Optional[int] = None,
+                 device: "str | torch.device" = "cpu",
                  dtype: torch.dtype = torch.float32,
                  memory_format: torch.memory_format = torch.contiguous_format, shuffle: bool = False,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
@@ -212,10 +234,13 @@ class DataLoader:
                               extensions=extensions, labels_only=labels_only)
         self.labels_only = kw.labels_only
         self.device = kw.device
+        # One dataset: its path (str); several sources: their paths (list of str).
         self.root = kw.root
-        self._c = _C._Loader(self.root, kw.schema, str(self.device), _DTYPES[kw.dtype],
+        self.weights, self.epoch_size = _mixing(weights, epoch_size)
+        self._c = _C._Loader(kw.paths, kw.schema, str(self.device), _DTYPES[kw.dtype],
                              kw.memory_format == torch.channels_last, kw.rank, kw.world_size, kw.shuffle,
-                             kw.sampler_drop_last, _sample_only or self.labels_only, kw.extensions, kw.view_rows)
+                             kw.sampler_drop_last, _sample_only or self.labels_only, kw.extensions, kw.view_rows,
+                             self.weights, self.epoch_size)
         # What loader.dataset pickles to load the same samples in another process (a spawned or
         # forkserver DataLoader worker): plain str, int, float, bool and lists only, the checked
         # schema keywords (the seed a sampler= gave included) and the dtype by name, so it
@@ -223,7 +248,7 @@ class DataLoader:
         # to whichever module holds torch, which a child of `python -c` or a notebook may lack).
         keywords = dict(kw.schema, views=kw.view_rows) if kw.view_rows else dict(kw.schema)
         self._sample_recipe = {"root": self.root, "keywords": keywords, "extensions": list(kw.extensions),
-                               "dtype": _DTYPES[kw.dtype]}
+                               "dtype": _DTYPES[kw.dtype], "weights": self.weights, "epoch_size": self.epoch_size}
         self._init_options(kw)
         self._init_torch_attributes(sampler, _sample_only or self.labels_only)
         self._epochs = _EpochState(self)
@@ -329,8 +354,12 @@ class DataLoader:
         epoch_start positions were consumed before this run's ranks were dealt the rest: world_size
         and 0 unless the epoch was resumed from another number of ranks), and the options it was
         taken with (dataset_size, batch_size, shuffle, drop_last, seed, shuffle_order and, for
-        "shards", shard_window and shard_partitions, which resuming must match; a state without
-        shuffle_order is "exact"; rank and world_size, which it need not: see load_state_dict)."""
+        "shards", shard_window and shard_partitions, and source_sizes, weights and epoch_size (the
+        mixing of sources), which resuming must match; a state without shuffle_order is "exact",
+        one without source_sizes a single dataset; rank and world_size, which it need not: see
+        load_state_dict). A mixed epoch resumes on another world_size as any other: its global list
+        (epoch_size positions) is one for every world size, so each remaining sample of it is
+        delivered once."""
         return self._epochs.state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -393,6 +422,23 @@ class DataLoader:
         indices[k * batch_size:(k + 1) * batch_size]."""
         return self._c.sampler_indices(self._epochs.current_epoch() if epoch is None else epoch)
 
+    def _source_sizes(self) -> List[int]:
+        """[S] samples of each source (one entry for a single dataset)."""
+        offsets = self._c.source_offsets()
+        return [b - a for a, b in zip(offsets, offsets[1:])]
+
+    def source_counts(self, epoch: Optional[int] = None) -> Dict[str, List[int]]:
+        """Each source's samples in `epoch` (default: the current one), one entry per source in
+        ``root``'s order (one for a single dataset): ``samples_per_epoch``, its count in the epoch
+        across all ranks before padding (k_s, see ``weights``; the same every epoch), and
+        ``rank_samples``, its count among this rank's ``indices(epoch)`` (padding and a resumed
+        epoch's share included)."""
+        e = self._epochs.current_epoch() if epoch is None else _integer("epoch", epoch)
+        counts = self._c.source_counts(e)
+        if counts is None:
+            return {"samples_per_epoch": [self._c.epoch_samples()], "rank_samples": [len(self.indices(e))]}
+        return {"samples_per_epoch": list(counts[0]), "rank_samples": list(counts[1])}
+
     # ---- what scripts read off a torch.utils.data.DataLoader ------------------------------------
 
     @property
@@ -447,9 +493,20 @@ class DataLoader:
         bytes_fetched / dataset_bytes is the egress in copies of the dataset), chunks_fetched,
         chunks_refetched (remote_read="shards": whole shards or chunks fetched, and those fetched
         again after being dropped to keep remote_shards_in_flight), peak_held_bytes (the most shard
-        bytes one reader held in memory)}, summed over the dataset's life."""
+        bytes one reader held in memory)}, summed over the dataset's life. With several sources,
+        ``sources``: one dict per source, {name, size, samples_per_epoch, rank_samples (the current
+        epoch's, as ``source_counts()``), remote (as above, a remote source only)}, and ``remote``
+        the sum over the remote sources (peak_held_bytes summed too)."""
         self._decoding("stats")
-        return self._c.stats()
+        d = self._c.stats()
+        if "sources" in d:
+            counts = self.source_counts()
+            for source, total, mine in zip(d["sources"], counts["samples_per_epoch"], counts["rank_samples"]):
+                source.update(samples_per_epoch=total, rank_samples=mine)
+            remote = [s["remote"] for s in d["sources"] if "remote" in s]
+            if remote:
+                d["remote"] = {k: sum(r[k] for r in remote) for k in remote[0]}
+        return d
 
     def _decoding(self, what: str) -> None:
         if self.labels_only:
@@ -482,6 +539,22 @@ class DataLoader:
         return (f"gpufeed.DataLoader(root={self.root!r}, samples={len(self.samples)}, batch_size={self.batch_size}, "
                 f"shuffle={self.shuffle}, train={self.train}, image_size={self.image_size}, device={self.device}, "
                 f"dtype={self.dtype}, rank={self.rank}, world_size={self.world_size})")
+
+
+def _mixing(weights: Any, epoch_size: Any) -> Tuple[Optional[List[float]], Optional[int]]:
+    """weights and epoch_size checked for type (the C++ side checks the values): TypeError naming
+    the keyword."""
+    if weights is not None:
+        if isinstance(weights, (str, bytes)) or not hasattr(weights, "__iter__"):
+            raise TypeError(f"weights must be a sequence of numbers, one per source, not {type(weights).__name__}")
+        weights = list(weights)
+        for w in weights:
+            if isinstance(w, bool) or not isinstance(w, numbers.Real):
+                raise TypeError(f"weights: each weight must be a number, not {w!r}")
+        weights = [float(w) for w in weights]
+    if epoch_size is not None:
+        epoch_size = _integer("epoch_size", epoch_size, 0)
+    return weights, epoch_size
 
 
 document_schema_keywords(DataLoader)

@@ -88,7 +88,8 @@ class _SampleDataset(torch.utils.data.Dataset):
             r = self._recipe
             keywords = dict(r["keywords"], num_workers=1, prefetch_depth=2, batch_size=1)
             self._loader = DataLoader(r["root"], extensions=r["extensions"], device="cpu", dtype=torch.uint8,
-                                      rank=0, world_size=1, _sample_only=True, **keywords)
+                                      rank=0, world_size=1, weights=r.get("weights"),
+                                      epoch_size=r.get("epoch_size"), _sample_only=True, **keywords)
         return self._loader
 
     def __getstate__(self) -> Dict[str, Any]:

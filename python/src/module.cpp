@@ -47,6 +47,7 @@
 #include "gpufeed/profiler/profile_fields.h"
 #include "gpufeed/decode/error.h"
 #include "gpufeed/datasets/dataset.h"
+#include "gpufeed/datasets/mixed.h"
 #include "gpufeed/pack/inspect.h"
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/loader/option_sets.h"
@@ -55,6 +56,7 @@
 #include "gpufeed/datasets/remote_fields.h"
 #include "gpufeed/loader/stats_fields.h"
 #include "gpufeed/option.h"
+#include "gpufeed/sampler/mixing.h"
 #include "gpufeed/sampler/resume.h"
 #include "gpufeed/sampler/sampler.h"
 #include "bindings.h"
@@ -305,11 +307,14 @@ class PyLoader {
   /// `keywords`: gpufeed.DataLoader's schema keywords that were given (option_specs()); the rest
   /// are the Python front's own (device, dtype, layout, the sampler's rank, world size, shuffle
   /// and drop_last, the folder listing's extensions).
-  PyLoader(const std::string& path, const std::map<std::string, options::Value>& keywords,
+  /// `paths`: one dataset, or several sources mixed (datasets::MixedDataset) with `weights` and
+  /// `epoch_size` (loader::Mixing; None: their defaults).
+  PyLoader(const std::vector<std::string>& paths, const std::map<std::string, options::Value>& keywords,
            const std::string& device, const std::string& dtype, bool channels_last, int64_t rank,
            int64_t world_size, bool shuffle, bool sampler_drop_last, bool sample_only,
            const std::vector<std::string>& extensions,
-           const std::vector<std::map<std::string, options::Value>>& view_rows) {
+           const std::vector<std::map<std::string, options::Value>>& view_rows,
+           const std::optional<std::vector<double>>& weights, std::optional<int64_t> epoch_size) {
     try {
       device_ = device::parse_device(device);
     } catch (const std::invalid_argument&) {
@@ -323,7 +328,27 @@ class PyLoader {
     }
     const loader::LoaderOptions& o = k.loader;
     options_ = o;
-    dataset_ = open_interruptibly(path, k.data, extensions);
+    if (paths.empty()) throw nb::value_error("gpufeed.DataLoader: root names no dataset (an empty list)");
+    std::vector<std::shared_ptr<datasets::Dataset>> sources;
+    for (const std::string& path : paths) sources.push_back(open_interruptibly(path, k.data, extensions));
+    if (sources.size() == 1) {
+      dataset_ = sources.front();
+    } else {
+      try {
+        dataset_ = std::make_shared<datasets::MixedDataset>(std::move(sources), paths);
+      } catch (const std::invalid_argument& e) {
+        throw nb::value_error(e.what());
+      }
+    }
+    std::string path = paths.front();  // what messages call the data
+    if (paths.size() > 1) {
+      path = "[" + path;
+      for (size_t s = 1; s < paths.size(); ++s) path += ", " + paths[s];
+      path += "]";
+    }
+    if (weights) mixing_.weights = *weights;
+    mixing_.epoch_size = epoch_size;
+    epoch_samples_ = loader::epoch_samples(*dataset_, mixing_);
     sample_reader_ = dataset_->reader();
     nb::gil_scoped_release nogil;  // allocating slots takes a while
     sampler::DistributedSamplerOptions& so = distributed_;
@@ -332,7 +357,11 @@ class PyLoader {
     so.shuffle = shuffle;
     so.seed = o.seed;
     so.drop_last = sampler_drop_last;
-    sampler_ = loader::make_rank_sampler(*dataset_, o, so, path);
+    try {
+      sampler_ = loader::make_rank_sampler(*dataset_, o, so, path, mixing_);
+    } catch (const std::invalid_argument& e) {  // weights, epoch_size (OptionError is a ValueError already)
+      throw nb::value_error(e.what());
+    }
     shuffle_order_ = loader::resolve_shuffle_order(*dataset_, o.shuffle_order, path);
     if (sample_only) return;  // load_sample only: no slots, no threads (a worker's copy of loader.dataset)
     if (device_ < 0) {
@@ -447,7 +476,7 @@ class PyLoader {
   /// Batches of a whole epoch of this rank (DistributedSampler's, whatever epoch is resumed).
   int64_t num_batches() {
     loader();
-    auto plain = std::make_shared<sampler::DistributedSampler>(dataset_->size(), distributed_);
+    auto plain = std::make_shared<sampler::DistributedSampler>(epoch_samples_, distributed_);
     return sampler::BatchSampler(plain, options_.batch_size, options_.drop_last).size();
   }
   void set_image_size(int size) { loader().set_image_size(size); }
@@ -464,7 +493,7 @@ class PyLoader {
     return s->indices();
   }
   /// DistributedSampler's samples per epoch for this rank (len(sampler)).
-  int64_t sampler_size() const { return sampler::DistributedSampler(dataset_->size(), distributed_).size(); }
+  int64_t sampler_size() const { return sampler::DistributedSampler(epoch_samples_, distributed_).size(); }
   /// The order the sampler deals: "exact" or "shards" (shuffle_order resolved for this dataset).
   std::string shuffle_order() const { return std::string(loader::to_string(shuffle_order_)); }
   /// The epoch the next start_epoch resumes, (epoch, num_replicas of its list, positions consumed),
@@ -484,7 +513,7 @@ class PyLoader {
     sampler::DistributedSamplerOptions o = distributed_;
     o.num_replicas = list_world_size;
     o.rank = 0;
-    const int64_t total = sampler::DistributedSampler(dataset_->size(), o).total_size();
+    const int64_t total = sampler::DistributedSampler(epoch_samples_, o).total_size();
     try {
       return sampler::consumed_after_batches(total, start, world_size, rank, batches_consumed, options_.batch_size,
                                              options_.drop_last);
@@ -508,7 +537,35 @@ class PyLoader {
     d["thread_decisions"] = to_py(loader().thread_decisions());
     d["slots"] = to_dict(loader().slot_counts());
     if (const auto* remote = dynamic_cast<const datasets::RemoteShards*>(dataset_.get())) d["remote"] = to_dict(remote->stats());
+    if (const auto* mixed = dynamic_cast<const datasets::MixedDataset*>(dataset_.get())) {
+      nb::list sources;
+      for (size_t s = 0; s < mixed->sources().size(); ++s) {
+        nb::dict one;
+        one["name"] = mixed->names()[s];
+        one["size"] = mixed->sources()[s]->size();
+        if (const auto* remote = dynamic_cast<const datasets::RemoteShards*>(mixed->sources()[s].get()))
+          one["remote"] = to_dict(remote->stats());
+        sources.append(one);
+      }
+      d["sources"] = sources;
+    }
     return d;
+  }
+  /// Samples one epoch covers across all ranks (epoch_size when mixing, else the dataset's size).
+  int64_t epoch_samples() const { return epoch_samples_; }
+  /// [S + 1] the sources' sample offsets (ConcatDataset's numbering); [0, size] for one dataset.
+  std::vector<int64_t> source_offsets() const {
+    if (const auto* mixed = dynamic_cast<const datasets::MixedDataset*>(dataset_.get())) return mixed->offsets();
+    return {0, dataset_->size()};
+  }
+  /// Each source's samples in `epoch`: (the epoch's global list before padding, this rank's indices
+  /// of it, its resumed share included), or None when the sampler does not mix.
+  std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> source_counts(int64_t epoch) const {
+    const auto s = sampler_->clone();
+    const auto* mixing = dynamic_cast<const sampler::MixingSampler*>(s.get());
+    if (mixing == nullptr) return std::nullopt;
+    s->set_epoch(epoch);
+    return std::make_pair(mixing->per_source_counts(epoch), mixing->rank_source_counts());
   }
   nb::dict epoch_summary() { return to_dict(loader().epoch_summary()); }
   /// The views in force (LoaderOptions::views), one dict of view keywords each; [] without views.
@@ -561,6 +618,8 @@ class PyLoader {
   loader::LoaderOptions options_;
   device::OutputType dtype_ = device::OutputType::kUInt8;
   std::shared_ptr<datasets::Dataset> dataset_;
+  loader::Mixing mixing_;      // weights and epoch_size as given
+  int64_t epoch_samples_ = 0;  // loader::epoch_samples: the sampler's samples per epoch, all ranks
   // load_sample's reads of a dataset with a reader of its own (remote), one tag per call; null for
   // the others. Destroyed before the dataset.
   std::unique_ptr<datasets::SampleReader> sample_reader_;
@@ -643,11 +702,13 @@ NB_MODULE(_C, m) {
   m.doc() = "gpufeed's C++ core; use the gpufeed package (gpufeed.DataLoader) rather than this module.";
   nb::register_exception_translator(translate_errors);
   nb::class_<PyLoader>(m, "_Loader")
-      .def(nb::init<const std::string&, const std::map<std::string, gpufeed::options::Value>&, const std::string&,
-                    const std::string&, bool, int64_t, int64_t, bool, bool, bool, const std::vector<std::string>&,
-                    const std::vector<std::map<std::string, gpufeed::options::Value>>&>(),
-           "path"_a, "keywords"_a, "device"_a, "dtype"_a, "channels_last"_a, "rank"_a, "world_size"_a, "shuffle"_a,
-           "sampler_drop_last"_a, "sample_only"_a, "extensions"_a, "view_rows"_a)
+      .def(nb::init<const std::vector<std::string>&, const std::map<std::string, gpufeed::options::Value>&,
+                    const std::string&, const std::string&, bool, int64_t, int64_t, bool, bool, bool,
+                    const std::vector<std::string>&, const std::vector<std::map<std::string, gpufeed::options::Value>>&,
+                    const std::optional<std::vector<double>>&, std::optional<int64_t>>(),
+           "paths"_a, "keywords"_a, "device"_a, "dtype"_a, "channels_last"_a, "rank"_a, "world_size"_a, "shuffle"_a,
+           "sampler_drop_last"_a, "sample_only"_a, "extensions"_a, "view_rows"_a, "weights"_a.none() = nb::none(),
+           "epoch_size"_a.none() = nb::none())
       .def("close", &PyLoader::close)
       .def("start_epoch", &PyLoader::start_epoch, "epoch"_a, "start_batch"_a)
       .def("next", &PyLoader::next, "slice_s"_a, "stream"_a = 0)
@@ -658,6 +719,9 @@ NB_MODULE(_C, m) {
       .def("sampler_indices", &PyLoader::sampler_indices, "epoch"_a)
       .def("sampler_size", &PyLoader::sampler_size)
       .def("shuffle_order", &PyLoader::shuffle_order)
+      .def("epoch_samples", &PyLoader::epoch_samples)
+      .def("source_offsets", &PyLoader::source_offsets)
+      .def("source_counts", &PyLoader::source_counts, "epoch"_a)
       .def("set_resume", &PyLoader::set_resume, "resume"_a.none())
       .def("consumed_after_batches", &PyLoader::consumed_after_batches, "list_world_size"_a, "start"_a,
            "world_size"_a, "rank"_a, "batches_consumed"_a)

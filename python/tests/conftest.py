@@ -44,6 +44,20 @@ def make_image_folder(root: pathlib.Path, classes=("ants", "bees", "cats"), per_
     return root
 
 
+def take_indices(loader, it, k=None) -> list:
+    """Up to k batches of iterator `it` (None: the rest of the epoch): their dataset indices, in
+    order (loader.last_batch), each batch's labels checked against loader.targets."""
+    out = []
+    targets = loader.targets
+    for _, labels in it:
+        idx = list(loader.last_batch["indices"])
+        assert labels.tolist() == [targets[i] for i in idx]
+        out += idx
+        if k is not None and len(out) == k * loader.batch_size:
+            break
+    return out
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_cache_home(tmp_path_factory) -> pathlib.Path:
     """XDG_CACHE_HOME in a temporary folder for the whole session (the CLI runs inherit it): index

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gpufeed
-from conftest import make_image_folder
+from conftest import make_image_folder, take_indices as take
 from remote_servers import RangeHTTPServer
 
 N = 27  # 3 classes x 9 images, packed 4 per shard: 7 shards of 4, 4, 4, 4, 4, 4, 3
@@ -33,19 +33,6 @@ def loader_for(data, world, rank, **kw):
     kw = dict(batch_size=2, image_size=8, dtype=torch.uint8, num_workers=1, prefetch_depth=2, index_cache="off",
               **{**ORDER, **kw})
     return gpufeed.DataLoader(str(data), shuffle=True, seed=7, rank=rank, world_size=world, **kw)
-
-
-def take(loader, it, k=None):
-    """Up to k batches (None: the rest of the epoch): the indices, and checks each label."""
-    out = []
-    targets = loader.targets
-    for _, labels in it:
-        idx = list(loader.last_batch["indices"])
-        assert labels.tolist() == [targets[i] for i in idx]
-        out += idx
-        if k is not None and len(out) == k * loader.batch_size:
-            break
-    return out
 
 
 def rank_orders(data, world, epoch=EPOCH, iterate=False):
