@@ -32,7 +32,7 @@ PUBLIC_HEADERS = [
     "gpufeed/sampler/shard_order.h", "gpufeed/sampler/mixing.h",
     "gpufeed/transforms/augment.h", "gpufeed/loader/batch.h", "gpufeed/datasets/dataset.h", "gpufeed/loader/host_allocator.h",
     "gpufeed/loader/loader.h", "gpufeed/datasets/remote.h", "gpufeed/transforms/resize.h", "gpufeed/datasets/shards.h",
-    "gpufeed/datasets/synthetic.h",
+    "gpufeed/datasets/synthetic.h", "gpufeed/datasets/mixed.h",
     "gpufeed/loader/rank_sampler.h", "gpufeed/loader/thread_tuner.h",
     "gpufeed/transforms/transform.h", "gpufeed/prefetch/prefetcher.h",
     "gpufeed/device/cuda.h", "gpufeed/device/engine.h", "gpufeed/device/normalize.h", "gpufeed/profiler/atomic_file.h",
