@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <ios>
 #include <map>
 #include <set>
 
@@ -17,6 +18,7 @@
 #include "recorded_draws.h"
 #include "test_util.h"
 #include "gpufeed/cpu_features.h"
+#include "gpufeed/glibc_libm.h"
 #include "gpufeed/transforms/augment.h"
 #include "gpufeed/loader/loader.h"
 #include "gpufeed/datasets/synthetic.h"
@@ -163,6 +165,21 @@ TEST(Augment, EveryOpEqualsTorchvisionsInEveryPixel) {
                          "TranslateX bilinear", "TranslateY bilinear", "Rotate bilinear"}) {
     EXPECT_GT(checked[op], 0) << op;
   }
+}
+
+TEST(Augment, AffineAnglesUseGlibcsLibm) {
+  // torchvision's affine matrix comes from Python's math, i.e. glibc's libm. zig's compiler-rt
+  // (the wheels' toolchain) links its own sin and cos (musl's) over glibc's, and gives these two,
+  // the ShearY angles of magnitudes 0.66 and 0.99, one ulp off the correctly rounded values that
+  // glibc returns; the matrix then moved bilinear ShearY pixels by one level.
+#if defined(__GLIBC__)
+  const double s = gpufeed::libm::sin(-0x1.2aafde81bd50cp-1);
+  const double c = gpufeed::libm::cos(0x1.8f8d0f9c806acp-1);
+  EXPECT_EQ(s, -0x1.1a07fdef0b485p-1) << std::hexfloat << s;
+  EXPECT_EQ(c, 0x1.6bda763305ecbp-1) << std::hexfloat << c;
+#else
+  GTEST_SKIP() << "the goldens' Python used glibc's libm; this C library's may differ";
+#endif
 }
 
 TEST(Augment, OneMovedPixelFailsTheComparison) {

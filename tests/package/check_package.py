@@ -49,7 +49,7 @@ PUBLIC_HEADERS = [
 # pack/inspect.h belongs to gpufeed_inspect, the report `gpufeed inspect` and gpufeed.inspect()
 # share: a library of the CLI and the Python package, not of the installed package; likewise
 # pack/pack.h (gpufeed_pack, `gpufeed pack`). datasets/tbb_tsan.h is the loader rooms' oneTBB helper.
-INTERNAL_HEADERS = ["gpufeed/log.h", "gpufeed/cpu_features.h", "gpufeed/log_text.h", "gpufeed/json_text.h", "gpufeed/unique_fd.h", "gpufeed/profiler/nvml.h", "gpufeed/profiler/trace.h",
+INTERNAL_HEADERS = ["gpufeed/log.h", "gpufeed/cpu_features.h", "gpufeed/glibc_libm.h", "gpufeed/log_text.h", "gpufeed/json_text.h", "gpufeed/unique_fd.h", "gpufeed/profiler/nvml.h", "gpufeed/profiler/trace.h",
                     "gpufeed/pack/inspect.h", "gpufeed/pack/pack.h", "gpufeed/datasets/tbb_tsan.h",
                     # The https client's CA search (remote_client.cpp and its test).
                     "gpufeed/datasets/ca_bundle.h",

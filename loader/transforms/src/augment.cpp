@@ -23,6 +23,7 @@
 #include <immintrin.h>
 #include "gpufeed/cpu_features.h"
 #endif
+#include "gpufeed/glibc_libm.h"
 
 namespace gpufeed::transforms {
 namespace {
@@ -257,21 +258,21 @@ uint8_t* copy_into(AugmentScratch& scratch, const uint8_t* image, int height, in
 }
 
 // The inverse affine matrix of torchvision's _get_inverse_affine_matrix (scale 1), in double and
-// in Python's evaluation order.
+// in Python's evaluation order, with Python's math functions (glibc's libm: glibc_libm.h).
 std::array<double, 6> inverse_affine_matrix(double cx, double cy, double angle, double tx, double ty,
                                             double shear_x, double shear_y) {
   const double rot = radians(angle);
   const double sx = radians(shear_x);
   const double sy = radians(shear_y);
-  const double cos_sy = std::cos(sy);
-  const double tan_sx = std::tan(sx);
+  const double cos_sy = libm::cos(sy);
+  const double tan_sx = libm::tan(sx);
   const double rot_minus_sy = rot - sy;
   const double cx_plus_tx = cx + tx;
   const double cy_plus_ty = cy + ty;
-  const double a = std::cos(rot_minus_sy) / cos_sy;
-  const double b = -(a * tan_sx + std::sin(rot));
-  const double c = std::sin(rot_minus_sy) / cos_sy;
-  const double d = std::cos(rot) - c * tan_sx;
+  const double a = libm::cos(rot_minus_sy) / cos_sy;
+  const double b = -(a * tan_sx + libm::sin(rot));
+  const double c = libm::sin(rot_minus_sy) / cos_sy;
+  const double d = libm::cos(rot) - c * tan_sx;
   std::array<double, 6> m = {d, -b, 0.0, -c, a, 0.0};
   m[2] += cx - m[0] * cx_plus_tx - m[1] * cy_plus_ty;
   m[5] += cy - m[3] * cx_plus_tx - m[4] * cy_plus_ty;
@@ -1340,9 +1341,9 @@ void apply_augment_op(AugmentOp op, double m, uint8_t* image, int height, int wi
     case Op::kIdentity:
       return;
     case Op::kShearX:  // shear = degrees(atan(magnitude)), about the top-left corner
-      return affine(image, height, width, 0.0, 0, 0, degrees(std::atan(m)), 0.0, true, mode, scratch);
+      return affine(image, height, width, 0.0, 0, 0, degrees(libm::atan(m)), 0.0, true, mode, scratch);
     case Op::kShearY:
-      return affine(image, height, width, 0.0, 0, 0, 0.0, degrees(std::atan(m)), true, mode, scratch);
+      return affine(image, height, width, 0.0, 0, 0, 0.0, degrees(libm::atan(m)), true, mode, scratch);
     case Op::kTranslateX:  // translate = [int(magnitude), 0]
       return affine(image, height, width, 0.0, std::trunc(m), 0, 0, 0, false, mode, scratch);
     case Op::kTranslateY:
