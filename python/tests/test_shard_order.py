@@ -125,9 +125,13 @@ def test_auto_is_shards_for_remote_shards_and_exact_for_local_data(packed, capfd
         assert http.url not in err
 
 
-def test_shards_on_a_folder_is_an_error_naming_the_option_and_the_dataset(packed):
+def test_shards_on_a_folder_is_an_error_naming_the_option_and_the_dataset(packed, gpufeed_cli):
     folder = packed.parent / "train"
     with pytest.raises(ValueError, match=r"shuffle_order.*" + re.escape(str(folder))):
         loader_for(folder, 1, 0)
+    for command in ("bench", "train"):  # the CLI refuses it too, before any pass
+        out = subprocess.run([str(gpufeed_cli), command, "--data", str(folder), "--shuffle-order", "shards",
+                              "--epochs", "1"], capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0 and "--shuffle-order" in out.stderr and str(folder) in out.stderr, out.stderr
     with pytest.raises(ValueError, match="shuffle_order"):
         loader_for(packed, 1, 0, shuffle_order="sharded")

@@ -43,6 +43,7 @@
 #include "gpufeed/json_text.h"
 #include "proc_stats.h"
 #include "gpufeed/loader/loader.h"
+#include "gpufeed/loader/rank_sampler.h"
 #include "gpufeed/loader/stats_fields.h"
 
 namespace gpufeed::tools {
@@ -495,6 +496,9 @@ Run add_bench(CLI::App& app) {
     flags.apply();
     parse_workers(*a, workers);
     std::shared_ptr<const datasets::Dataset> ds = datasets::open_dataset(a->data, a->data_options);
+    // The passes read in dataset order whatever --shuffle-order says, but a value `train` and
+    // gpufeed.DataLoader refuse for this dataset (shards on a folder) is refused here too.
+    loader::resolve_shuffle_order(*ds, a->loader.shuffle_order, a->data);
     std::vector<std::vector<uint8_t>> files;
     std::vector<std::string> names;
     if (a->mode != "loader") preload(*ds, files, names);
