@@ -128,6 +128,7 @@ struct Client::Impl {
     curl_slist* headers = nullptr;
     Response response;
     bool too_long = false;
+    bool range_ignored = false;  // the final failure: a ranged GET answered with the whole object
     std::string location;
     decode::ByteBuffer error_body;
   };
@@ -362,6 +363,7 @@ struct Client::Impl {
     r.status = t.response.status;
     r.attempts = t.attempts;
     r.error = why;
+    r.range_ignored = t.range_ignored;
     if (t.done) t.done(std::move(r));
   }
 
@@ -374,7 +376,7 @@ struct Client::Impl {
     t.response.status = static_cast<int>(status);
     const Request& r = t.request;
     if (t.too_long && status == 200) {
-      return "HTTP 200: the server ignored the Range request (it sent the whole object); range requests are needed";
+      return std::string(kRangeIgnored) + " (it sent the whole object); range requests are needed";
     }
     if (t.too_long) return fmt::format("HTTP {}: the body is longer than the {} bytes asked for", status, r.size);
     if (rc != CURLE_OK) {
@@ -407,9 +409,7 @@ struct Client::Impl {
     if (!r.head && r.size >= 0) {
       const auto got = static_cast<int64_t>(t.response.body.size());
       if (status == 200 && !(r.offset == 0 && got == r.size)) {
-        return fmt::format("HTTP 200: the server ignored the Range request (it sent {} bytes); range requests are "
-                           "needed",
-                           got);
+        return fmt::format("{} (it sent {} bytes); range requests are needed", kRangeIgnored, got);
       }
       if (got != r.size) {
         retry = true;
@@ -447,6 +447,7 @@ struct Client::Impl {
       for (size_t i = 0; i < t->failures.size(); ++i) tried += (i ? "; " : "") + t->failures[i];
       tried += ")";
     }
+    t->range_ignored = failure.starts_with(kRangeIgnored);
     fail(*t, fmt::format("{}: {}{}", describe(t->request), failure, tried));
   }
 

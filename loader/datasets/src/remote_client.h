@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpufeed/decode/decoder.h"
@@ -31,6 +32,9 @@ struct Request {
 };
 
 /// Its outcome, delivered once.
+/// How the error of a ranged GET answered with the whole object (HTTP 200) begins.
+inline constexpr std::string_view kRangeIgnored = "HTTP 200: the server ignored the Range request";
+
 struct Response {
   int status = 0;            ///< the HTTP status (0 when it failed before one)
   int64_t object_size = -1;  ///< the object's size (HEAD's Content-Length, a range's "/total")
@@ -38,6 +42,9 @@ struct Response {
   decode::ByteBuffer body;
   std::string error;  ///< non-empty: it failed (after its retries); names the URL, redacted
   int attempts = 0;
+  /// It failed because the server answered a ranged GET with the whole object (error begins
+  /// with kRangeIgnored): no retry or other request to that server will do better.
+  bool range_ignored = false;
 };
 
 using Callback = std::function<void(Response&&)>;

@@ -287,6 +287,12 @@ void prove_indexes(remote::Client& client, const std::vector<std::string>& urls,
   }
   for (auto& [s, future] : pending) {
     const remote::Response r = future.get();
+    // Every later read is a ranged GET too: said once, at open, rather than a warning per shard
+    // and a failure at the first sample read.
+    if (r.range_ignored)
+      throw RemoteError("remote shards: cannot read the trailer: " + r.error +
+                        " (gpufeed reads a shard's samples with Range requests: serve the shards with a server "
+                        "that honours them, e.g. nginx or an object store)");
     const std::optional<ShardTrailer> trailer =
         r.error.empty() ? parse_shard_trailer(std::string_view(reinterpret_cast<const char*>(r.body.data()), r.body.size()),
                                               sizes[s])
