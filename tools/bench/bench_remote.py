@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """gpufeed reading tar shards from local disk, over HTTP and over S3, beside WebDataset streaming
-the same shards over HTTP, with added per-request latency, in one run.
+the same shards over HTTP and MosaicML streaming reading the same samples from S3, with added
+per-request latency, in one run.
 
 Same shards (``gpufeed pack`` output with its ``.gpufeed-idx`` indexes), batch size, output size,
 train transform (RandomResizedCrop + horizontal flip, uint8 out) and worker count for every row:
@@ -20,6 +21,10 @@ train transform (RandomResizedCrop + horizontal flip, uint8 out) and worker coun
               same LatencyProxy in front of nginx at the same latency, decoded with PIL +
               torchvision RandomResizedCrop + RandomHorizontalFlip + PILToTensor (uint8), torch
               DataLoader(num_workers, persistent_workers=True), the same batch size
+  streaming   MosaicML streaming's StreamingDataset (mosaicml-streaming 0.13.0, in its own venv:
+              --streaming-python) over the same samples rewritten as MDS shards, read from
+              s3://bucket/mds on moto's S3 server through a LatencyProxy at the same latency, in
+              the same torch DataLoader with the same decode and transform as wds
 
 gpufeed runs with shuffle=True and set_epoch each epoch. In the shard-aware order (http, s3) it
 fetches whole shards, up to remote_shards_in_flight (16) at once, the next window while the
@@ -36,12 +41,33 @@ reported as "srv cpu" (seconds per epoch: the proxy and moto, plus nginx), since
 machine it comes out of the loader's CPUs. moto's server is pure Python and may itself be the
 limit of the s3 rows: their rate is printed as measured, with no target.
 
+MosaicML streaming reads no http(s): its downloaders (streaming/base/storage/download.py) take
+s3, gs, oci, azure, azure-dl, hf, sftp, dbfs, dbfs-uc (Unity Catalog), alipan and local paths.
+So its row reads S3 from the same MotoS3 as the s3 rows (one is started for it under --skip s3),
+through a LatencyProxy of its own (S3_ENDPOINT_URL and AWS_ENDPOINT_URL point at it), not nginx:
+compare it with the s3 rows for the same server, with the http rows for the target. The parent
+writes the MDS shards with streaming's MDSWriter (columns jpg: bytes, cls: int) from the pack
+output: the same samples in the same order, the same JPEG bytes and labels. Its size_limit is
+the smallest that splits them into as many MDS shards as there are tar shards (so MDS shards
+hold about as many bytes as the tar shards; their sample counts differ a little). The child
+opens StreamingDataset(remote=s3://..., local=<a fresh temporary folder per run>, shuffle=True,
+shuffle_algo 'py1e' (the default), batch_size) in a torch DataLoader(num_workers,
+persistent_workers=True) with wds's decode (PIL, RandomResizedCrop, RandomHorizontalFlip,
+PILToTensor). streaming downloads each shard whole into its local folder (boto3 download_file:
+a HEAD and a GET) the first time a sample of it is read, and reads samples from there; a second
+pass would read the local copies without a request. As gpufeed keeps no disk cache (it holds
+shards in memory and reads them again each pass), every timed streaming pass starts from an
+empty cache: after each pass the parent process evicts every shard (StreamingDataset.evict_shard,
+which updates the workers' shared shard states), outside the timing. Its requests and bytes per
+pass are the proxy's (the open's index.json, 2 requests, included); peak RSS sums the child's
+and its workers' VmHWM, as for wds.
+
 Each configuration runs --epochs passes per round, --rounds rounds (the whole set again,
 interleaved: on a shared machine its load then falls on every configuration alike); the table
 gives the best pass's rate (and the mean and the spread, min..max, over all passes). Targets
-(PASS/FAIL): at 50 ms, gpufeed http >= 0.9 x gpufeed local and >= 3 x wds, and its requests per
-pass <= 2 x the shards. "MB/pass" is what the proxy passed per pass (response bodies), "x data"
-that over the shards' bytes: the egress in copies of the dataset. At L ms per request
+(PASS/FAIL): at 50 ms, gpufeed http >= 0.9 x gpufeed local, >= 3 x wds and >= 1.5 x streaming,
+and its requests per pass <= 2 x the shards. "MB/pass" is what the proxy passed per pass
+(response bodies), "x data" that over the shards' bytes: the egress in copies of the dataset. At L ms per request
 gpufeed completes at most max_requests / L requests per second (128 / 50 ms: 2560 samples/s),
 printed beside the targets.
 
@@ -52,6 +78,14 @@ printed beside the targets.
 The package is the build's (build/release/python, --build); without --shards, --data is packed
 into a temporary folder with ``gpufeed pack --shard-size 20000000`` (and --samples-per-shard,
 so WebDataset's workers get equal shares).
+
+streaming's venv: --streaming-python, by default build-streaming/venv/bin/python; when that is
+missing the bench creates it (python3 -m venv, then pip install mosaicml-streaming==0.13.0
+pillow torch==2.11.0 torchvision==0.26.0 from PyPI: about 5.6 GB with torch's CUDA libraries,
+a few minutes; the log in build-streaming/pip.log). It is not the project's venv because
+streaming pins numpy < 2.2 and pulls cloud SDKs (boto3, google-cloud-storage, azure, oci,
+paramiko) and transformers. When it cannot be had (offline) the streaming row is skipped with
+the reason printed.
 """
 from __future__ import annotations
 
@@ -76,6 +110,11 @@ S3_PREFIX = "shards"
 TARGET_LATENCY_MS = 50.0
 TARGET_VS_LOCAL = 0.9
 TARGET_VS_WDS = 3.0
+TARGET_VS_STREAMING = 1.5
+MDS_PREFIX = "mds"
+STREAMING_VENV = ROOT / "build-streaming" / "venv"
+# streaming's own pins (numpy < 2.2) are not the project's; torch is the project's (setup.sh).
+STREAMING_SPEC = ["mosaicml-streaming==0.13.0", "pillow", "torch==2.11.0", "torchvision==0.26.0"]
 
 
 # --- memory ----------------------------------------------------------------------------------------
@@ -118,6 +157,12 @@ def _proc_cpu_s(pid: int) -> float:
         return 0.0
 
 
+def _workers_hwm_cpu() -> tuple[int, float]:
+    """(sum of VmHWM KiB, sum of CPU s) over this process's children (DataLoader workers)."""
+    pids = _child_pids()
+    return sum(_vm_hwm_kib(p) for p in pids), sum(_proc_cpu_s(p) for p in pids)
+
+
 # --- children: one configuration each -------------------------------------------------------------
 
 def child_gpufeed(a, cfg: dict) -> dict:
@@ -156,17 +201,23 @@ def child_gpufeed(a, cfg: dict) -> dict:
 
 
 def child_wds(a, cfg: dict) -> dict:
+    import webdataset as wds
+
+    tf = _train_transform(a.image_size)
+    ds = (wds.WebDataset(cfg["root"], shardshuffle=False, empty_check=False).decode("pil")
+          .to_tuple("jpg;jpeg;png;ppm", "cls").map_tuple(tf, int))
+    return _time_torch_loader(a, ds)
+
+
+def _time_torch_loader(a, ds, after_pass=lambda: {}) -> dict:
+    """--epochs timed passes of a torch DataLoader(ds, num_workers, persistent_workers) in this
+    process; after_pass() runs after each pass, untimed, and returns fields for its entry."""
     import warnings
 
     import torch
-    import torchvision.transforms as T
-    import webdataset as wds
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message=".*pin_memory.*")
-    tf = T.Compose([T.RandomResizedCrop(a.image_size), T.RandomHorizontalFlip(), T.PILToTensor()])
-    ds = (wds.WebDataset(cfg["root"], shardshuffle=False, empty_check=False).decode("pil")
-          .to_tuple("jpg;jpeg;png;ppm", "cls").map_tuple(tf, int))
     loader = torch.utils.data.DataLoader(ds, batch_size=a.batch_size, num_workers=a.num_workers,
                                          persistent_workers=a.num_workers > 0)
     epochs = []
@@ -177,22 +228,177 @@ def child_wds(a, cfg: dict) -> dict:
         t0 = time.perf_counter()
         for images, _labels in loader:
             n += images.shape[0]
-        epochs.append({"samples": n, "seconds": time.perf_counter() - t0})
-        # The DataLoader's workers (persistent: alive between passes); their curl children are small.
-        workers_hwm = max(workers_hwm, sum(_vm_hwm_kib(p) for p in _child_pids()))
+        epochs.append({"samples": n, "seconds": time.perf_counter() - t0, **after_pass()})
+        # The DataLoader's workers (persistent: alive between passes); wds's curl children are small.
+        workers_hwm = max(workers_hwm, _workers_hwm_cpu()[0])
     c1 = os.times()
-    # The workers' CPU (their curl children's is not counted: streaming a shard costs curl little).
-    workers_cpu = sum(_proc_cpu_s(p) for p in _child_pids())
+    # The workers' CPU (wds's curl children's is not counted: streaming a shard costs curl little).
+    workers_cpu = _workers_hwm_cpu()[1]
     own = _vm_hwm_kib()
     return {"epochs": epochs, "vm_hwm_kib": own + workers_hwm, "vm_hwm_self_kib": own,
             "vm_hwm_workers_kib": workers_hwm,
             "cpu_s": (c1.user + c1.system) - (c0.user + c0.system) + workers_cpu}
 
 
+def _train_transform(image_size: int):
+    """The wds and streaming rows' train transform: PIL image -> uint8 CHW tensor."""
+    import torchvision.transforms as T
+
+    return T.Compose([T.RandomResizedCrop(image_size), T.RandomHorizontalFlip(), T.PILToTensor()])
+
+
+def _pil_train_transform(image_size: int):
+    """The streaming row's decode + transform: JPEG bytes -> uint8 CHW tensor."""
+    import io
+
+    from PIL import Image
+
+    tf = _train_transform(image_size)
+
+    def decode(data: bytes):
+        with Image.open(io.BytesIO(data)) as img:  # as webdataset's decode("pil"): load, RGB
+            img.load()
+            return tf(img.convert("RGB"))
+
+    return decode
+
+
+def child_streaming(a, cfg: dict) -> dict:
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+    decode = _pil_train_transform(a.image_size)
+
+    class Decoded(StreamingDataset):
+        def __getitem__(self, i):
+            s = super().__getitem__(i)
+            return decode(s["jpg"]), int(s["cls"])
+
+    local = tempfile.mkdtemp(prefix="gpufeed-bench-streaming-")
+    try:
+        t0 = time.perf_counter()
+        ds = Decoded(remote=cfg["root"], local=local, shuffle=True, batch_size=a.batch_size)
+        open_s = time.perf_counter() - t0
+
+        def empty_cache() -> dict:
+            """Every pass from an empty cache, as gpufeed's remote reads (no disk cache)."""
+            cached = sum(f.stat().st_size for f in pathlib.Path(local).rglob("*.mds"))
+            for shard_id in range(ds.num_shards):
+                ds.evict_shard(shard_id)
+            return {"cached_bytes": cached}
+
+        # DataLoader's default fork start: the workers inherit the dataset (its class is local).
+        return dict(_time_torch_loader(a, ds, empty_cache), open_s=open_s, num_samples=ds.num_samples,
+                    num_shards=ds.num_shards)
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
 def run_child(a) -> None:
     cfg = json.loads(a.one)
-    result = (child_wds if cfg["kind"] == "wds" else child_gpufeed)(a, cfg)
-    print("RESULT " + json.dumps(result), flush=True)
+    child = {"wds": child_wds, "streaming": child_streaming}.get(cfg["kind"], child_gpufeed)
+    print("RESULT " + json.dumps(child(a, cfg)), flush=True)
+
+
+# --- MosaicML streaming: its venv and its MDS shards -----------------------------------------------
+
+def _tar_samples(tar_path: pathlib.Path):
+    """(image bytes, label) per sample of a pack shard, in order (webdataset's keys: the name up
+    to the first dot)."""
+    import tarfile
+
+    samples: dict[str, dict] = {}
+    with tarfile.open(tar_path) as tf:
+        for m in tf:
+            if not m.isfile():
+                continue
+            base = m.name.rsplit("/", 1)[-1]
+            key, _, ext = base.partition(".")
+            samples.setdefault(m.name[:len(m.name) - len(base)] + key, {})[ext.lower()] = tf.extractfile(m).read()
+    for key, parts in samples.items():
+        image = next((parts[e] for e in ("jpg", "jpeg", "png", "ppm") if e in parts), None)
+        if image is None or "cls" not in parts:
+            raise SystemExit(f"{tar_path}: sample {key} lacks an image or a .cls")
+        yield image, int(parts["cls"])
+
+
+def _mds_size_limit(sizes: list[int], header: int, shards: int) -> int:
+    """The smallest size_limit at which MDSWriter's split (a shard starts at `header` bytes and is
+    closed when the next sample would take it past the limit) makes at most `shards` shards of
+    samples of `sizes` bytes."""
+    def count(limit):
+        n, cur = 1, header
+        for x in sizes:
+            if cur + x > limit:
+                n, cur = n + 1, header
+            cur += x
+        return n
+
+    lo, hi = header + max(sizes), header + sum(sizes)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if count(mid) > shards else (lo, mid)
+    return lo
+
+
+def write_mds(src: pathlib.Path, out: pathlib.Path) -> None:
+    """(In streaming's venv) the samples of the pack shards in src, in order, as MDS shards in
+    out, as many as there are tar shards; prints one line."""
+    from streaming import MDSWriter
+
+    tars = sorted(p for p in src.iterdir() if p.name.endswith(".tar"))
+    samples = [s for t in tars for s in _tar_samples(t)]
+    columns = {"jpg": "bytes", "cls": "int"}
+    with MDSWriter(out=str(out), columns=columns) as probe:  # its encoding, to size the shards
+        sizes = [len(probe.encode_sample({"jpg": j, "cls": c})) + probe.extra_bytes_per_sample for j, c in samples]
+        header = probe.extra_bytes_per_shard
+    shutil.rmtree(out)
+    limit = _mds_size_limit(sizes, header, len(tars))
+    with MDSWriter(out=str(out), columns=columns, size_limit=limit) as w:
+        for image, label in samples:
+            w.write({"jpg": image, "cls": label})
+    with open(out / "index.json") as f:
+        n = len(json.load(f)["shards"])
+    print(f"wrote {len(samples)} samples from {len(tars)} tar shards into {n} MDS shards (size_limit {limit} bytes)")
+
+
+def make_streaming_venv(venv: pathlib.Path) -> str | None:
+    """Creates venv with STREAMING_SPEC from PyPI; None when done, else why not."""
+    log = venv.parent / "pip.log"
+    print(f"creating MosaicML streaming's venv {venv}: pip install {' '.join(STREAMING_SPEC)} "
+          f"(about 5.6 GB with torch's CUDA libraries, a few minutes; log: {log})", flush=True)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    with open(log, "a") as f:
+        for cmd in ([base, "-m", "venv", str(venv)], [str(venv / "bin" / "pip"), "install", *STREAMING_SPEC]):
+            f.write(f"$ {' '.join(cmd)}\n")
+            f.flush()
+            if subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode != 0:
+                tail = log.read_text().strip().splitlines()[-1:]
+                return f"`{' '.join(cmd)}` failed ({' '.join(tail)}; see {log})"
+    return None
+
+
+def streaming_unavailable(python: str, default: bool) -> str | None:
+    """None when `python` imports streaming, torch, torchvision and PIL, else the reason; makes
+    (or completes) the default venv when it is missing or lacks them."""
+    def check():
+        if not pathlib.Path(python).exists():
+            return f"no Python at {python}"
+        p = subprocess.run([python, "-c", "import streaming, torch, torchvision, PIL; "
+                                          "print(streaming.__version__, torch.__version__)"],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            last = p.stderr.strip().splitlines()[-1:] or [f"exit {p.returncode}"]
+            return f"{python} cannot import streaming, torch, torchvision and PIL ({last[0]})"
+        print(f"streaming {p.stdout.split()[0]} (torch {p.stdout.split()[1]}) in {python}")
+        return None
+
+    why = check()
+    if why and default:
+        why = make_streaming_venv(pathlib.Path(python).parents[1]) or check()
+    return why
 
 
 # --- the parent ------------------------------------------------------------------------------------
@@ -266,22 +472,26 @@ class Bench:
             proxy.latency_s = (latency_ms or 0.0) / 1000
         cfg = {"kind": kind, "root": c["root"], "remote": remote, "shuffle_order": c.get("shuffle_order"),
                "remote_read": c.get("remote_read")}
-        cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--one", json.dumps(cfg),
+        python = c.get("python", sys.executable)
+        cmd = [python, str(pathlib.Path(__file__).resolve()), "--one", json.dumps(cfg),
                "--epochs", str(a.epochs), "--num-workers", str(a.num_workers),
                "--batch-size", str(a.batch_size), "--image-size", str(a.image_size),
                "--max-requests", str(a.max_requests), "--read-ahead", str(a.read_ahead)]
         row = self.rows.setdefault((source, latency_ms), {
             "source": source, "latency_ms": latency_ms, "kind": kind, "root": c["root"],
             "read_ahead_mib": a.read_ahead if remote and kind == "gpufeed" else None,
-            "max_requests": a.max_requests if remote and kind == "gpufeed" else None, "runs": []})
+            "max_requests": a.max_requests if remote and kind == "gpufeed" else None,
+            "data_mb": c.get("data_mb"), "runs": []})
         run: dict = {}
         req0, bytes0 = (proxy.requests, proxy.bytes) if proxy is not None else (0, 0)
         cpu0 = self.server_cpu_s()
         print(f"  {source}" + ("" if latency_ms is None else f" @ {latency_ms:g} ms") + " ...", end="", flush=True)
         t0 = time.perf_counter()
+        env = dict(self.env, **c.get("env", {}))
+        if python != sys.executable:  # another venv: without the build's gpufeed package
+            env.pop("PYTHONPATH", None)
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, env=dict(self.env, **c.get("env", {})),
-                               cwd=ROOT, timeout=a.timeout)
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=a.timeout)
         except subprocess.TimeoutExpired:
             run["error"] = f"timed out after {a.timeout:g} s"
             print(f" {run['error']}")
@@ -373,15 +583,21 @@ def main(argv=None):
                     help="pack --max-samples-per-shard (0: no limit); the default splits the 900 "
                          "sample images into 6 equal shards, so WebDataset's 2 workers get equal "
                          "work (with only the 20 MB cap the last shard holds a few samples)")
-    ap.add_argument("--skip", default="", help="comma-separated, of: local,http,exact,s3,wds")
+    ap.add_argument("--skip", default="", help="comma-separated, of: local,http,exact,s3,wds,streaming")
+    ap.add_argument("--streaming-python", default=str(STREAMING_VENV / "bin" / "python"),
+                    help="a Python with mosaicml-streaming, torch, torchvision and pillow (default "
+                         "%(default)s, created when missing)")
     ap.add_argument("--build", default=str(ROOT / "build" / "release"),
                     help="build folder (its python/ package and tools/gpufeed; default %(default)s)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per child run at most (default 900)")
     ap.add_argument("--out", help="write every measurement to this JSON file")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one configuration, print RESULT
+    ap.add_argument("--write-mds", nargs=2, help=argparse.SUPPRESS)  # internal: SHARDS MDS_OUT
     a = ap.parse_args(argv)
     if a.one:
         return run_child(a)
+    if a.write_mds:
+        return write_mds(*map(pathlib.Path, a.write_mds))
 
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
     latencies = [float(x) for x in a.latencies.split(",") if x.strip()]
@@ -410,6 +626,14 @@ def main(argv=None):
             import moto.server  # noqa: F401
         except ImportError as e:
             skipped["s3"] = f"moto[server] and boto3 are needed ({e})"
+    if "streaming" not in skip:
+        if "s3" in skipped:
+            skipped["streaming"] = skipped["s3"] + " (streaming reads S3, not http)"
+        else:
+            default = a.streaming_python == str(STREAMING_VENV / "bin" / "python")
+            why = streaming_unavailable(a.streaming_python, default)
+            if why:
+                skipped["streaming"] = why
     skip |= set(skipped)
 
     with tempfile.TemporaryDirectory(prefix="gpufeed-bench-remote-") as tmp, contextlib.ExitStack() as stack:
@@ -448,9 +672,10 @@ def main(argv=None):
                 if "wds" not in skip:
                     configs.append({"source": "webdataset http", "latency_ms": lat, "kind": "wds",
                                     "root": f"pipe:curl -s {px.url}/{pattern}", "remote": True, "proxy": px})
-        if "s3" not in skip:
+        if "s3" not in skip or "streaming" not in skip:
             s3 = stack.enter_context(rs.MotoS3())
             s3.make_bucket(BUCKET)
+        if "s3" not in skip:
             t0 = time.perf_counter()
             keys = s3.upload_tree(BUCKET, S3_PREFIX, shards)
             spx = stack.enter_context(rs.LatencyProxy(s3.endpoint_url))
@@ -461,6 +686,8 @@ def main(argv=None):
                 configs.append({"source": "gpufeed s3 (moto)", "latency_ms": lat, "kind": "gpufeed",
                                 "root": f"s3://{BUCKET}/{S3_PREFIX}/{pattern}", "remote": True, "env": env,
                                 "proxy": spx})
+        if "streaming" not in skip:
+            configs += streaming_configs(a, s3, stack, pathlib.Path(tmp) / MDS_PREFIX, shards, latencies, skipped)
         for rnd in range(a.rounds):
             if a.rounds > 1:
                 print(f"round {rnd + 1} of {a.rounds}")
@@ -469,6 +696,28 @@ def main(argv=None):
         for what, why in skipped.items():
             print(f"skipped {what}: {why}")
         report(b, a, info, latencies, skipped, f"{shards}/{pattern}", len(tars), total_mb)
+
+
+def streaming_configs(a, s3, stack, mds: pathlib.Path, shards: pathlib.Path, latencies, skipped) -> list[dict]:
+    """The streaming rows: MDS shards written in streaming's venv, uploaded to s3 under MDS_PREFIX,
+    read through a LatencyProxy of their own; none (and skipped['streaming'] says why) on failure."""
+    import remote_servers as rs
+
+    t0 = time.perf_counter()
+    p = subprocess.run([a.streaming_python, str(pathlib.Path(__file__).resolve()), "--write-mds", str(shards),
+                        str(mds)], capture_output=True, text=True)
+    if p.returncode != 0:
+        skipped["streaming"] = f"writing MDS shards failed: {(p.stderr or p.stdout).strip().splitlines()[-1:]}"
+        return []
+    mds_mb = sum(f.stat().st_size for f in mds.iterdir()) / 1e6
+    keys = s3.upload_tree(BUCKET, MDS_PREFIX, mds)
+    px = stack.enter_context(rs.LatencyProxy(s3.endpoint_url))
+    print(f"{p.stdout.strip()}, {mds_mb:.1f} MB, {len(keys)} objects uploaded to s3://{BUCKET}/{MDS_PREFIX}/ in "
+          f"{time.perf_counter() - t0:.1f} s; LatencyProxy {px.url} in front of moto for streaming")
+    env = dict(s3.env(px.url), S3_ENDPOINT_URL=px.url, AWS_EC2_METADATA_DISABLED="true")
+    return [{"source": "streaming s3 (moto)", "latency_ms": lat, "kind": "streaming", "remote": True,
+             "root": f"s3://{BUCKET}/{MDS_PREFIX}", "env": env, "proxy": px, "python": a.streaming_python,
+             "data_mb": mds_mb} for lat in latencies]
 
 
 def report(b: Bench, a, info: dict, latencies, skipped: dict, shards: str, num_shards: int, total_mb: float):
@@ -500,7 +749,7 @@ def report(b: Bench, a, info: dict, latencies, skipped: dict, shards: str, num_s
             copies, refetch = f"{r['copies_per_epoch']:.2f}", f"{r['refetched_per_epoch']:.1f}"
         elif "requests_per_epoch" in r:  # webdataset: the proxy's
             gets, opened, refetch = f"{r['requests_per_epoch']:.0f}", "-", "-"
-            copies = f"{r['body_bytes_per_epoch'] / 1e6 / total_mb:.2f}"
+            copies = f"{r['body_bytes_per_epoch'] / 1e6 / (r.get('data_mb') or total_mb):.2f}"
         else:
             gets = opened = copies = refetch = "-"
         cpu = f"{r['cpu_s_per_epoch']:.2f} s"
@@ -511,13 +760,14 @@ def report(b: Bench, a, info: dict, latencies, skipped: dict, shards: str, num_s
     print()
     print("images/s: the best pass; mean and spread (min..best) over the passes. x local: / gpufeed local; "
           "x wds: / webdataset at the same latency (local: at the first latency). peak RSS: VmHWM of the "
-          "configuration's process (webdataset: + its workers', shared pages counted in each). reqs/pass: "
+          "configuration's process (webdataset, streaming: + its workers', shared pages counted in each). "
           f"GETs/pass: requests per pass ({num_shards} shards; gpufeed's own count, RemoteStats, without the "
-          "open's, which 'open' gives: the shard indexes; webdataset: the proxy's count). x data: bytes fetched "
-          f"per pass over the shards' {total_mb:.1f} MB, the egress in copies of the dataset (webdataset: the "
-          "proxy's bytes). refetch: chunks_refetched per pass (whole shards or chunks fetched again after being "
-          "dropped to keep remote_shards_in_flight). cpu/pass: CPU s per pass "
-          "of the loader (its process; webdataset: + its workers). srv cpu: CPU s per pass of the "
+          "open's, which 'open' gives: the shard indexes; webdataset, streaming: the proxy's count, for "
+          "streaming a HEAD and a GET per MDS shard, and its open's 2 for index.json). x data: bytes fetched "
+          f"per pass over the shards' {total_mb:.1f} MB (streaming: over its MDS shards'), the egress in copies "
+          "of the dataset (webdataset, streaming: the proxy's bytes). refetch: chunks_refetched per pass (whole "
+          "shards or chunks fetched again after being dropped to keep remote_shards_in_flight). cpu/pass: CPU s per pass "
+          "of the loader (its process; webdataset, streaming: + its workers). srv cpu: CPU s per pass of the "
           f"proxy, moto and nginx, on the same {info['nproc']} CPUs as the loader. read wait: gpufeed's "
           "stats()['read_s'] per pass, its decode threads' time in reads (waiting for sample bytes).")
     print(f"machine: nproc {info['nproc']}, avx512f {'yes' if info['avx512f'] else 'no'}")
@@ -548,7 +798,10 @@ def report(b: Bench, a, info: dict, latencies, skipped: dict, shards: str, num_s
                 (f"gpufeed http @ {TARGET_LATENCY_MS:g} ms >= {TARGET_VS_LOCAL} x gpufeed local", http50, local,
                  TARGET_VS_LOCAL),
                 (f"gpufeed http @ {TARGET_LATENCY_MS:g} ms >= {TARGET_VS_WDS:g} x webdataset @ "
-                 f"{TARGET_LATENCY_MS:g} ms", http50, wds50, TARGET_VS_WDS)):
+                 f"{TARGET_LATENCY_MS:g} ms", http50, wds50, TARGET_VS_WDS),
+                (f"gpufeed http @ {TARGET_LATENCY_MS:g} ms >= {TARGET_VS_STREAMING:g} x streaming s3 (moto) @ "
+                 f"{TARGET_LATENCY_MS:g} ms", http50, b.find("streaming s3 (moto)", TARGET_LATENCY_MS),
+                 TARGET_VS_STREAMING)):
             if num is None or den is None:
                 print(f"SKIP {name}: not measured")
                 targets.append({"target": name, "status": "SKIP"})
@@ -572,11 +825,23 @@ def report(b: Bench, a, info: dict, latencies, skipped: dict, shards: str, num_s
         print("s3 (moto, pure Python, no target): " + ", ".join(
             f"{r['latency_ms']:g} ms {r['best']:.0f} images/s (servers {r['server_cpu_s_per_epoch']:.1f} CPU s per pass)"
             for r in s3rows))
+    report_streaming(b)
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"machine": info, "args": vars(a), "shards": shards, "skipped": skipped,
                        "results": list(b.rows.values()), "targets": targets}, f, indent=1)
         print(f"wrote {a.out}")
+
+
+def report_streaming(b: Bench) -> None:
+    """streaming's cache per pass, and streaming beside gpufeed on the same moto server."""
+    rows = [r for r in b.rows.values() if r["kind"] == "streaming" and "best" in r]
+    for r in rows:
+        cached = [e["cached_bytes"] / 1e6 for run in r["runs"] if "epochs" in run for e in run["epochs"]]
+        s3 = b.find("gpufeed s3 (moto)", r["latency_ms"])
+        print(f"streaming @ {r['latency_ms']:g} ms: local cache at the end of each pass "
+              f"{', '.join(f'{c:.1f}' for c in cached)} MB of {r['data_mb']:.1f} MB (emptied after each pass)"
+              + (f"; gpufeed s3 (moto) / streaming: {s3['best'] / r['best']:.2f}" if s3 else ""))
 
 
 if __name__ == "__main__":
