@@ -4,9 +4,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "gpufeed/datasets/mixed.h"
+#include "gpufeed/datasets/remote.h"
 #include "gpufeed/log.h"
 #include "gpufeed/option.h"
 #include "gpufeed/sampler/mixing.h"
@@ -67,6 +69,29 @@ void warn_if_classes_unmixed(const datasets::Dataset& dataset, const LoaderOptio
       "order mixes shard_window = {} shards at a time; write the shards shuffled (gpufeed pack --shuffle), raise "
       "shard_window, or use shuffle_order exact",
       options.batch_size, m.shards, m.exact, m.batches, options.shard_window);
+}
+
+// A window of shard_window shards needs more units (whole shards, or remote_chunk MiB chunks of
+// larger ones) than the shard reader holds at once (remote_shards_in_flight): units are then
+// dropped before their samples are read and fetched again. Said once, at open, per remote source.
+void warn_if_window_outgrows_in_flight(const datasets::Dataset& dataset, const LoaderOptions& options) {
+  std::vector<const datasets::RemoteShards*> remote;
+  if (const auto* one = dynamic_cast<const datasets::RemoteShards*>(&dataset)) remote.push_back(one);
+  if (const auto* mixed = dynamic_cast<const datasets::MixedDataset*>(&dataset))
+    for (const auto& s : mixed->sources())
+      if (const auto* r = dynamic_cast<const datasets::RemoteShards*>(s.get())) remote.push_back(r);
+  for (const datasets::RemoteShards* r : remote) {
+    const datasets::DataOptions& d = r->options();
+    const double units = static_cast<double>(options.shard_window) * r->mean_units_per_shard();
+    if (d.remote_read == "samples" || units <= d.remote_shards_in_flight) continue;
+    gpufeed::log()->warn(
+        "shuffle_order shards: a window of {} shards is about {:.0f} units of remote reads ({:.1f} per shard, "
+        "remote_chunk = {} MiB) where remote_shards_in_flight is {}: units will be dropped before their samples are "
+        "read and fetched again (stats()['remote']['chunks_refetched']); raise remote_shards_in_flight to {:.0f} "
+        "(twice that to read the next window ahead), or lower shard_window",
+        options.shard_window, units, r->mean_units_per_shard(), d.remote_chunk, d.remote_shards_in_flight,
+        std::ceil(units));
+  }
 }
 
 // The sampler mixes: several sources, or weights / epoch_size given for one.
@@ -159,6 +184,7 @@ std::shared_ptr<sampler::ResumableSampler> make_rank_sampler(const datasets::Dat
                                                              const sampler::DistributedSamplerOptions& distributed,
                                                              std::string_view data_name, const Mixing& mixing) {
   const ShuffleOrder order = resolve_shuffle_order(dataset, options.shuffle_order, data_name);
+  if (order == ShuffleOrder::kShards) warn_if_window_outgrows_in_flight(dataset, options);
   if (mixes(dataset, mixing)) {
     if (options.shuffle_order == ShuffleOrder::kExact && dataset.remote())
       warn_exact_on_remote(epoch_samples(dataset, mixing), dataset.shard_sizes().size());

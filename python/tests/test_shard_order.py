@@ -123,6 +123,12 @@ def test_auto_is_shards_for_remote_shards_and_exact_for_local_data(packed, capfd
         assert f"about {N} requests (one per sample) over 7 shards" in err
         assert err.count("shuffle_order exact on remote data") == 1
         assert http.url not in err
+        assert "remote_shards_in_flight" not in err  # window 2 of 1-unit shards fits 16 in flight
+        # A window needing more units than the reader holds at once: said at open, with the cure.
+        loader_for(url, 1, 0, shard_window=3, remote_shards_in_flight=2)
+        err = capfd.readouterr().err
+        assert "a window of 3 shards is about 3 units of remote reads (1.0 per shard" in err
+        assert "raise remote_shards_in_flight to 3" in err and err.count("remote_shards_in_flight is 2") == 1
 
 
 def test_shards_on_a_folder_is_an_error_naming_the_option_and_the_dataset(packed, gpufeed_cli):

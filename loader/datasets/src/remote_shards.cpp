@@ -384,6 +384,13 @@ std::vector<int64_t> RemoteShards::shard_sizes() const {
   return contiguous_shard_sizes(store_->shard, store_->urls.size());
 }
 SampleRef RemoteShards::at(int64_t i) const { return store_->at(i); }
+const DataOptions& RemoteShards::options() const { return store_->options; }
+double RemoteShards::mean_units_per_shard() const {
+  const int64_t chunk = std::max<int64_t>(1, store_->options.remote_chunk) << 20;
+  double units = 0;
+  for (const int64_t bytes : store_->shard_sizes) units += static_cast<double>(std::max<int64_t>(1, bytes / chunk));
+  return store_->shard_sizes.empty() ? 0.0 : units / static_cast<double>(store_->shard_sizes.size());
+}
 void RemoteShards::read(int64_t i, const SampleRef& ref, decode::ByteBuffer& out) const { store_->read(i, ref, out); }
 
 namespace remote {

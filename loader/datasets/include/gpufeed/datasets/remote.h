@@ -178,6 +178,12 @@ class RemoteShards : public Dataset {
   int64_t indexes_built() const { return built_; }
   /// The requests and the cache's use so far.
   RemoteStats stats() const;
+  /// The options it was opened with.
+  const DataOptions& options() const;
+  /// The units shard-granular reads fetch shard s in (remote_read shards): 1 for a shard of at
+  /// most remote_chunk MiB, else its bytes / remote_chunk MiB, rounded down (the last chunk takes
+  /// the rest); averaged over the shards.
+  double mean_units_per_shard() const;
 
  private:
   // The samples' places, the client and the cache: what this dataset and its readers read
