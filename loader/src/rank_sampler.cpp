@@ -115,15 +115,28 @@ std::vector<sampler::SourceShards> mixing_sources(const datasets::Dataset& datas
   return shards;
 }
 
-std::shared_ptr<sampler::ResumableSampler> make_mixing_sampler(const datasets::Dataset& dataset,
-                                                               const LoaderOptions& options,
-                                                               const sampler::DistributedSamplerOptions& distributed,
-                                                               ShuffleOrder order, const Mixing& mixing) {
+sampler::MixingOptions mixing_options(const LoaderOptions& options, const sampler::DistributedSamplerOptions& distributed,
+                                      ShuffleOrder order, const Mixing& mixing) {
   auto mo = order_options<sampler::MixingOptions>(options, distributed);
   mo.weights = mixing.weights;
   mo.epoch_size = mixing.epoch_size;
   mo.exact_order = order == ShuffleOrder::kExact;
-  return std::make_shared<sampler::MixingSampler>(mixing_sources(dataset), std::move(mo));
+  return mo;
+}
+
+// The remote sources' samples per epoch (their k_s) and their shards: what one request per sample
+// of shuffle_order exact costs.
+std::pair<int64_t, size_t> remote_share(const datasets::Dataset& dataset, const std::vector<int64_t>& counts) {
+  const auto* mixed = dynamic_cast<const datasets::MixedDataset*>(&dataset);
+  int64_t samples = 0;
+  size_t shards = 0;
+  for (size_t s = 0; s < counts.size(); ++s) {
+    const datasets::Dataset& source = mixed ? *mixed->sources()[s] : dataset;
+    if (!source.remote()) continue;
+    samples += counts[s];
+    shards += source.shard_sizes().size();
+  }
+  return {samples, shards};
 }
 
 }  // namespace
@@ -186,9 +199,13 @@ std::shared_ptr<sampler::ResumableSampler> make_rank_sampler(const datasets::Dat
   const ShuffleOrder order = resolve_shuffle_order(dataset, options.shuffle_order, data_name);
   if (order == ShuffleOrder::kShards) warn_if_window_outgrows_in_flight(dataset, options);
   if (mixes(dataset, mixing)) {
-    if (options.shuffle_order == ShuffleOrder::kExact && dataset.remote())
-      warn_exact_on_remote(epoch_samples(dataset, mixing), dataset.shard_sizes().size());
-    return make_mixing_sampler(dataset, options, distributed, order, mixing);
+    std::vector<sampler::SourceShards> sources = mixing_sources(dataset);
+    sampler::MixingOptions mo = mixing_options(options, distributed, order, mixing);
+    if (options.shuffle_order == ShuffleOrder::kExact && dataset.remote()) {
+      const auto [samples, shards] = remote_share(dataset, sampler::mixing_counts(sources, mo));
+      warn_exact_on_remote(samples, shards);
+    }
+    return std::make_shared<sampler::MixingSampler>(std::move(sources), std::move(mo));
   }
   if (order == ShuffleOrder::kExact) {
     if (options.shuffle_order == ShuffleOrder::kExact && dataset.remote())
@@ -201,6 +218,14 @@ std::shared_ptr<sampler::ResumableSampler> make_rank_sampler(const datasets::Dat
 
 int64_t epoch_samples(const datasets::Dataset& dataset, const Mixing& mixing) {
   return mixes(dataset, mixing) && mixing.epoch_size ? *mixing.epoch_size : dataset.size();
+}
+
+std::optional<std::vector<int64_t>> mixing_counts(const datasets::Dataset& dataset, const LoaderOptions& options,
+                                                  const sampler::DistributedSamplerOptions& distributed,
+                                                  const Mixing& mixing) {
+  if (!mixes(dataset, mixing)) return std::nullopt;
+  const ShuffleOrder order = resolve_shuffle_order(dataset, options.shuffle_order, "");
+  return sampler::mixing_counts(mixing_sources(dataset), mixing_options(options, distributed, order, mixing));
 }
 
 }  // namespace gpufeed::loader

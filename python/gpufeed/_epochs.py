@@ -282,17 +282,19 @@ class _EpochState:
                 "drop_last": loader.drop_last, "sampler_drop_last": loader._sampler_drop_last, "seed": loader.seed,
                 "rank": loader.rank, "world_size": loader.world_size, "shuffle_order": loader.shuffle_order,
                 "shard_window": loader.shard_window, "shard_partitions": loader.shard_partitions,
-                "source_sizes": loader._source_sizes(), "weights": loader.weights, "epoch_size": loader.epoch_size}
+                "source_sizes": loader._source_sizes(), "samples_per_epoch": loader._mixing_counts,
+                "weights": loader.weights, "epoch_size": loader.epoch_size}
 
     @staticmethod
     def _check_order(state: Dict[str, Any], mine: Dict[str, Any]) -> None:
         """The state's order is this loader's: shuffle_order (a state without it is DistributedSampler's,
         "exact"), for "shards" its window and partitions, and the mixing of sources."""
         keys = ("shuffle_order",) + (("shard_window", "shard_partitions") if mine["shuffle_order"] == "shards" else ())
-        # Mixing: the sources' sizes, weights and epoch_size (a state without them: one dataset,
-        # neither given).
+        # Mixing: the sources' sizes and each one's count per epoch, which with the seed fix every
+        # epoch's list (a state without them: one dataset, not mixed). Weights and epoch_size are
+        # recorded as given, not compared: proportional weights give the same counts.
         defaults = {"shuffle_order": "exact", "source_sizes": [state.get("dataset_size")]}
-        for key in keys + ("source_sizes", "weights", "epoch_size"):
+        for key in keys + ("source_sizes", "samples_per_epoch"):
             theirs = state.get(key, defaults.get(key))
             if theirs != mine[key]:
                 raise ValueError(f"gpufeed.DataLoader.load_state_dict: the state has {key}={theirs!r}, "

@@ -281,6 +281,9 @@ class DataLoader:
         self.shuffle_order = self._c.shuffle_order()
         self.shard_window = int(kw.in_force("shard_window"))
         self.shard_partitions = int(kw.in_force("shard_partitions"))
+        # Each source's samples per epoch when the sampler mixes sources (or resamples one: weights,
+        # epoch_size), else None.
+        self._mixing_counts = self._c.mixing_counts()
 
     def _init_torch_attributes(self, sampler: Any, sample_only: bool) -> None:
         """torch.utils.data.DataLoader's attributes, as scripts and frameworks read them."""
@@ -354,11 +357,14 @@ class DataLoader:
         epoch_start positions were consumed before this run's ranks were dealt the rest: world_size
         and 0 unless the epoch was resumed from another number of ranks), and the options it was
         taken with (dataset_size, batch_size, shuffle, drop_last, seed, shuffle_order and, for
-        "shards", shard_window and shard_partitions, and source_sizes, weights and epoch_size (the
-        mixing of sources), which resuming must match; a state without shuffle_order is "exact",
-        one without source_sizes a single dataset; rank and world_size, which it need not: see
-        load_state_dict). A mixed epoch resumes on another world_size as any other: its global list
-        (epoch_size positions) is one for every world size, so each remaining sample of it is
+        "shards", shard_window and shard_partitions, and source_sizes and samples_per_epoch (each
+        source's count per epoch when sources are mixed, else None), which resuming must match;
+        weights and epoch_size, recorded as given: weights giving the same counts resume alike; a
+        state without shuffle_order is "exact", one without source_sizes a single dataset; rank and
+        world_size, which it need not: see load_state_dict). The sources' paths are not recorded
+        (a run may resume reading the same data from another place): sources of the same sizes
+        and counts are taken to be the same. A mixed epoch resumes on another world_size as any
+        other: its global list is one for every world size, so each remaining position of it is
         delivered once."""
         return self._epochs.state_dict()
 
@@ -418,8 +424,9 @@ class DataLoader:
 
     def indices(self, epoch: Optional[int] = None) -> List[int]:
         """This rank's dataset indices of `epoch` (default: the current one), in order: what
-        DistributedSampler(...).set_epoch(epoch) yields; batch k holds
-        indices[k * batch_size:(k + 1) * batch_size]."""
+        DistributedSampler(...).set_epoch(epoch) yields (under ``shuffle_order="shards"`` or when
+        mixing sources, this rank's contiguous run of the epoch's global list instead); batch k
+        holds indices[k * batch_size:(k + 1) * batch_size]."""
         return self._c.sampler_indices(self._epochs.current_epoch() if epoch is None else epoch)
 
     def _source_sizes(self) -> List[int]:
@@ -453,11 +460,11 @@ class DataLoader:
         """This rank's index sampler: the DistributedSampler given as ``sampler=``, else a view
         with DistributedSampler's interface (``len`` = this rank's samples per epoch; iteration
         = this rank's indices of the current epoch; ``set_epoch``). With
-        ``shuffle_order="shards"`` (chosen, or "auto" on remote shards) it is always the view,
-        whose ``shuffle_order`` is "shards" and whose iteration is the shard-aware order the
-        loader reads (a DistributedSampler given as ``sampler=`` still sets the epoch, but its
-        own iteration would not be the loader's order)."""
-        if self._torch_sampler is not None and self.shuffle_order == "exact":
+        ``shuffle_order="shards"`` (chosen, or "auto" on remote shards), and when sources are
+        mixed (a list ``root``, ``weights`` or ``epoch_size``), it is always the view, whose
+        iteration is the order the loader reads (a DistributedSampler given as ``sampler=`` still
+        sets the epoch, but its own iteration would not be the loader's order)."""
+        if self._torch_sampler is not None and self.shuffle_order == "exact" and self._mixing_counts is None:
             return self._torch_sampler
         return _RankSampler(self)
 
@@ -544,8 +551,10 @@ class DataLoader:
 def _mixing(weights: Any, epoch_size: Any) -> Tuple[Optional[List[float]], Optional[int]]:
     """weights and epoch_size checked for type (the C++ side checks the values): TypeError naming
     the keyword."""
+    if isinstance(weights, torch.Tensor):
+        weights = weights.tolist()
     if weights is not None:
-        if isinstance(weights, (str, bytes)) or not hasattr(weights, "__iter__"):
+        if isinstance(weights, (str, bytes, dict)) or not hasattr(weights, "__iter__"):
             raise TypeError(f"weights must be a sequence of numbers, one per source, not {type(weights).__name__}")
         weights = list(weights)
         for w in weights:
@@ -553,7 +562,7 @@ def _mixing(weights: Any, epoch_size: Any) -> Tuple[Optional[List[float]], Optio
                 raise TypeError(f"weights: each weight must be a number, not {w!r}")
         weights = [float(w) for w in weights]
     if epoch_size is not None:
-        epoch_size = _integer("epoch_size", epoch_size, 0)
+        epoch_size = _integer("epoch_size", epoch_size, 0, 2**63 - 1)
     return weights, epoch_size
 
 

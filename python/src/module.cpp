@@ -551,6 +551,10 @@ class PyLoader {
     }
     return d;
   }
+  /// Each source's samples per epoch (k_s) when the sampler mixes, else None.
+  std::optional<std::vector<int64_t>> mixing_counts() const {
+    return loader::mixing_counts(*dataset_, options_, distributed_, mixing_);
+  }
   /// Samples one epoch covers across all ranks (epoch_size when mixing, else the dataset's size).
   int64_t epoch_samples() const { return epoch_samples_; }
   /// [S + 1] the sources' sample offsets (ConcatDataset's numbering); [0, size] for one dataset.
@@ -720,6 +724,7 @@ NB_MODULE(_C, m) {
       .def("sampler_size", &PyLoader::sampler_size)
       .def("shuffle_order", &PyLoader::shuffle_order)
       .def("epoch_samples", &PyLoader::epoch_samples)
+      .def("mixing_counts", &PyLoader::mixing_counts)
       .def("source_offsets", &PyLoader::source_offsets)
       .def("source_counts", &PyLoader::source_counts, "epoch"_a)
       .def("set_resume", &PyLoader::set_resume, "resume"_a.none())

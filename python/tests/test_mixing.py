@@ -109,7 +109,8 @@ def test_a_mid_epoch_state_resumes_on_another_world_size_each_remaining_sample_o
             state = loader.state_dict()
     start = 2 * 2 * world
     assert sorted(consumed) == sorted(expected[:start])
-    assert (state["source_sizes"], state["weights"], state["epoch_size"]) == ([N_A, N_B], [1.0, 2.0], EPOCH_SIZE)
+    assert (state["source_sizes"], state["samples_per_epoch"]) == ([N_A, N_B], COUNTS)
+    assert (state["weights"], state["epoch_size"]) == ([1.0, 2.0], EPOCH_SIZE)
     delivered = []
     for rank in range(new_world):
         loader = loader_for(roots, new_world, rank, **kw)
@@ -118,15 +119,22 @@ def test_a_mid_epoch_state_resumes_on_another_world_size_each_remaining_sample_o
         assert mine == expected[start + rank::new_world]
         delivered += mine
     assert collections.Counter(consumed + delivered) == collections.Counter(expected)
-    # Other weights, epoch size or sources give other batches: refused, naming the key.
-    for other, key in ((dict(weights=[1, 3]), "weights"), (dict(epoch_size=41), "epoch_size")):
-        with pytest.raises(ValueError, match=key):
+    # Weights or an epoch size giving other counts give other batches: refused, naming the key;
+    # proportional weights give the same counts and resume alike.
+    for other in (dict(weights=[1, 3]), dict(epoch_size=41)):
+        with pytest.raises(ValueError, match="samples_per_epoch"):
             loader_for(roots, new_world, 0, **kw, **other).load_state_dict(state)
+    same = loader_for(roots, new_world, 0, **dict(kw, weights=[2.5, 5.0]))
+    same.load_state_dict(state)
+    assert take(same, iter(same)) == expected[start::new_world]
+    # The same sources with the default weights (each sample once) count otherwise.
+    with pytest.raises(ValueError, match="samples_per_epoch"):
+        loader_for(roots, new_world, 0, **dict(kw, weights=None, epoch_size=None)).load_state_dict(state)
     with pytest.raises(ValueError, match="dataset_size|source_sizes"):
         loader_for([sources["b"], sources["a"]], new_world, 0, **kw).load_state_dict(state)
 
 
-def test_a_remote_source_is_read_one_get_per_shard_and_gives_the_local_batches(sources):
+def test_a_remote_source_is_read_one_get_per_shard_and_gives_the_local_batches(sources, capfd):
     # A over HTTP (shards), B a local ImageFolder: "auto" is the shard-aware order (a remote source).
     # The next epoch's first batches are not decoded ahead: the GETs counted are this epoch's.
     local = loader_for([sources["a"], sources["b_folder"]], shuffle_order="shards", prefetch_next_epoch=False)
@@ -136,6 +144,10 @@ def test_a_remote_source_is_read_one_get_per_shard_and_gives_the_local_batches(s
         url = http.url + "/a_shards/train-{000000..000006}.tar"
         loader = loader_for([url, sources["b_folder"]], prefetch_next_epoch=False)
         assert loader.shuffle_order == "shards"
+        capfd.readouterr()
+        loader_for([url, sources["b_folder"]], shuffle_order="exact")  # only A's 13 samples are remote
+        err = capfd.readouterr().err
+        assert "an epoch makes about 13 requests (one per sample) over 7 shards" in err, err
         before = len(http.requests.snapshot())
         loader.set_epoch(EPOCH)
         got = [(list(loader.last_batch["indices"]), y.clone(), x.clone()) for x, y in loader]
@@ -169,5 +181,16 @@ def test_one_dataset_with_epoch_size_and_refused_values(sources):
         loader_for(roots, epoch_size=-1)
     with pytest.raises(TypeError, match="weights"):
         loader_for(roots, weights="12")
+    with pytest.raises(TypeError, match="weights"):
+        loader_for(roots, weights={0: 1, 1: 2})
+    with pytest.raises(ValueError, match="epoch_size"):
+        loader_for(roots, epoch_size=2**64)
+    assert loader_for(roots, weights=torch.tensor([1.0, 2.0])).source_counts(0)["samples_per_epoch"] == COUNTS
+    # A DistributedSampler given as sampler= supplies the epoch, rank and world size; the loader
+    # reads the mixing order, and loader.sampler says so (not the DistributedSampler's order).
+    dist = torch.utils.data.distributed.DistributedSampler(range(EPOCH_SIZE), num_replicas=2, rank=1, seed=5)
+    mixed = gpufeed.DataLoader([str(r) for r in roots], weights=WEIGHTS, epoch_size=EPOCH_SIZE, sampler=dist,
+                               batch_size=2, image_size=8, dtype=torch.uint8, num_workers=1, index_cache="off")
+    assert list(mixed.sampler) == list(mixed.indices()) != list(dist)
     with pytest.raises(ValueError, match="root"):
         gpufeed.DataLoader([])

@@ -69,6 +69,13 @@ std::shared_ptr<sampler::ResumableSampler> make_rank_sampler(const datasets::Dat
                                                              const sampler::DistributedSamplerOptions& distributed,
                                                              std::string_view data_name, const Mixing& mixing = {});
 
+/// Each source's samples per epoch (k_s, sampler::mixing_counts) when make_rank_sampler's sampler
+/// mixes (a datasets::MixedDataset or mixing.given()), else std::nullopt. Cheap: no epoch list
+/// is built. Throws what make_rank_sampler throws for the weights and epoch_size.
+std::optional<std::vector<int64_t>> mixing_counts(const datasets::Dataset& dataset, const LoaderOptions& options,
+                                                  const sampler::DistributedSamplerOptions& distributed,
+                                                  const Mixing& mixing);
+
 /// The samples one epoch of make_rank_sampler's sampler covers across all ranks, before
 /// DistributedSampler's padding or drop_last: mixing's epoch_size when the sampler mixes
 /// (a datasets::MixedDataset or mixing.given()) and it is set, else dataset.size().
