@@ -564,12 +564,16 @@ class PyLoader {
   }
   /// Each source's samples in `epoch`: (the epoch's global list before padding, this rank's indices
   /// of it, its resumed share included), or None when the sampler does not mix.
-  std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> source_counts(int64_t epoch) const {
+  /// Kept for the last (epoch, resume) asked: stats() calls it, and the list is O(epoch_size).
+  std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> source_counts(int64_t epoch) {
     const auto s = sampler_->clone();
     const auto* mixing = dynamic_cast<const sampler::MixingSampler*>(s.get());
     if (mixing == nullptr) return std::nullopt;
+    if (counts_cache_ && counts_cache_->epoch == epoch && counts_cache_->resume == s->resume())
+      return counts_cache_->counts;
     s->set_epoch(epoch);
-    return std::make_pair(mixing->per_source_counts(epoch), mixing->rank_source_counts());
+    counts_cache_ = CountsCache{epoch, s->resume(), {mixing->per_source_counts(epoch), mixing->rank_source_counts()}};
+    return counts_cache_->counts;
   }
   nb::dict epoch_summary() { return to_dict(loader().epoch_summary()); }
   /// The views in force (LoaderOptions::views), one dict of view keywords each; [] without views.
@@ -623,6 +627,12 @@ class PyLoader {
   device::OutputType dtype_ = device::OutputType::kUInt8;
   std::shared_ptr<datasets::Dataset> dataset_;
   loader::Mixing mixing_;      // weights and epoch_size as given
+  struct CountsCache {
+    int64_t epoch = 0;
+    std::optional<sampler::EpochResume> resume;
+    std::pair<std::vector<int64_t>, std::vector<int64_t>> counts;
+  };
+  std::optional<CountsCache> counts_cache_;  // source_counts' last answer
   int64_t epoch_samples_ = 0;  // loader::epoch_samples: the sampler's samples per epoch, all ranks
   // load_sample's reads of a dataset with a reader of its own (remote), one tag per call; null for
   // the others. Destroyed before the dataset.
