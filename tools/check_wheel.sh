@@ -12,6 +12,8 @@
 #                                        bind-mounted over by /dev/null in a private mount namespace)
 #   GPUFEED_WHEEL_CASES="2.15.0@3.12 ..." the cases (torch version @ CPython version)
 #   GPUFEED_WHEEL_VENVS=DIR              where the venvs are kept and reused (default build/wheel/venvs)
+#   GPUFEED_WHEEL=FILE.whl               --pinned: test this wheel (e.g. a manylinux_2_28 one of
+#                                        tools/wheel/build_zig_wheel.sh) instead of building one
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -80,8 +82,13 @@ wheel_for() {  # the wheel that installs into CPython X.Y
 }
 
 if [ "$MODE" = "--pinned" ]; then
-  ./tools/build_wheel.sh --out "$DIST" .venv/bin/python | tee build/wheel/built.txt
-  whl=$(wheel_for "$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')")
+  if [ -n "${GPUFEED_WHEEL:-}" ]; then
+    whl=$(realpath "$GPUFEED_WHEEL")
+    echo "check_wheel: testing the prebuilt $whl"
+  else
+    ./tools/build_wheel.sh --out "$DIST" .venv/bin/python | tee build/wheel/built.txt
+    whl=$(wheel_for "$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')")
+  fi
   check_needed "$whl"
   venv=build/wheel/venv-pinned
   rm -rf "$venv"

@@ -32,6 +32,9 @@ set(CMAKE_CXX_COMPILER "${_zig_bin}/c++")
 set(CMAKE_AR "${_zig_bin}/ar" CACHE FILEPATH "zig ar")
 set(CMAKE_RANLIB "${_zig_bin}/ranlib" CACHE FILEPATH "zig ranlib")
 
+# zig links libc++ into each binary: python/CMakeLists.txt then hides all but _C's entry point.
+set(GPUFEED_STATIC_CXX_RUNTIME ON)
+
 set(CMAKE_FIND_ROOT_PATH "${GPUFEED_ZIG_PREFIX}")
 set(CMAKE_PREFIX_PATH "${GPUFEED_ZIG_PREFIX}")
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)

@@ -280,7 +280,7 @@ R run_interruptibly(std::function<R()> work, const std::function<void()>& cancel
         worker.join();  // prompt: the work fails what it waits for
       }
       try {
-        result.get();
+        static_cast<void>(result.get());  // libc++'s get() is [[nodiscard]]
       } catch (...) {  // the work's own error (cancelled): the signal's is raised
       }
       throw nb::python_error();
