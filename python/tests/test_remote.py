@@ -1077,11 +1077,12 @@ def test_opening_many_shards_stops_at_the_first_missing_one(packed, tmp_path):
         assert str(e.value).startswith(f"remote shards: cannot open HEAD {http.url}/shards/missing.tar: HTTP 404")
         seen = http.requests.snapshot()
         failure = seen.index(("HEAD", "/shards/missing.tar", None, 404))
-        # Before it: at most the HEAD and index GET of the 10 shards before it and the window's
-        # requests in flight; after it, at most those in flight when it failed (the client's window).
-        assert failure <= 2 * 10 + 2 * window
+        # After it, at most those in flight when it failed (the client's window). Before it, the
+        # HEADs and index GETs of the 10 shards before it and the window's in flight, and, on a busy
+        # machine where the server's thread for the 404 runs late, those of later shards answered
+        # meanwhile (39 in all beside two CPU hogs): bounded far below the 4,000 the open would send.
         assert len(seen) - failure - 1 <= 2 * window
-        assert len(seen) <= 2 * 11 + 4 * window  # of the 4,000 the open would send
+        assert len(seen) <= 400
 
 
 def test_the_next_epoch_is_read_ahead_only_as_far_as_the_free_slots(packed):
