@@ -5,6 +5,14 @@ drop_last=True) of the validation set, the validation's AverageMeter all_reduce,
 auxiliary torch DataLoader over Subset(val_loader.dataset, ...) for the samples the sampler left
 out. Writes what each rank counted and which validation indices it saw.
 
+One departure from main.py: under CPython < 3.12 the auxiliary loader's workers start with
+forkserver, not the default fork. There a fork() while another thread of the parent holds the
+interpreter's thread-state lock (HEAD_LOCK; a C thread entering Python takes it without the GIL)
+leaves the child blocked forever in PyOS_AfterFork_Child (CPython gh-112275, fixed in 3.12). Right
+after the validation's all_reduce it happened here in about one run of this script in a hundred
+(gdb: the worker child in _PyThreadState_DeleteExcept, no gpufeed frame on its stack); main.py on
+3.11 has the same hazard.
+
     torchrun --nproc-per-node 2 imagenet_main_worker.py TRAIN_DIR VAL_DIR OUT_DIR
 """
 import json
@@ -19,6 +27,7 @@ from torch.utils.data import Subset
 import gpufeed
 
 BATCH_SIZE, WORKERS, EPOCHS = 4, 2, 2
+AUX_START = "forkserver" if sys.version_info < (3, 12) else None  # None: the platform's default (fork)
 
 
 class AverageMeter:
@@ -65,7 +74,7 @@ def validate(val_loader, model, criterion, world_size, seen):
         aux_range = range(len(val_loader.sampler) * world_size, len(val_loader.dataset))
         aux_val_dataset = Subset(val_loader.dataset, aux_range)
         aux_val_loader = torch.utils.data.DataLoader(aux_val_dataset, batch_size=BATCH_SIZE, shuffle=False,
-                                                     num_workers=WORKERS)
+                                                     num_workers=WORKERS, multiprocessing_context=AUX_START)
         seen["aux"].extend(aux_range)
         run_validate(aux_val_loader, lambda loader: None)
     return top1
