@@ -109,23 +109,26 @@ alignas(16) constexpr uint8_t kTapBytes[4][16] = {
     {6, 0x80, 0x80, 0x80, 7, 0x80, 0x80, 0x80, 8, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80},
     {9, 0x80, 0x80, 0x80, 10, 0x80, 0x80, 0x80, 11, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80}};
 // [r g b 0] x 4 -> 12 packed bytes.
-alignas(16) constexpr uint8_t kCompact[16] = {0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14,
-                                              0x80, 0x80, 0x80, 0x80};
+alignas(16) constexpr uint8_t kCompact[16] = {0,  1,  2,  4,  5,    6,    8,    9,
+                                              10, 12, 13, 14, 0x80, 0x80, 0x80, 0x80};
 
-// One output pixel's [r g b 0] sums: per group of four taps one 16-byte load, each tap's three
-// bytes moved into int32 lanes and multiplied by its weight.
+// The tap whose bytes `shuffle` (kTapBytes) selects from the 16-byte load `v`, as int32 lanes
+// [r g b 0], times its weight.
+HWY_INLINE V32 tap(hn::Vec128<uint8_t> v, hn::Vec128<uint8_t> shuffle, int16_t weight) {
+  const D32 d32;
+  return hn::Mul(hn::BitCast(d32, hn::TableLookupBytesOr0(v, shuffle)), hn::Set(d32, weight));
+}
+
+// One output pixel's [r g b 0] sums: per group of four taps one 16-byte load.
 HWY_INLINE V32 horizontal_pixel(const uint8_t* p, const int16_t* c, int groups) {
   const D8 d8;
-  const D32 d32;
   const auto t0 = hn::Load(d8, kTapBytes[0]), t1 = hn::Load(d8, kTapBytes[1]);
   const auto t2 = hn::Load(d8, kTapBytes[2]), t3 = hn::Load(d8, kTapBytes[3]);
-  V32 acc = hn::Set(d32, kRound);
+  V32 acc = hn::Set(D32(), kRound);
   for (int g = 0; g < groups; ++g, p += 12, c += 4) {
     const auto v = hn::LoadU(d8, p);
-    acc = hn::Add(acc, hn::Mul(hn::BitCast(d32, hn::TableLookupBytesOr0(v, t0)), hn::Set(d32, c[0])));
-    acc = hn::Add(acc, hn::Mul(hn::BitCast(d32, hn::TableLookupBytesOr0(v, t1)), hn::Set(d32, c[1])));
-    acc = hn::Add(acc, hn::Mul(hn::BitCast(d32, hn::TableLookupBytesOr0(v, t2)), hn::Set(d32, c[2])));
-    acc = hn::Add(acc, hn::Mul(hn::BitCast(d32, hn::TableLookupBytesOr0(v, t3)), hn::Set(d32, c[3])));
+    acc = hn::Add(hn::Add(acc, tap(v, t0, c[0])), tap(v, t1, c[1]));
+    acc = hn::Add(hn::Add(acc, tap(v, t2, c[2])), tap(v, t3, c[3]));
   }
   return acc;
 }
@@ -140,7 +143,8 @@ void horizontal(const uint8_t* row, const int* offsets, const int16_t* coeffs, i
     V32 acc[4];
     for (int q = 0; q < 4; ++q) {
       const int j = j0 + q < width ? j0 + q : width - 1;
-      acc[q] = horizontal_pixel(row + offsets[j0 + q], coeffs + static_cast<size_t>(j) * taps, groups);
+      const int16_t* c = coeffs + static_cast<size_t>(j) * taps;
+      acc[q] = horizontal_pixel(row + offsets[j0 + q], c, groups);
     }
     const auto px = hn::TableLookupBytesOr0(narrow(acc[0], acc[1], acc[2], acc[3]), compact);
     uint8_t* d = out + static_cast<size_t>(j0) * 3;

@@ -19,7 +19,7 @@ bool vertical(const uint8_t* const* rows, const int16_t* c, int count, size_t n,
 /// coeffs[j * taps + k] * the row's pixel at byte offsets[j] + 3 k. `taps` is a multiple of four;
 /// `offsets` has a multiple of four entries (>= width); the row is readable 16 bytes past the
 /// last group of taps. Writes only the row's width * 3 bytes.
-void horizontal(const uint8_t* row, const int* offsets, const int16_t* coeffs, int taps,
-                int width, uint8_t* out);
+void horizontal(const uint8_t* row, const int* offsets, const int16_t* coeffs, int taps, int width,
+                uint8_t* out);
 
 }  // namespace gpufeed::transforms::hwy_resize
