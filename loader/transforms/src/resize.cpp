@@ -551,8 +551,8 @@ void Resizer::horizontal_row(const uint8_t* src_row, Columns columns, const int1
   (void)lane_coeffs;
 #endif
   if (kernel_ == ResizeKernel::kHighway)
-    return hwy_resize::horizontal(row_.data(), offsets_.data(), horizontal_.coeffs.data(),
-                                  horizontal_.taps, dst_width, out);
+    return hwy_resize::horizontal(row_.data(), offsets_.data(), lane_coeffs, horizontal_.taps,
+                                  dst_width, out);
   horizontal_scalar(row_.data(), horizontal_.first.data(), horizontal_.coeffs.data(), horizontal_.taps,
                     dst_width, out);
 }
@@ -630,9 +630,12 @@ Resizer::Columns Resizer::prepare_columns(int src_width, int dst_width) {
 // l holds [c0 c1 c0 c1 c0 c1 0 0] for pixel (block * lanes + l) (the last pixel repeated past
 // the end), to multiply words r0 r1 g0 g1 b0 b1 0 0 of two source pixels; when the taps end in
 // a pair (AVX2 only: 4 * groups + 2 taps), one more vector for it. AVX2 reads blocks of two
-// pixels two at a time, so their count is made even.
+// pixels two at a time, so their count is made even. The Highway kernel's vectors are one lane.
 const int16_t* Resizer::prepare_lane_coeffs(int dst_width) {
-  const int lanes = kernel_ == ResizeKernel::kAvx512 ? 4 : kernel_ == ResizeKernel::kAvx2 ? 2 : 0;
+  const int lanes = kernel_ == ResizeKernel::kAvx512    ? 4
+                    : kernel_ == ResizeKernel::kAvx2    ? 2
+                    : kernel_ == ResizeKernel::kHighway ? 1
+                                                        : 0;
   if (lanes == 0) return nullptr;
   const int groups = horizontal_.taps / 4;
   const int vectors = 2 * groups + (horizontal_.taps % 4 != 0 ? 1 : 0);  // per block
@@ -692,8 +695,8 @@ void Resizer::resize_rows(const uint8_t* src, size_t src_stride, Columns columns
     if (kernel_ == ResizeKernel::kHighway) {
       if (!hwy_resize::vertical(rows, c, count, row_bytes, row_.data()))
         vertical_scalar(rows, c, count, row_bytes, row_.data(), acc_.data());
-      hwy_resize::horizontal(row_.data(), offsets_.data(), horizontal_.coeffs.data(),
-                             horizontal_.taps, dst_width, out);
+      hwy_resize::horizontal(row_.data(), offsets_.data(), lane_coeffs, horizontal_.taps, dst_width,
+                             out);
       continue;
     }
     vertical_scalar(rows, c, count, row_bytes, row_.data(), acc_.data());

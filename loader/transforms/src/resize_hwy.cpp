@@ -8,10 +8,12 @@
 //    auto choice stays the hand-written AVX2/AVX-512 kernels (resize.cpp).
 // Elsewhere (another architecture) the kernels are not built and available() says no.
 //
-// Arithmetic: pixels widened u8 -> i16 -> i32, multiplied by the int16 weights in int32 and
-// summed from kRound, shifted right arithmetically by 14, then narrowed i32 -> i16 -> u8 with
-// saturation (negatives to 0, above 255 to 255): clip8 of resize.cpp, so the bytes are the scalar
-// kernels' (tests/test_resize.cpp).
+// Arithmetic: pixels widened u8 -> i16 -> i32, multiplied by the int16 weights in int32 (what
+// clang makes one smlal of on NEON), summed with kRound, shifted right arithmetically by 14, then
+// narrowed i32 -> i16 -> u8 with saturation (negatives to 0, above 255 to 255): clip8 of
+// resize.cpp. The horizontal pass keeps each channel's even and odd taps in separate lanes and
+// adds them once per pixel; integer sums, so the order changes nothing and the bytes are the
+// scalar kernels' (tests/test_resize.cpp).
 
 #include "resize_hwy.h"
 
@@ -101,52 +103,62 @@ bool vertical(const uint8_t* const* rows, const int16_t* c, int count, size_t n,
   return true;
 }
 
-// Byte shuffles: tap t of a 16-byte load (pixels at bytes 3t..3t+2) into the low bytes of int32
-// lanes 0-2 (lane 3 zero); 0x80 selects zero.
-alignas(16) constexpr uint8_t kTapBytes[4][16] = {
-    {0, 0x80, 0x80, 0x80, 1, 0x80, 0x80, 0x80, 2, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80},
-    {3, 0x80, 0x80, 0x80, 4, 0x80, 0x80, 0x80, 5, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80},
-    {6, 0x80, 0x80, 0x80, 7, 0x80, 0x80, 0x80, 8, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80},
-    {9, 0x80, 0x80, 0x80, 10, 0x80, 0x80, 0x80, 11, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80}};
+// Byte shuffles of a 16-byte load of four taps' pixels: taps 0 and 1 (bytes 0-5), or 2 and 3
+// (bytes 6-11), into int16 words r0 r1 g0 g1 b0 b1 0 0; 0x80 selects zero.
+alignas(16) constexpr uint8_t kTaps01[16] = {0, 0x80, 3, 0x80, 1,    0x80, 4,    0x80,
+                                             2, 0x80, 5, 0x80, 0x80, 0x80, 0x80, 0x80};
+alignas(16) constexpr uint8_t kTaps23[16] = {6, 0x80, 9,  0x80, 7,    0x80, 10,   0x80,
+                                             8, 0x80, 11, 0x80, 0x80, 0x80, 0x80, 0x80};
 // [r g b 0] x 4 -> 12 packed bytes.
 alignas(16) constexpr uint8_t kCompact[16] = {0,  1,  2,  4,  5,    6,    8,    9,
                                               10, 12, 13, 14, 0x80, 0x80, 0x80, 0x80};
 
-// The tap whose bytes `shuffle` (kTapBytes) selects from the 16-byte load `v`, as int32 lanes
-// [r g b 0], times its weight.
-HWY_INLINE V32 tap(hn::Vec128<uint8_t> v, hn::Vec128<uint8_t> shuffle, int16_t weight) {
+// Words r0 r1 g0 g1 b0 b1 0 0 times weights c0 c1 c0 c1 c0 c1 0 0, widened to int32 and added
+// to `lo` (r0 c0, r1 c1, g0 c0, g1 c1) and `hi` (b0 c0, b1 c1, 0, 0). NEON: two smlal.
+HWY_INLINE void multiply_add_pair(hn::Vec128<int16_t> x, hn::Vec128<int16_t> w, V32& lo, V32& hi) {
   const D32 d32;
-  return hn::Mul(hn::BitCast(d32, hn::TableLookupBytesOr0(v, shuffle)), hn::Set(d32, weight));
+  const hn::Half<D16> d16h;
+  lo = hn::Add(lo, hn::Mul(hn::PromoteTo(d32, hn::LowerHalf(d16h, x)),
+                           hn::PromoteTo(d32, hn::LowerHalf(d16h, w))));
+  hi = hn::Add(hi, hn::Mul(hn::PromoteTo(d32, hn::UpperHalf(d16h, x)),
+                           hn::PromoteTo(d32, hn::UpperHalf(d16h, w))));
 }
 
-// One output pixel's [r g b 0] sums: per group of four taps one 16-byte load.
-HWY_INLINE V32 horizontal_pixel(const uint8_t* p, const int16_t* c, int groups) {
+// One output pixel's sums [r g b 0] (from kRound): per group of four taps one 16-byte load and
+// two pairs of taps; `w` holds the pixel's weights as pair_coeffs (8 words per pair of taps).
+HWY_INLINE V32 horizontal_pixel(const uint8_t* p, const int16_t* w, int groups) {
   const D8 d8;
-  const auto t0 = hn::Load(d8, kTapBytes[0]), t1 = hn::Load(d8, kTapBytes[1]);
-  const auto t2 = hn::Load(d8, kTapBytes[2]), t3 = hn::Load(d8, kTapBytes[3]);
-  V32 acc = hn::Set(D32(), kRound);
-  for (int g = 0; g < groups; ++g, p += 12, c += 4) {
+  const D16 d16;
+  const D32 d32;
+  const auto taps01 = hn::Load(d8, kTaps01), taps23 = hn::Load(d8, kTaps23);
+  V32 lo = hn::Zero(d32), hi = lo;
+  for (int g = 0; g < groups; ++g, p += 12, w += 16) {
     const auto v = hn::LoadU(d8, p);
-    acc = hn::Add(hn::Add(acc, tap(v, t0, c[0])), tap(v, t1, c[1]));
-    acc = hn::Add(hn::Add(acc, tap(v, t2, c[2])), tap(v, t3, c[3]));
+    multiply_add_pair(hn::BitCast(d16, hn::TableLookupBytesOr0(v, taps01)), hn::Load(d16, w), lo,
+                      hi);
+    multiply_add_pair(hn::BitCast(d16, hn::TableLookupBytesOr0(v, taps23)), hn::Load(d16, w + 8),
+                      lo, hi);
   }
-  return acc;
+  // Each channel's two lanes added: [r g b 0].
+  const V32 sum = hn::Add(hn::ConcatEven(d32, hi, lo), hn::ConcatOdd(d32, hi, lo));
+  return hn::Add(sum, hn::Set(d32, kRound));
 }
 
-void horizontal(const uint8_t* row, const int* offsets, const int16_t* coeffs, int taps, int width,
-                uint8_t* out) {
+void horizontal(const uint8_t* row, const int* offsets, const int16_t* pair_coeffs, int taps,
+                int width, uint8_t* out) {
   const D8 d8;
   const auto compact = hn::Load(d8, kCompact);
   const int groups = taps / 4;
-  // Four pixels per step (the last repeated past the row's end), their 12 bytes in one store.
+  const auto weights = [&](int j) {  // pixel j's, the last pixel's past the row's end
+    return pair_coeffs + static_cast<size_t>(j < width ? j : width - 1) * (taps / 2) * 8;
+  };
+  // Four pixels per step, their 12 bytes in one store.
   for (int j0 = 0; j0 < width; j0 += 4) {
-    V32 acc[4];
-    for (int q = 0; q < 4; ++q) {
-      const int j = j0 + q < width ? j0 + q : width - 1;
-      const int16_t* c = coeffs + static_cast<size_t>(j) * taps;
-      acc[q] = horizontal_pixel(row + offsets[j0 + q], c, groups);
-    }
-    const auto px = hn::TableLookupBytesOr0(narrow(acc[0], acc[1], acc[2], acc[3]), compact);
+    const V32 a0 = horizontal_pixel(row + offsets[j0], weights(j0), groups);
+    const V32 a1 = horizontal_pixel(row + offsets[j0 + 1], weights(j0 + 1), groups);
+    const V32 a2 = horizontal_pixel(row + offsets[j0 + 2], weights(j0 + 2), groups);
+    const V32 a3 = horizontal_pixel(row + offsets[j0 + 3], weights(j0 + 3), groups);
+    const auto px = hn::TableLookupBytesOr0(narrow(a0, a1, a2, a3), compact);
     uint8_t* d = out + static_cast<size_t>(j0) * 3;
     if (j0 + 6 <= width) {
       hn::StoreU(px, d8, d);  // 4 bytes spill into the next pixels, written after
@@ -179,9 +191,9 @@ bool vertical(const uint8_t* const* rows, const int16_t* c, int count, size_t n,
   return HWY_NAMESPACE::vertical(rows, c, count, n, out);
 }
 
-void horizontal(const uint8_t* row, const int* offsets, const int16_t* coeffs, int taps, int width,
-                uint8_t* out) {
-  HWY_NAMESPACE::horizontal(row, offsets, coeffs, taps, width, out);
+void horizontal(const uint8_t* row, const int* offsets, const int16_t* pair_coeffs, int taps,
+                int width, uint8_t* out) {
+  HWY_NAMESPACE::horizontal(row, offsets, pair_coeffs, taps, width, out);
 }
 
 #else  // no 128-bit Highway target in this build: Resizer::supported(kHighway) is false
