@@ -547,8 +547,6 @@ void Resizer::horizontal_row(const uint8_t* src_row, Columns columns, const int1
     return horizontal_avx512(row_.data(), offsets_.data(), lane_coeffs, horizontal_.taps, dst_width, out);
   if (kernel_ == ResizeKernel::kAvx2)
     return horizontal_avx2(row_.data(), offsets_.data(), lane_coeffs, horizontal_.taps, dst_width, out);
-#else
-  (void)lane_coeffs;
 #endif
   if (kernel_ == ResizeKernel::kHighway)
     return hwy_resize::horizontal(row_.data(), offsets_.data(), lane_coeffs, horizontal_.taps,
@@ -689,8 +687,6 @@ void Resizer::resize_rows(const uint8_t* src, size_t src_stride, Columns columns
                       dst_width, out);
       continue;
     }
-#else
-    (void)lane_coeffs;
 #endif
     if (kernel_ == ResizeKernel::kHighway) {
       if (!hwy_resize::vertical(rows, c, count, row_bytes, row_.data()))
