@@ -9,7 +9,7 @@ cd "$(dirname "$0")"
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libturbojpeg0-dev libjpeg62-turbo-dev libgif-dev libpng-dev libwebp-dev libtiff-dev libopencv-dev libtbb-dev
-  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libcurl4-openssl-dev libssl-dev
+  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libcurl4-openssl-dev libssl-dev libhwy-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3-venv
   nginx-light

@@ -278,15 +278,18 @@ TEST(BenchCli, ResizeKernelVariableGivesTheSameSamplesAndRefusesAnUnknownKernel)
   std::vector<std::string> kernels = {"scalar"};
 #if defined(__x86_64__) || defined(__i386__)
   const auto& cpu = gpufeed::cpu::x86_features();
+  if (cpu.sse42) kernels.push_back("hwy");
   if (cpu.avx2) kernels.push_back("avx2");
   if (cpu.avx512f && cpu.avx512bw) kernels.push_back("avx512");
+#elif defined(__aarch64__)
+  kernels.push_back("hwy");
 #endif
   for (const std::string& k : kernels) {
     ASSERT_EQ(bench(k, k + ".raw", out, err), 0) << k << ": " << err;
     EXPECT_TRUE(gpufeed::test::read_text(tmp.path / (k + ".raw")) == reference) << k;
   }
   EXPECT_NE(bench("avx1024", "bad.raw", out, err), 0);
-  EXPECT_NE(err.find("GPUFEED_RESIZE_KERNEL=avx1024: expected auto, scalar, avx2 or avx512"),
+  EXPECT_NE(err.find("GPUFEED_RESIZE_KERNEL=avx1024: expected auto, scalar, hwy, avx2 or avx512"),
             std::string::npos) << err;
 #if defined(__x86_64__) || defined(__i386__)
   if (!(gpufeed::cpu::x86_features().avx512f && gpufeed::cpu::x86_features().avx512bw)) {

@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 
@@ -41,9 +42,10 @@ double mean_abs_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& 
   return sum / static_cast<double>(std::max<size_t>(a.size(), 1));
 }
 
+// Every kernel this build and CPU run, the scalar one first (the comparisons' reference).
 std::vector<ResizeKernel> kernels() {
   std::vector<ResizeKernel> ks;
-  for (auto k : {ResizeKernel::kScalar, ResizeKernel::kAvx2, ResizeKernel::kAvx512})
+  for (auto k : {ResizeKernel::kScalar, ResizeKernel::kHighway, ResizeKernel::kAvx2, ResizeKernel::kAvx512})
     if (Resizer::supported(k)) ks.push_back(k);
   return ks;
 }
@@ -270,6 +272,65 @@ TEST(Resizer, EveryTapCountAndRowTailGivesTheScalarBytes) {
     }
   }
   EXPECT_EQ(cases, 11 * 13 + 5 * 3);
+}
+
+// The Highway kernel runs wherever this suite runs on aarch64 (NEON) or an x86 CPU with SSE4.2,
+// so the comparisons above and below include it; kAuto picks it only off x86 (on x86 the
+// hand-written AVX2/AVX-512 kernels stay the choice).
+TEST(Resizer, HighwayKernelIsBuiltAndAutoPicksItOnlyOffX86) {
+#if defined(__aarch64__)
+  EXPECT_TRUE(Resizer::supported(ResizeKernel::kHighway));
+#endif
+  if (Resizer::supported(ResizeKernel::kHighway)) EXPECT_EQ(Resizer(ResizeKernel::kHighway).kernel(), ResizeKernel::kHighway);
+  else EXPECT_THROW(Resizer{ResizeKernel::kHighway}, std::invalid_argument);
+  if (std::getenv("GPUFEED_RESIZE_KERNEL") != nullptr) GTEST_SKIP() << "GPUFEED_RESIZE_KERNEL is set";
+#if defined(__x86_64__) || defined(__i386__)
+  EXPECT_NE(Resizer().kernel(), ResizeKernel::kHighway);
+#elif defined(__aarch64__)
+  EXPECT_EQ(Resizer().kernel(), ResizeKernel::kHighway);
+#endif
+}
+
+// Sources narrower than one vector (the vertical pass's 16 or 32 bytes: 1-6 pixels), outputs of
+// 1-9 pixels, and long filters (a 40x downscale: 81 bilinear taps, 161 bicubic per axis), both
+// filters, flipped or not: every kernel gives the scalar bytes.
+TEST(Resizer, NarrowSourcesAndLongFiltersGiveTheScalarBytes) {
+  const auto ks = kernels();
+  std::mt19937 rng(23);
+  std::vector<uint8_t> src(400 * 300 * 3);
+  for (auto& v : src) v = static_cast<uint8_t>(rng() % 2 ? 255 : rng());
+  int cases = 0;
+  for (const ResizeFilter filter : {ResizeFilter::kBilinear, ResizeFilter::kBicubic}) {
+    for (int w = 1; w <= 6; ++w) {
+      for (int ow = 1; ow <= 9; ++ow) {
+        const int h = 1 + (w * 7 + ow) % 9, oh = 1 + (ow * 3) % 7;
+        const BoxF box{0, 0, static_cast<double>(w), static_cast<double>(h)};
+        std::vector<uint8_t> first;
+        for (const ResizeKernel kernel : ks) {
+          Resizer r(kernel);
+          std::vector<uint8_t> out(static_cast<size_t>(ow) * oh * 3);
+          r.resize(src.data(), w, h, 400 * 3, box, out.data(), ow, oh, static_cast<size_t>(ow) * 3, ow % 2 == 1, filter);
+          if (first.empty()) first = out;
+          ASSERT_EQ(out, first) << "kernel " << static_cast<int>(kernel) << " source " << w << "x" << h << " to " << ow << "x" << oh;
+        }
+        ++cases;
+      }
+    }
+    for (const int ow : {1, 3, 7, 10}) {  // 400x300 to 10x7 at most: 40x down, 43 or 86 taps
+      const int oh = 1 + ow * 2 / 3;
+      std::vector<uint8_t> first;
+      for (const ResizeKernel kernel : ks) {
+        Resizer r(kernel);
+        std::vector<uint8_t> out(static_cast<size_t>(ow) * oh * 3);
+        r.resize(src.data(), 400, 300, 400 * 3, BoxF{0.5, 0.25, 399.5, 299}, out.data(), ow, oh,
+                 static_cast<size_t>(ow) * 3, false, filter);
+        if (first.empty()) first = out;
+        ASSERT_EQ(out, first) << "kernel " << static_cast<int>(kernel) << " to " << ow << "x" << oh;
+      }
+      ++cases;
+    }
+  }
+  EXPECT_EQ(cases, 2 * (6 * 9 + 4));
 }
 
 TEST(Resizer, FlipMirrorsTheUnflippedOutput) {

@@ -2,16 +2,17 @@
 // in CPU time on one thread (docs/PERFORMANCE.md, "The floor on AVX2-only CPUs"):
 //
 //   gpufeed_bench_resize DATA [--transform train|eval] [--image-size S] [--epochs E] [--rounds R]
-//                        [--kernels scalar,avx2,avx512]
+//                        [--kernels scalar,hwy,avx2,avx512]
 //
 // Every sample of epochs 0..E-1 is planned (loader::plan_for) and decoded once, exactly as the
-// loader does; then, per round, every kernel this CPU runs (scalar, AVX2, AVX-512) resizes all of
+// loader does; then, per round, every kernel this CPU runs (scalar, Highway, AVX2, AVX-512) resizes all of
 // them (transforms::resize_sample, flips included) and read_sample reads every file again. Each
 // sample's decoded crop is copied into one reused buffer before its resize (as the loader's
 // worker resizes what it has just decoded), and only the resize is timed, with
 // CLOCK_THREAD_CPUTIME_ID: CPU time is what a shared machine's load disturbs least. The kernels'
 // outputs are checked byte for byte against each other. Prints CPU microseconds per sample per
-// kernel (median over rounds, and the minimum) and per read. Not a test: a measurement.
+// kernel (median over rounds, and the minimum; and the scalar kernel's median over each kernel's,
+// when the scalar kernel was timed) and per read. Not a test: a measurement.
 #include <time.h>
 
 #include <algorithm>
@@ -68,7 +69,7 @@ bool listed(std::string_view list, std::string_view name) {
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "usage: gpufeed_bench_resize DATA [--transform train|eval] [--image-size S] [--epochs E] "
-               "[--rounds R] [--kernels scalar,avx2,avx512]\n");
+               "[--rounds R] [--kernels scalar,hwy,avx2,avx512]\n");
   std::exit(2);
 }
 
@@ -78,7 +79,7 @@ int main(int argc, char** argv) {
   if (argc < 2) usage();
   const std::string data = argv[1];
   std::string transform = "train";
-  std::string only = "scalar,avx2,avx512";  // the kernels to time (those this CPU runs)
+  std::string only = "scalar,hwy,avx2,avx512";  // the kernels to time (those this CPU runs)
   int image_size = 224, epochs = 1, rounds = 5;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -123,8 +124,8 @@ int main(int argc, char** argv) {
   std::printf("\n");
 
   std::vector<std::pair<const char*, transforms::ResizeKernel>> kernels;
-  for (const auto& k : {std::pair{"scalar", transforms::ResizeKernel::kScalar}, std::pair{"avx2", transforms::ResizeKernel::kAvx2},
-                        std::pair{"avx512", transforms::ResizeKernel::kAvx512}})
+  for (const auto& k : {std::pair{"scalar", transforms::ResizeKernel::kScalar}, std::pair{"hwy", transforms::ResizeKernel::kHighway},
+                        std::pair{"avx2", transforms::ResizeKernel::kAvx2}, std::pair{"avx512", transforms::ResizeKernel::kAvx512}})
     if (transforms::Resizer::supported(k.second) && listed(only, k.first)) kernels.push_back(k);
   std::printf("kernels this CPU runs: ");
   for (const auto& k : kernels) std::printf("%s ", k.first);
@@ -133,6 +134,7 @@ int main(int argc, char** argv) {
                 switch (transforms::Resizer().kernel()) {
                   case transforms::ResizeKernel::kAvx512: return "avx512";
                   case transforms::ResizeKernel::kAvx2: return "avx2";
+                  case transforms::ResizeKernel::kHighway: return "hwy";
                   default: return "scalar";
                 }
               }());
@@ -168,9 +170,11 @@ int main(int argc, char** argv) {
   for (size_t k = 0; k < kernels.size(); ++k) {
     const bool same = hashes[k] == hashes[0];
     if (!same) status = 1;
-    std::printf("resize %-7s %7.1f CPU us/sample (median of %d rounds; min %.1f)%s\n", kernels[k].first,
-                median(us[k]), rounds, *std::min_element(us[k].begin(), us[k].end()),
-                same ? "" : "  OUTPUT DIFFERS FROM THE FIRST KERNEL'S");
+    const bool scalar_timed = kernels[0].second == transforms::ResizeKernel::kScalar;
+    std::printf("resize %-7s %7.1f CPU us/sample (median of %d rounds; min %.1f)", kernels[k].first,
+                median(us[k]), rounds, *std::min_element(us[k].begin(), us[k].end()));
+    if (scalar_timed) std::printf("  %.2fx scalar", median(us[0]) / median(us[k]));
+    std::printf("%s\n", same ? "" : "  OUTPUT DIFFERS FROM THE FIRST KERNEL'S");
   }
   std::printf("read           %7.1f CPU us/sample (median of %d rounds; min %.1f)\n", median(read_us), rounds,
               *std::min_element(read_us.begin(), read_us.end()));

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the dependencies of gpufeed's torch-free rooms (and of their tests) from Debian 12's
-# sources as static, position-independent libraries for one zig target, into PREFIX:
+# sources as static, position-independent libraries for one zig target (and Google Highway's
+# headers), into PREFIX:
 #   tools/wheel/build_deps.sh TARGET PREFIX [PACKAGE...]
 #   tools/wheel/build_deps.sh aarch64-linux-gnu.2.28 build/deps/aarch64-linux-gnu.2.28
 # TARGET is zig's triple with the glibc floor (cmake/toolchains/zig.cmake); PACKAGE... limits the
@@ -41,6 +42,7 @@ nlohmann_json nlohmann-json3=3.11.2-2            70bec2cd47a992e0fcf5b92d820d264
 googletest    googletest=1.12.1-0.2              cc90251040c145be18d5090787d9ec79e48217c6cef3ae78eb20f0e31551404c
 openssl       openssl=3.0.20-1~deb12u2           a614474a2773c23b10c0d65f4eccbcf93fdac4749afb7c26d76e1b0340154d3d
 curl          curl=7.88.1-10+deb12u15            2744f12e3aef161c0361743fa1b318296b122e566e47f381e4a63320fbcc23f4
+highway       highway=1.0.3-3+deb12u1            e85a23bede87aaf121fc530d30ccfa30d0d9e5620ea51736578620e5d3245401
 "
 
 log() { printf 'build_deps[%s]: %s\n' "$target" "$*"; }
@@ -168,8 +170,15 @@ build_curl() {  # HTTP and HTTPS only, OpenSSL, zlib; no LDAP, RTMP, Kerberos, P
     -DCURL_DISABLE_LDAPS=ON -DENABLE_MANUAL=OFF -DCURL_CA_BUNDLE=none -DCURL_CA_PATH=none
 }
 
+build_highway() {  # headers only (the resize's NEON kernel uses static dispatch: no libhwy to link)
+  local d; d=$(unpack highway)
+  mkdir -p "$prefix/include/hwy/ops"
+  install -m 644 "$d"/hwy/*.h "$prefix/include/hwy/"
+  install -m 644 "$d"/hwy/ops/*.h "$prefix/include/hwy/ops/"
+}
+
 ensure_zig
-all=(zlib libjpeg-turbo libpng giflib libwebp tiff onetbb fmt spdlog nlohmann_json googletest openssl curl)
+all=(zlib libjpeg-turbo libpng giflib libwebp tiff onetbb fmt spdlog nlohmann_json googletest openssl curl highway)
 (($#)) || set -- "${all[@]}"
 for name in "$@"; do
   [ -f "$prefix/.stamps/$name" ] && { log "$name: already built"; continue; }

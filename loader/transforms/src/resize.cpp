@@ -1,7 +1,8 @@
 // PIL's antialiased bilinear and bicubic resample (Pillow's libImaging/Resample.c:
 // precompute_coeffs, normalize_coeffs_8bpc, ImagingResampleHorizontal/Vertical_8bpc), for packed
 // RGB, with AVX2 and AVX-512 paths that process four output pixels (horizontal pass; two or four
-// per vector) or 32 or 64 bytes (vertical pass) per step.
+// per vector) or 32 or 64 bytes (vertical pass) per step, and Highway's 128-bit path
+// (resize_hwy.cpp: NEON on aarch64).
 //
 // Fixed point: weights are int16 with 14 fractional bits, so pmaddwd can multiply-add pairs of
 // them with pixels widened to 16 bits; the largest weight (under 1.2: a bicubic output whose
@@ -12,6 +13,8 @@
 // (tests/test_resize.cpp).
 
 #include "gpufeed/transforms/resize.h"
+
+#include "resize_hwy.h"
 
 #include <algorithm>
 #include <cmath>
@@ -48,31 +51,40 @@ bool cpu_supports(ResizeKernel kernel) {
     case ResizeKernel::kAvx512:
       return cpu.avx512f && cpu.avx512bw;
     default:
-      return true;
+      break;
   }
 #else
-  return kernel == ResizeKernel::kScalar || kernel == ResizeKernel::kAuto;
+  if (kernel == ResizeKernel::kAvx2 || kernel == ResizeKernel::kAvx512) return false;
 #endif
+  return kernel != ResizeKernel::kHighway || hwy_resize::available();
 }
 
-// kAuto's choice: the widest kernel the CPU runs, or the narrower one GPUFEED_RESIZE_KERNEL
-// names (scalar|avx2|avx512), so one machine can measure the paths of CPUs that lack AVX-512 or
-// AVX2. A value the CPU cannot run, or an unknown one, is refused when the first Resizer is made.
+// kAuto's choice: on x86 the widest kernel the CPU runs (the hand-written ones; Highway's SSE4
+// build is narrower than AVX2), elsewhere Highway's (NEON on aarch64), or the one
+// GPUFEED_RESIZE_KERNEL names (scalar|hwy|avx2|avx512), so one machine can measure the paths of
+// CPUs that lack AVX-512 or AVX2. A value this build or CPU cannot run, or an unknown one, is
+// refused when the first Resizer is made.
 ResizeKernel best_kernel() {
   static const ResizeKernel best = [] {
+#if GPUFEED_RESIZE_X86
     const ResizeKernel widest = cpu_supports(ResizeKernel::kAvx512) ? ResizeKernel::kAvx512
                                 : cpu_supports(ResizeKernel::kAvx2) ? ResizeKernel::kAvx2
                                                                     : ResizeKernel::kScalar;
+#else
+    const ResizeKernel widest =
+        cpu_supports(ResizeKernel::kHighway) ? ResizeKernel::kHighway : ResizeKernel::kScalar;
+#endif
     const char* env = std::getenv("GPUFEED_RESIZE_KERNEL");
     if (env == nullptr || *env == '\0' || std::string_view(env) == "auto") return widest;
     const std::string_view name(env);
     const ResizeKernel chosen = name == "scalar" ? ResizeKernel::kScalar
                                 : name == "avx2" ? ResizeKernel::kAvx2
                                 : name == "avx512" ? ResizeKernel::kAvx512
+                                : name == "hwy"    ? ResizeKernel::kHighway
                                                    : ResizeKernel::kAuto;
     if (chosen == ResizeKernel::kAuto)
       throw std::invalid_argument("GPUFEED_RESIZE_KERNEL=" + std::string(name) +
-                                  ": expected auto, scalar, avx2 or avx512");
+                                  ": expected auto, scalar, hwy, avx2 or avx512");
     if (!cpu_supports(chosen))
       throw std::invalid_argument("GPUFEED_RESIZE_KERNEL=" + std::string(name) +
                                   ": this CPU does not run that kernel");
@@ -91,6 +103,8 @@ const char* kernel_name(ResizeKernel k) {
       return "avx2";
     case ResizeKernel::kAvx512:
       return "avx512";
+    case ResizeKernel::kHighway:
+      return "hwy";
   }
   return "?";
 }
@@ -533,9 +547,10 @@ void Resizer::horizontal_row(const uint8_t* src_row, Columns columns, const int1
     return horizontal_avx512(row_.data(), offsets_.data(), lane_coeffs, horizontal_.taps, dst_width, out);
   if (kernel_ == ResizeKernel::kAvx2)
     return horizontal_avx2(row_.data(), offsets_.data(), lane_coeffs, horizontal_.taps, dst_width, out);
-#else
-  (void)lane_coeffs;
 #endif
+  if (kernel_ == ResizeKernel::kHighway)
+    return hwy_resize::horizontal(row_.data(), offsets_.data(), lane_coeffs, horizontal_.taps,
+                                  dst_width, out);
   horizontal_scalar(row_.data(), horizontal_.first.data(), horizontal_.coeffs.data(), horizontal_.taps,
                     dst_width, out);
 }
@@ -578,6 +593,8 @@ void Resizer::resize_rows_horizontal_first(const uint8_t* src, size_t src_stride
       continue;
     }
 #endif
+    if (kernel_ == ResizeKernel::kHighway && hwy_resize::vertical(row_ptrs, c, count, out_bytes, out))
+      continue;
     vertical_scalar(row_ptrs, c, count, out_bytes, out, acc_.data());
   }
 }
@@ -611,9 +628,12 @@ Resizer::Columns Resizer::prepare_columns(int src_width, int dst_width) {
 // l holds [c0 c1 c0 c1 c0 c1 0 0] for pixel (block * lanes + l) (the last pixel repeated past
 // the end), to multiply words r0 r1 g0 g1 b0 b1 0 0 of two source pixels; when the taps end in
 // a pair (AVX2 only: 4 * groups + 2 taps), one more vector for it. AVX2 reads blocks of two
-// pixels two at a time, so their count is made even.
+// pixels two at a time, so their count is made even. The Highway kernel's vectors are one lane.
 const int16_t* Resizer::prepare_lane_coeffs(int dst_width) {
-  const int lanes = kernel_ == ResizeKernel::kAvx512 ? 4 : kernel_ == ResizeKernel::kAvx2 ? 2 : 0;
+  const int lanes = kernel_ == ResizeKernel::kAvx512    ? 4
+                    : kernel_ == ResizeKernel::kAvx2    ? 2
+                    : kernel_ == ResizeKernel::kHighway ? 1
+                                                        : 0;
   if (lanes == 0) return nullptr;
   const int groups = horizontal_.taps / 4;
   const int vectors = 2 * groups + (horizontal_.taps % 4 != 0 ? 1 : 0);  // per block
@@ -667,9 +687,14 @@ void Resizer::resize_rows(const uint8_t* src, size_t src_stride, Columns columns
                       dst_width, out);
       continue;
     }
-#else
-    (void)lane_coeffs;
 #endif
+    if (kernel_ == ResizeKernel::kHighway) {
+      if (!hwy_resize::vertical(rows, c, count, row_bytes, row_.data()))
+        vertical_scalar(rows, c, count, row_bytes, row_.data(), acc_.data());
+      hwy_resize::horizontal(row_.data(), offsets_.data(), lane_coeffs, horizontal_.taps, dst_width,
+                             out);
+      continue;
+    }
     vertical_scalar(rows, c, count, row_bytes, row_.data(), acc_.data());
     horizontal_scalar(row_.data(), horizontal_.first.data(), horizontal_.coeffs.data(),
                       horizontal_.taps, dst_width, out);

@@ -32,14 +32,19 @@ enum class ResizeFilter : uint8_t {
 /// Which implementation Resizer runs. All give identical bytes; the explicit choices exist for
 /// tests that prove it and for CPUs that lack the wider ones.
 enum class ResizeKernel {
-  kAuto,    ///< the widest the CPU runs (checked once at run time): kAvx512, kAvx2 or kScalar;
-            ///< the environment variable GPUFEED_RESIZE_KERNEL=scalar|avx2|avx512 picks a narrower
-            ///< one (to measure an AVX2-only CPU's path on an AVX-512 machine); a kernel this CPU
-            ///< cannot run, or another value, makes Resizer's constructor throw
-            ///< std::invalid_argument naming the variable
-  kScalar,  ///< portable C++
-  kAvx2,    ///< x86 AVX2: four output pixels (two per vector; or 32 bytes of a row) per step
-  kAvx512,  ///< x86 AVX-512 F+BW: four output pixels (or 64 bytes) per step
+  kAuto,     ///< on x86 the widest the CPU runs (checked once at run time): kAvx512, kAvx2 or
+             ///< kScalar; on aarch64 kHighway (NEON). The environment variable
+             ///< GPUFEED_RESIZE_KERNEL=scalar|hwy|avx2|avx512 picks another (to measure an
+             ///< AVX2-only CPU's path on an AVX-512 machine); a kernel this build or CPU cannot
+             ///< run, or another value, makes Resizer's constructor throw std::invalid_argument
+             ///< naming the variable
+  kScalar,   ///< portable C++
+  kAvx2,     ///< x86 AVX2: four output pixels (two per vector; or 32 bytes of a row) per step
+  kAvx512,   ///< x86 AVX-512 F+BW: four output pixels (or 64 bytes) per step
+  kHighway,  ///< Google Highway, 128-bit vectors, compiled for one target per build (no runtime
+             ///< dispatch): NEON on aarch64 (every aarch64 CPU); SSE4 on x86 (CPUs with SSE4.2),
+             ///< where it exists so x86 machines test it (kAuto never picks it there). One output
+             ///< pixel (or 16 bytes of a row) per vector. Absent on other architectures
 };
 
 /// Resizes regions of RGB images. Holds the filter tables and one intermediate row, reused across
@@ -64,10 +69,10 @@ enum class ResizeKernel {
 /// (tests/test_resize.cpp).
 class Resizer {
  public:
-  /// Throws std::invalid_argument when this CPU cannot run `kernel` (see supported()).
+  /// Throws std::invalid_argument when this build or CPU cannot run `kernel` (see supported()).
   explicit Resizer(ResizeKernel kernel = ResizeKernel::kAuto);
 
-  /// Whether this CPU runs `kernel` (kAuto and kScalar always).
+  /// Whether this build and CPU run `kernel` (kAuto and kScalar always).
   static bool supported(ResizeKernel kernel);
 
   /// Resizes `box` of `src` into `dst`.
