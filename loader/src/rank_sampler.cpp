@@ -71,16 +71,24 @@ void warn_if_classes_unmixed(const datasets::Dataset& dataset, const LoaderOptio
       options.batch_size, m.shards, m.exact, m.batches, options.shard_window);
 }
 
+// The datasets a sampler draws from: a MixedDataset's sources in its order, else the dataset itself.
+std::vector<const datasets::Dataset*> sources_of(const datasets::Dataset& dataset) {
+  std::vector<const datasets::Dataset*> out;
+  if (const auto* mixed = dynamic_cast<const datasets::MixedDataset*>(&dataset)) {
+    for (const auto& s : mixed->sources()) out.push_back(s.get());
+  } else {
+    out.push_back(&dataset);
+  }
+  return out;
+}
+
 // A window of shard_window shards needs more units (whole shards, or remote_chunk MiB chunks of
 // larger ones) than the shard reader holds at once (remote_shards_in_flight): units are then
 // dropped before their samples are read and fetched again. Said once, at open, per remote source.
 void warn_if_window_outgrows_in_flight(const datasets::Dataset& dataset, const LoaderOptions& options) {
-  std::vector<const datasets::RemoteShards*> remote;
-  if (const auto* one = dynamic_cast<const datasets::RemoteShards*>(&dataset)) remote.push_back(one);
-  if (const auto* mixed = dynamic_cast<const datasets::MixedDataset*>(&dataset))
-    for (const auto& s : mixed->sources())
-      if (const auto* r = dynamic_cast<const datasets::RemoteShards*>(s.get())) remote.push_back(r);
-  for (const datasets::RemoteShards* r : remote) {
+  for (const datasets::Dataset* source : sources_of(dataset)) {
+    const auto* r = dynamic_cast<const datasets::RemoteShards*>(source);
+    if (r == nullptr) continue;
     const datasets::DataOptions& d = r->options();
     const double units = static_cast<double>(options.shard_window) * r->mean_units_per_shard();
     if (d.remote_read == "samples" || units <= d.remote_shards_in_flight) continue;
@@ -101,17 +109,11 @@ bool mixes(const datasets::Dataset& dataset, const Mixing& mixing) {
 
 // Each source's shard sizes, a source without shards one shard per sample.
 std::vector<sampler::SourceShards> mixing_sources(const datasets::Dataset& dataset) {
-  std::vector<std::vector<int64_t>> shards;
-  std::vector<int64_t> sizes;
-  if (const auto* mixed = dynamic_cast<const datasets::MixedDataset*>(&dataset)) {
-    shards = mixed->source_shard_sizes();
-    for (const auto& s : mixed->sources()) sizes.push_back(s->size());
-  } else {
-    shards.push_back(dataset.shard_sizes());
-    sizes.push_back(dataset.size());
+  std::vector<sampler::SourceShards> shards;
+  for (const datasets::Dataset* source : sources_of(dataset)) {
+    shards.push_back(source->shard_sizes());
+    if (shards.back().empty()) shards.back() = sampler::one_shard_per_sample(source->size());
   }
-  for (size_t s = 0; s < shards.size(); ++s)
-    if (shards[s].empty()) shards[s] = sampler::one_shard_per_sample(sizes[s]);
   return shards;
 }
 
@@ -127,14 +129,13 @@ sampler::MixingOptions mixing_options(const LoaderOptions& options, const sample
 // The remote sources' samples per epoch (their k_s) and their shards: what one request per sample
 // of shuffle_order exact costs.
 std::pair<int64_t, size_t> remote_share(const datasets::Dataset& dataset, const std::vector<int64_t>& counts) {
-  const auto* mixed = dynamic_cast<const datasets::MixedDataset*>(&dataset);
+  const std::vector<const datasets::Dataset*> sources = sources_of(dataset);
   int64_t samples = 0;
   size_t shards = 0;
   for (size_t s = 0; s < counts.size(); ++s) {
-    const datasets::Dataset& source = mixed ? *mixed->sources()[s] : dataset;
-    if (!source.remote()) continue;
+    if (!sources[s]->remote()) continue;
     samples += counts[s];
-    shards += source.shard_sizes().size();
+    shards += sources[s]->shard_sizes().size();
   }
   return {samples, shards};
 }
