@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # What the cross builds and qemu runs need from Debian 12, installed when missing (idempotent; apt
 # with sudo when not root): tools/wheel/build_deps.sh (apt-get source: dpkg-dev and a deb-src
-# line for bookworm; nasm for libjpeg-turbo's x86_64 SIMD), tools/qemu_tests.sh and
-# tools/wheel/qemu_smoke.sh (qemu-user-static; Debian's arm64 packages downloaded, never
-# installed, so dpkg needs the arm64 architecture). The zig toolchain itself is PyPI's ziglang,
-# which build_deps.sh puts in build/zigvenv. Called by those scripts; run it alone to prepare a
-# machine:
+# line for bookworm; nasm for libjpeg-turbo's x86_64 SIMD), tools/qemu_tests.sh,
+# tools/wheel/qemu_smoke.sh and tools/wheel/qemu_pytest.sh (qemu-user-static; Debian's arm64
+# packages downloaded, never installed, so dpkg needs the arm64 architecture). The zig toolchain
+# itself is PyPI's ziglang, which build_deps.sh puts in build/zigvenv. Called by those scripts;
+# run it alone to prepare a machine:
 #   tools/wheel/setup_cross.sh
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
