@@ -480,14 +480,26 @@ TEST(Augment, SslOpsAreIdenticalAtOneAndFourThreads) {
   EXPECT_NE(one, epoch_images(root, 1, jitter_only));
 }
 
+namespace {
+
+// The vector colour kernels this build and CPU run (kAvx2 on x86 with AVX2; kHighway on aarch64
+// and on x86 with SSE4.2).
+std::vector<ColorKernel> vector_color_kernels() {
+  std::vector<ColorKernel> ks;
+  for (const ColorKernel k : {ColorKernel::kAvx2, ColorKernel::kHighway})
+    if (color_kernel_supported(k)) ks.push_back(k);
+  return ks;
+}
+
+const char* name(ColorKernel k) { return k == ColorKernel::kAvx2 ? "avx2" : k == ColorKernel::kHighway ? "hwy" : "?"; }
+
+}  // namespace
+
 TEST(Augment, ColorKernelsGiveTheSameBytesForEveryColour) {
-#if defined(__x86_64__) || defined(__i386__)
-  if (!gpufeed::cpu::x86_features().avx2) GTEST_SKIP() << "this CPU has no AVX2: only the scalar colour kernels run";
-#else
-  GTEST_SKIP() << "not an x86 CPU: only the scalar colour kernels are built";
-#endif
-  // Every 24-bit colour once, as a 4096 x 4096 image (plus 5 pixels more: a tail the 8-wide loop
-  // leaves to the scalar one).
+  const std::vector<ColorKernel> kernels = vector_color_kernels();
+  if (kernels.empty()) GTEST_SKIP() << "no vector colour kernel in this build or CPU: only the scalar ones run";
+  // Every 24-bit colour once, as a 4096 x 4096 image (plus 5 pixels more: a tail the 4-, 8- and
+  // 16-pixel loops leave to the scalar one).
   const int width = 4096, height = 4096;
   std::vector<uint8_t> all(static_cast<size_t>(width) * height * 3 + 15);
   for (uint32_t c = 0; c < (1u << 24); ++c) {
@@ -496,24 +508,101 @@ TEST(Augment, ColorKernelsGiveTheSameBytesForEveryColour) {
     all[3 * c + 2] = static_cast<uint8_t>(c);
   }
   for (size_t k = size_t{3} << 24; k < all.size(); ++k) all[k] = static_cast<uint8_t>(k * 37);
-  for (const double factor : {0.1, -0.5, 0.37}) {
-    std::vector<uint8_t> scalar = all, avx2 = all;
-    adjust_hue(scalar.data(), 1, width * height + 5, factor, ColorKernel::kScalar);
-    adjust_hue(avx2.data(), 1, width * height + 5, factor, ColorKernel::kAvx2);
-    ASSERT_EQ(scalar, avx2) << "factor " << factor;
-    EXPECT_NE(scalar, all);
+  const int n = width * height + 5;
+  // Hue: AVX2's loop; kHighway runs the scalar one (compared on small images below).
+  if (color_kernel_supported(ColorKernel::kAvx2)) {
+    for (const double factor : {0.1, -0.5, 0.37}) {
+      std::vector<uint8_t> scalar = all, avx2 = all;
+      adjust_hue(scalar.data(), 1, n, factor, ColorKernel::kScalar);
+      adjust_hue(avx2.data(), 1, n, factor, ColorKernel::kAvx2);
+      ASSERT_EQ(scalar, avx2) << "factor " << factor;
+      EXPECT_NE(scalar, all);
+    }
   }
-  for (const double factor : {0.6, 1.4}) {  // ColorJitter(saturation=0.4)'s range, and contrast's
-    std::vector<uint8_t> scalar = all, avx2 = all;
-    adjust_saturation(scalar.data(), 1, width * height + 5, factor, ColorKernel::kScalar);
-    adjust_saturation(avx2.data(), 1, width * height + 5, factor, ColorKernel::kAvx2);
-    ASSERT_EQ(scalar, avx2) << "saturation " << factor;
-    EXPECT_NE(scalar, all);
-    scalar = all;
-    avx2 = all;
-    adjust_contrast(scalar.data(), 1, width * height + 5, factor, ColorKernel::kScalar);
-    adjust_contrast(avx2.data(), 1, width * height + 5, factor, ColorKernel::kAvx2);
-    ASSERT_EQ(scalar, avx2) << "contrast " << factor;
-    EXPECT_NE(scalar, all);
+  // ColorJitter(saturation=0.4)'s range; 0 (the grayscale itself: every gray_floor), 1 (the
+  // identity) and large factors (blends that saturate at both ends).
+  for (const double factor : {0.6, 1.4, 0.0, 1.0, 7.25, 1e30}) {
+    std::vector<uint8_t> scalar = all;
+    adjust_saturation(scalar.data(), 1, n, factor, ColorKernel::kScalar);
+    if (factor == 1.0) EXPECT_EQ(scalar, all);
+    else EXPECT_NE(scalar, all);
+    for (const ColorKernel k : kernels) {
+      std::vector<uint8_t> vec = all;
+      adjust_saturation(vec.data(), 1, n, factor, k);
+      ASSERT_EQ(scalar, vec) << "saturation " << factor << " " << name(k);
+    }
   }
+  for (const double factor : {0.6, 1.4}) {  // contrast's sum does not depend on the factor
+    std::vector<uint8_t> scalar = all;
+    adjust_contrast(scalar.data(), 1, n, factor, ColorKernel::kScalar);
+    EXPECT_NE(scalar, all);
+    for (const ColorKernel k : kernels) {
+      std::vector<uint8_t> vec = all;
+      adjust_contrast(vec.data(), 1, n, factor, k);
+      ASSERT_EQ(scalar, vec) << "contrast " << factor << " " << name(k);
+    }
+  }
+}
+
+// Pixel counts around the loops' widths (4 and 8 pixels in AVX2, 16 in Highway), odd ones below
+// and above, each image cut from a different place of a pseudo-random buffer; and contrast's sum
+// per image, where one level of a single pixel's gray moves the mean by 1 / count: at factor 34
+// out = 34 x - 33 mean + ..., so the pixels near the mean show it.
+TEST(Augment, ColorKernelsGiveTheSameBytesForOddPixelCounts) {
+  const std::vector<ColorKernel> kernels = vector_color_kernels();
+  if (kernels.empty()) GTEST_SKIP() << "no vector colour kernel in this build or CPU: only the scalar ones run";
+  std::vector<uint8_t> noise(3 * 4096);
+  uint32_t state = 12345;
+  for (uint8_t& v : noise) v = static_cast<uint8_t>((state = state * 1664525u + 1013904223u) >> 24);
+  int cases = 0;
+  for (const int count : {1, 3, 4, 5, 7, 9, 15, 16, 17, 31, 33, 47, 49, 63, 65, 101, 1001}) {
+    for (const size_t offset : {size_t{0}, size_t{7}, size_t{1000}}) {
+      const std::vector<uint8_t> image(noise.begin() + 3 * offset, noise.begin() + 3 * (offset + count));
+      for (const double factor : {0.0, 1.0, 0.6, 1.4, 34.0, 1e30, 1e300}) {  // 1e300: float infinities, NaN blends
+        std::vector<uint8_t> sat = image, con = image;
+        adjust_saturation(sat.data(), 1, count, factor, ColorKernel::kScalar);
+        adjust_contrast(con.data(), 1, count, factor, ColorKernel::kScalar);
+        for (const ColorKernel k : kernels) {
+          std::vector<uint8_t> v = image;
+          adjust_saturation(v.data(), 1, count, factor, k);
+          ASSERT_EQ(v, sat) << "saturation " << name(k) << " count " << count << " factor " << factor;
+          v = image;
+          adjust_contrast(v.data(), 1, count, factor, k);
+          ASSERT_EQ(v, con) << "contrast " << name(k) << " count " << count << " factor " << factor;
+        }
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 17 * 3 * 7);
+}
+
+// kHighway in adjust_hue runs the scalar loop (there is no Highway hue kernel); kAuto picks
+// Highway only off x86; an unsupported kernel throws in all three functions.
+TEST(Augment, HighwayColorKernelFallsBackForHueAndAutoPicksItOnlyOffX86) {
+  std::vector<uint8_t> image(3 * 37);
+  for (size_t k = 0; k < image.size(); ++k) image[k] = static_cast<uint8_t>(k * 53 + 11);
+  for (const ColorKernel k : {ColorKernel::kHighway, ColorKernel::kAvx2}) {
+    std::vector<uint8_t> scalar = image, v = image;
+    adjust_hue(scalar.data(), 1, 37, 0.21, ColorKernel::kScalar);
+    if (!color_kernel_supported(k)) {
+      EXPECT_THROW(adjust_hue(v.data(), 1, 37, 0.21, k), std::invalid_argument) << name(k);
+      EXPECT_THROW(adjust_saturation(v.data(), 1, 37, 0.5, k), std::invalid_argument) << name(k);
+      EXPECT_THROW(adjust_contrast(v.data(), 1, 37, 0.5, k), std::invalid_argument) << name(k);
+      continue;
+    }
+    adjust_hue(v.data(), 1, 37, 0.21, k);
+    EXPECT_EQ(v, scalar) << name(k);
+    EXPECT_NE(v, image);
+  }
+#if defined(__aarch64__)
+  EXPECT_TRUE(color_kernel_supported(ColorKernel::kHighway));
+#endif
+  EXPECT_TRUE(color_kernel_supported(ColorKernel::kScalar));
+  if (std::getenv("GPUFEED_RESIZE_KERNEL") != nullptr) GTEST_SKIP() << "GPUFEED_RESIZE_KERNEL is set";
+#if defined(__x86_64__)
+  EXPECT_EQ(auto_color_kernel(), gpufeed::cpu::x86_features().avx2 ? ColorKernel::kAvx2 : ColorKernel::kScalar);
+#elif defined(__aarch64__)
+  EXPECT_EQ(auto_color_kernel(), ColorKernel::kHighway);
+#endif
 }

@@ -25,6 +25,8 @@
 #endif
 #include "gpufeed/glibc_libm.h"
 
+#include "colour_hwy.h"
+
 namespace gpufeed::transforms {
 namespace {
 
@@ -223,25 +225,19 @@ __attribute__((target("avx2"))) int64_t gray_sum_avx2(const uint8_t* image, size
 }
 #endif
 
-// Whether the colour kernels run their AVX2 loops for `kernel` (hue's, saturation's, contrast's).
-bool colour_avx2(ColorKernel kernel) {
-#if defined(__x86_64__)
-  static const bool cpu = gpufeed::cpu::x86_features().avx2;
-#else
-  static const bool cpu = false;
-#endif
-  static const bool scalar_asked = [] {
-    const char* env = std::getenv("GPUFEED_RESIZE_KERNEL");
-    return env != nullptr && std::string_view(env) == "scalar";
-  }();
-  switch (kernel) {
-    case ColorKernel::kScalar: return false;
-    case ColorKernel::kAvx2:
-      if (!cpu) throw std::invalid_argument("ColorKernel::kAvx2 on a CPU without AVX2");
-      return true;
-    case ColorKernel::kAuto: break;
+// The vector loop a colour kernel runs for `kernel` (hue has no Highway loop: it runs scalar
+// where this says kHighway). kAuto: AVX2 on x86 CPUs with it, Highway elsewhere where built;
+// GPUFEED_RESIZE_KERNEL=scalar makes it scalar and =hwy Highway (an x86 machine then runs
+// aarch64's choice), other values leave it (resize.cpp checks them).
+ColorKernel colour_kernel(ColorKernel kernel) {
+  if (kernel != ColorKernel::kAuto) {
+    if (!color_kernel_supported(kernel)) {
+      throw std::invalid_argument(kernel == ColorKernel::kAvx2 ? "ColorKernel::kAvx2 on a CPU without AVX2"
+                                                               : "ColorKernel::kHighway: not in this build or CPU");
+    }
+    return kernel;
   }
-  return cpu && !scalar_asked;
+  return auto_color_kernel();
 }
 
 void check_factor(const char* what, double factor) {
@@ -829,6 +825,39 @@ void DrawSource::normal(float* out, size_t n) {
 // ---------------------------------------------------------------------------------------------
 // The functional ops.
 
+bool color_kernel_supported(ColorKernel kernel) {
+  switch (kernel) {
+    case ColorKernel::kAvx2: {
+#if defined(__x86_64__)
+      static const bool cpu = gpufeed::cpu::x86_features().avx2;
+      return cpu;
+#else
+      return false;
+#endif
+    }
+    case ColorKernel::kHighway: return hwy_colour::available();
+    case ColorKernel::kAuto: case ColorKernel::kScalar: break;
+  }
+  return true;
+}
+
+ColorKernel auto_color_kernel() {
+  static const ColorKernel chosen = [] {
+    const char* env = std::getenv("GPUFEED_RESIZE_KERNEL");
+    const std::string_view name = env == nullptr ? "" : env;
+    if (name == "scalar") return ColorKernel::kScalar;
+    const bool hwy = hwy_colour::available();
+    if (name == "hwy") return hwy ? ColorKernel::kHighway : ColorKernel::kScalar;
+#if defined(__x86_64__)
+    if (color_kernel_supported(ColorKernel::kAvx2)) return ColorKernel::kAvx2;
+    return ColorKernel::kScalar;  // x86 without AVX2: as before Highway
+#else
+    return hwy ? ColorKernel::kHighway : ColorKernel::kScalar;
+#endif
+  }();
+  return chosen;
+}
+
 void adjust_brightness(uint8_t* image, int height, int width, double factor) {
   check_factor("adjust_brightness", factor);
   const float f = static_cast<float>(factor);
@@ -850,13 +879,14 @@ void adjust_saturation(uint8_t* image, int height, int width, double factor, Col
   }
   const GrayTables& gt = gray_tables();
   size_t n = pixel_count(height, width);
+  const ColorKernel path = colour_kernel(kernel);
+  size_t done = 0;
 #if defined(__x86_64__)
-  if (colour_avx2(kernel)) {
-    const size_t done = adjust_saturation_avx2(image, n, ratio, alpha);
-    image += done * 3;
-    n -= done;
-  }
+  if (path == ColorKernel::kAvx2) done = adjust_saturation_avx2(image, n, ratio, alpha);
 #endif
+  if (path == ColorKernel::kHighway) done = hwy_colour::adjust_saturation(image, n, ratio, alpha);
+  image += done * 3;
+  n -= done;
   for (size_t p = 0; p < n; ++p, image += 3) {
     const double g = gray_term[static_cast<uint32_t>(static_cast<int32_t>(gt.gray_floor(image[0], image[1], image[2])))];
     image[0] = to_u8_trunc(static_cast<float>(g + scaled[image[0]]));
@@ -871,9 +901,11 @@ void adjust_contrast(uint8_t* image, int height, int width, double factor, Color
   int64_t sum = 0;  // of whole numbers <= 255: torch's float32 sum is exact below 2^24
   const GrayTables& gt = gray_tables();
   size_t done = 0;
+  const ColorKernel path = colour_kernel(kernel);
 #if defined(__x86_64__)
-  if (colour_avx2(kernel)) sum = gray_sum_avx2(image, n, done);
+  if (path == ColorKernel::kAvx2) sum = gray_sum_avx2(image, n, done);
 #endif
+  if (path == ColorKernel::kHighway) sum = hwy_colour::gray_sum(image, n, done);
   for (const uint8_t* px = image + 3 * done; px != image + 3 * n; px += 3) {
     sum += static_cast<int64_t>(gt.gray_floor(px[0], px[1], px[2]));
   }
@@ -1025,7 +1057,7 @@ void adjust_hue(uint8_t* image, int height, int width, double factor, ColorKerne
   const HueConstants k;
   const float inv255 = k.inv255, sixth = k.sixth, to_u8 = k.to_u8;
   size_t n = pixel_count(height, width);
-  if (colour_avx2(kernel)) {
+  if (colour_kernel(kernel) == ColorKernel::kAvx2) {  // kHighway: the scalar loop
     const size_t done = adjust_hue_avx2(image, n, hue);
     image += done * 3;
     n -= done;

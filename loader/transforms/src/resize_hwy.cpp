@@ -1,12 +1,6 @@
-// The resize's portable SIMD kernels, written with Google Highway (header-only: static dispatch,
-// nothing of libhwy is linked). One 128-bit target per build:
-//  - aarch64: HWY_STATIC_TARGET, NEON (the baseline of every aarch64 CPU, Grace included);
-//  - x86: HWY_SSE4, compiled under Highway's own target pragmas and run only where CPUID reports
-//    SSE4.2. Highway 1.0.3's static target for the x86-64 baseline is HWY_SCALAR (one lane: it has
-//    no SSE2 target, and it turns EMU128 off for GCC < 12.3), which would not run the 128-bit
-//    code that aarch64 runs; SSE4 does, so x86 machines test these kernels natively. The x86
-//    auto choice stays the hand-written AVX2/AVX-512 kernels (resize.cpp).
-// Elsewhere (another architecture) the kernels are not built and available() says no.
+// The resize's portable SIMD kernels, written with Google Highway: one 128-bit target per build
+// (hwy_target.h: NEON on aarch64, SSE4 on x86, where the auto choice stays the hand-written
+// AVX2/AVX-512 kernels of resize.cpp).
 //
 // Arithmetic: pixels widened u8 -> i16 -> i32, multiplied by the int16 weights in int32 (what
 // clang makes one smlal of on NEON), summed with kRound, shifted right arithmetically by 14, then
@@ -19,31 +13,9 @@
 
 #include <cstring>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include "gpufeed/cpu_features.h"
-// SSE4 without PCLMUL and AES (these kernels use neither): the CPU check is SSE4.2 alone.
-#define HWY_DISABLE_PCLMUL_AES 1
-#endif
+#include "hwy_target.h"
 
-#include <hwy/highway.h>
-
-#if HWY_ARCH_X86
-// Highway's headers again for its SSE4 target, as hwy/foreach_target.h includes them per target.
-#undef HWY_TARGET
-#define HWY_TARGET HWY_SSE4
-#ifdef HWY_TARGET_TOGGLE
-#undef HWY_TARGET_TOGGLE
-#else
-#define HWY_TARGET_TOGGLE
-#endif
-#include <hwy/highway.h>
-#endif
-
-#if HWY_TARGET == HWY_NEON || HWY_TARGET == HWY_SSE4
-#define GPUFEED_RESIZE_HWY 1
-#endif
-
-#if GPUFEED_RESIZE_HWY
+#if GPUFEED_HWY_128
 HWY_BEFORE_NAMESPACE();
 namespace gpufeed::transforms::hwy_resize {
 namespace HWY_NAMESPACE {
@@ -173,19 +145,13 @@ void horizontal(const uint8_t* row, const int* offsets, const int16_t* pair_coef
 }  // namespace HWY_NAMESPACE
 }  // namespace gpufeed::transforms::hwy_resize
 HWY_AFTER_NAMESPACE();
-#endif  // GPUFEED_RESIZE_HWY
+#endif  // GPUFEED_HWY_128
 
 namespace gpufeed::transforms::hwy_resize {
 
-#if GPUFEED_RESIZE_HWY
+#if GPUFEED_HWY_128
 
-bool available() {
-#if HWY_ARCH_X86
-  return gpufeed::cpu::x86_features().sse42;
-#else
-  return true;
-#endif
-}
+bool available() { return hwy_128_available(); }
 
 bool vertical(const uint8_t* const* rows, const int16_t* c, int count, size_t n, uint8_t* out) {
   return HWY_NAMESPACE::vertical(rows, c, count, n, out);

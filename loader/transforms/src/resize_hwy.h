@@ -1,7 +1,7 @@
 #pragma once
 // The Highway kernels of the resize (resize_hwy.cpp), private to resize.cpp: the same integer
 // sums as its scalar kernels (14-bit weights, kRound, arithmetic shift, clip to [0, 255]), 128-bit
-// vectors. NEON on aarch64; on x86 Highway's SSE4 target (see resize_hwy.cpp).
+// vectors. NEON on aarch64; on x86 Highway's SSE4 target (see hwy_target.h).
 
 #include <cstddef>
 #include <cstdint>

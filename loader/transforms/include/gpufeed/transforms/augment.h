@@ -154,18 +154,33 @@ void adjust_brightness(uint8_t* image, int height, int width, double factor);
 /// adjust_sharpness: blend with the rounded 3x3 [1 1 1; 1 5 1; 1 1 1] / 13 blur; borders kept.
 void adjust_sharpness(uint8_t* image, int height, int width, double factor, AugmentScratch& scratch);
 /// Which implementation the colour kernels (adjust_hue, adjust_saturation, adjust_contrast) run.
-/// Both give identical bytes (the same float operations in the same order, several pixels per
-/// step in AVX2; tests/test_augment.cpp compares them on every 24-bit colour).
+/// All give identical bytes (the same float and double operations in the same order, several
+/// pixels per step, no fused multiply-adds; tests/test_augment.cpp compares them on every 24-bit
+/// colour).
 enum class ColorKernel {
-  kAuto,    ///< kAvx2 where the CPU has it, unless GPUFEED_RESIZE_KERNEL=scalar (resize.h)
-  kScalar,  ///< portable C++
-  kAvx2,    ///< x86 AVX2 (no FMA); std::invalid_argument on a CPU without it
+  kAuto,     ///< auto_color_kernel(): on x86 kAvx2 where the CPU has it, else kScalar; elsewhere
+             ///< kHighway where built (aarch64: NEON), else kScalar. GPUFEED_RESIZE_KERNEL=scalar
+             ///< (resize.h) makes it kScalar, =hwy kHighway (kScalar where unsupported)
+  kScalar,   ///< portable C++
+  kAvx2,     ///< x86 AVX2 (no FMA); std::invalid_argument on a CPU without it
+  kHighway,  ///< Google Highway, 128-bit vectors, one target per build: NEON on aarch64, SSE4 on
+             ///< x86 (CPUs with SSE4.2; kAuto never picks it there); 16 pixels per step. For
+             ///< adjust_saturation and adjust_contrast's grayscale sum only: adjust_hue runs its
+             ///< scalar loop for it. std::invalid_argument where this build or CPU lacks it (other
+             ///< architectures; x86 without SSE4.2), in all three functions
 };
+/// Whether this build and CPU run `kernel`: kAuto and kScalar always; kAvx2 and kHighway as
+/// ColorKernel says (checked once at run time).
+bool color_kernel_supported(ColorKernel kernel);
+/// The kernel kAuto runs in adjust_saturation and adjust_contrast (kAvx2, kHighway or kScalar;
+/// adjust_hue's is kScalar where this is kHighway), fixed at the first call.
+ColorKernel auto_color_kernel();
 /// adjust_hue: RGB -> HSV -> shift -> RGB in float32 (torchvision's _rgb_to_hsv/_hsv_to_rgb).
 /// factor in [-0.5, 0.5].
 void adjust_hue(uint8_t* image, int height, int width, double factor, ColorKernel kernel = ColorKernel::kAuto);
 /// adjust_saturation: blend with floor(0.2989 r + 0.587 g + 0.114 b) (float32, fused adds).
-/// `kernel` as adjust_hue's (the AVX2 loop does 4 pixels per step, the same operations).
+/// `kernel` as adjust_hue's (the AVX2 loop does 4 pixels per step, Highway's 16: the same
+/// operations).
 void adjust_saturation(uint8_t* image, int height, int width, double factor, ColorKernel kernel = ColorKernel::kAuto);
 /// adjust_contrast: blend with the float32 mean of the floored grayscale. `kernel` as
 /// adjust_saturation's (for the grayscale sum).
