@@ -509,14 +509,20 @@ TEST(Augment, ColorKernelsGiveTheSameBytesForEveryColour) {
   }
   for (size_t k = size_t{3} << 24; k < all.size(); ++k) all[k] = static_cast<uint8_t>(k * 37);
   const int n = width * height + 5;
-  // Hue: AVX2's loop; kHighway runs the scalar one (compared on small images below).
-  if (color_kernel_supported(ColorKernel::kAvx2)) {
-    for (const double factor : {0.1, -0.5, 0.37}) {
-      std::vector<uint8_t> scalar = all, avx2 = all;
-      adjust_hue(scalar.data(), 1, n, factor, ColorKernel::kScalar);
-      adjust_hue(avx2.data(), 1, n, factor, ColorKernel::kAvx2);
-      ASSERT_EQ(scalar, avx2) << "factor " << factor;
-      EXPECT_NE(scalar, all);
+  // Hue: both ends of the range, 0 and tiny shifts, whose round trips give every colour back:
+  // -1e-9 takes h = 0 (red with g = b) to 1 - 1e-9, which rounds to 1.0f (sector 6, wrapped to 0
+  // as int(i) % 6 does; sector 5 would give b = v).
+  for (const double factor : {0.1, -0.5, 0.5, 0.0, 1e-7, -1e-9, 0.25, -0.33}) {
+    std::vector<uint8_t> scalar = all;
+    adjust_hue(scalar.data(), 1, n, factor, ColorKernel::kScalar);
+    if (std::abs(factor) < 1e-6)
+      EXPECT_EQ(scalar, all) << "hue " << factor;
+    else
+      EXPECT_NE(scalar, all) << "hue " << factor;
+    for (const ColorKernel k : kernels) {
+      std::vector<uint8_t> vec = all;
+      adjust_hue(vec.data(), 1, n, factor, k);
+      ASSERT_EQ(scalar, vec) << "hue " << factor << " " << name(k);
     }
   }
   // ColorJitter(saturation=0.4)'s range; 0 (the grayscale itself: every gray_floor), 1 (the
@@ -572,19 +578,32 @@ TEST(Augment, ColorKernelsGiveTheSameBytesForOddPixelCounts) {
         }
         ++cases;
       }
+      for (const double factor : {0.0, 0.5, -0.5, 1e-7, -1e-9, 0.25, -0.33}) {
+        std::vector<uint8_t> hue = image;
+        adjust_hue(hue.data(), 1, count, factor, ColorKernel::kScalar);
+        for (const ColorKernel k : kernels) {
+          std::vector<uint8_t> v = image;
+          adjust_hue(v.data(), 1, count, factor, k);
+          ASSERT_EQ(v, hue) << "hue " << name(k) << " count " << count << " factor " << factor;
+        }
+        ++cases;
+      }
     }
   }
-  EXPECT_EQ(cases, 17 * 3 * 7);
+  EXPECT_EQ(cases, 17 * 3 * (7 + 7));
 }
 
-// kHighway in adjust_hue runs the scalar loop (there is no Highway hue kernel); kAuto picks
-// Highway only off x86; an unsupported kernel throws in all three functions.
-TEST(Augment, HighwayColorKernelFallsBackForHueAndAutoPicksItOnlyOffX86) {
+// Each supported vector kernel gives the scalar bytes for hue too, on 37 pixels (two 16-pixel
+// Highway steps, four 8-pixel AVX2 steps and a scalar tail); kAuto picks Highway only off x86; an
+// unsupported kernel throws in all three functions.
+TEST(Augment, VectorColorKernelsRunHueAndAutoPicksHighwayOnlyOffX86) {
   std::vector<uint8_t> image(3 * 37);
   for (size_t k = 0; k < image.size(); ++k) image[k] = static_cast<uint8_t>(k * 53 + 11);
+  std::vector<uint8_t> scalar = image;
+  adjust_hue(scalar.data(), 1, 37, 0.21, ColorKernel::kScalar);
+  EXPECT_NE(scalar, image);
   for (const ColorKernel k : {ColorKernel::kHighway, ColorKernel::kAvx2}) {
-    std::vector<uint8_t> scalar = image, v = image;
-    adjust_hue(scalar.data(), 1, 37, 0.21, ColorKernel::kScalar);
+    std::vector<uint8_t> v = image;
     if (!color_kernel_supported(k)) {
       EXPECT_THROW(adjust_hue(v.data(), 1, 37, 0.21, k), std::invalid_argument) << name(k);
       EXPECT_THROW(adjust_saturation(v.data(), 1, 37, 0.5, k), std::invalid_argument) << name(k);
@@ -593,7 +612,6 @@ TEST(Augment, HighwayColorKernelFallsBackForHueAndAutoPicksItOnlyOffX86) {
     }
     adjust_hue(v.data(), 1, 37, 0.21, k);
     EXPECT_EQ(v, scalar) << name(k);
-    EXPECT_NE(v, image);
   }
 #if defined(__aarch64__)
   EXPECT_TRUE(color_kernel_supported(ColorKernel::kHighway));

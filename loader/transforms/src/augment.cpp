@@ -225,9 +225,9 @@ __attribute__((target("avx2"))) int64_t gray_sum_avx2(const uint8_t* image, size
 }
 #endif
 
-// The vector loop a colour kernel runs for `kernel` (hue has no Highway loop: it runs scalar
-// where this says kHighway). kAuto: AVX2 on x86 CPUs with it, Highway elsewhere where built;
-// GPUFEED_RESIZE_KERNEL=scalar makes it scalar and =hwy Highway (an x86 machine then runs
+// The vector loop a colour kernel runs for `kernel`, then the scalar loop does the pixels the
+// vector one leaves (fewer than its step). kAuto: AVX2 on x86 CPUs with it, Highway elsewhere where
+// built; GPUFEED_RESIZE_KERNEL=scalar makes it scalar and =hwy Highway (an x86 machine then runs
 // aarch64's choice), other values leave it (resize.cpp checks them).
 ColorKernel colour_kernel(ColorKernel kernel) {
   if (kernel != ColorKernel::kAuto) {
@@ -1057,11 +1057,12 @@ void adjust_hue(uint8_t* image, int height, int width, double factor, ColorKerne
   const HueConstants k;
   const float inv255 = k.inv255, sixth = k.sixth, to_u8 = k.to_u8;
   size_t n = pixel_count(height, width);
-  if (colour_kernel(kernel) == ColorKernel::kAvx2) {  // kHighway: the scalar loop
-    const size_t done = adjust_hue_avx2(image, n, hue);
-    image += done * 3;
-    n -= done;
-  }
+  const ColorKernel path = colour_kernel(kernel);
+  size_t done = 0;
+  if (path == ColorKernel::kAvx2) done = adjust_hue_avx2(image, n, hue);
+  if (path == ColorKernel::kHighway) done = hwy_colour::adjust_hue(image, n, hue);
+  image += done * 3;
+  n -= done;
   for (size_t p = 0; p < n; ++p, image += 3) {
     const float r = static_cast<float>(image[0]) * inv255;
     const float g = static_cast<float>(image[1]) * inv255;

@@ -164,19 +164,19 @@ enum class ColorKernel {
   kScalar,   ///< portable C++
   kAvx2,     ///< x86 AVX2 (no FMA); std::invalid_argument on a CPU without it
   kHighway,  ///< Google Highway, 128-bit vectors, one target per build: NEON on aarch64, SSE4 on
-             ///< x86 (CPUs with SSE4.2; kAuto never picks it there); 16 pixels per step. For
-             ///< adjust_saturation and adjust_contrast's grayscale sum only: adjust_hue runs its
-             ///< scalar loop for it. std::invalid_argument where this build or CPU lacks it (other
-             ///< architectures; x86 without SSE4.2), in all three functions
+             ///< x86 (CPUs with SSE4.2; kAuto never picks it there); 16 pixels per step.
+             ///< std::invalid_argument where this build or CPU lacks it (other architectures; x86
+             ///< without SSE4.2), in all three functions
 };
 /// Whether this build and CPU run `kernel`: kAuto and kScalar always; kAvx2 and kHighway as
 /// ColorKernel says (checked once at run time).
 bool color_kernel_supported(ColorKernel kernel);
-/// The kernel kAuto runs in adjust_saturation and adjust_contrast (kAvx2, kHighway or kScalar;
-/// adjust_hue's is kScalar where this is kHighway), fixed at the first call.
+/// The kernel kAuto runs in the colour kernels (kAvx2, kHighway or kScalar), fixed at the first
+/// call.
 ColorKernel auto_color_kernel();
 /// adjust_hue: RGB -> HSV -> shift -> RGB in float32 (torchvision's _rgb_to_hsv/_hsv_to_rgb).
-/// factor in [-0.5, 0.5].
+/// factor in [-0.5, 0.5]. `kernel`: the AVX2 loop does 8 pixels per step, Highway's 16, then
+/// the scalar loop the rest (the same operations).
 void adjust_hue(uint8_t* image, int height, int width, double factor, ColorKernel kernel = ColorKernel::kAuto);
 /// adjust_saturation: blend with floor(0.2989 r + 0.587 g + 0.114 b) (float32, fused adds).
 /// `kernel` as adjust_hue's (the AVX2 loop does 4 pixels per step, Highway's 16: the same
