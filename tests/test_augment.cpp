@@ -482,12 +482,13 @@ TEST(Augment, SslOpsAreIdenticalAtOneAndFourThreads) {
 
 namespace {
 
-// The vector colour kernels this build and CPU run (kAvx2 on x86 with AVX2; kHighway on aarch64
-// and on x86 with SSE4.2).
-std::vector<ColorKernel> vector_color_kernels() {
+// The vector kernels this build and CPU run: by default the colour kernels' (kAvx2 on x86 with
+// AVX2; kHighway on aarch64 and on x86 with SSE4.2); with fma_kernel_supported, the blur and
+// warp's (both on x86 with AVX2 and FMA; kHighway on aarch64).
+std::vector<ColorKernel> vector_color_kernels(bool (*supported)(ColorKernel) = color_kernel_supported) {
   std::vector<ColorKernel> ks;
   for (const ColorKernel k : {ColorKernel::kAvx2, ColorKernel::kHighway})
-    if (color_kernel_supported(k)) ks.push_back(k);
+    if (supported(k)) ks.push_back(k);
   return ks;
 }
 
@@ -623,4 +624,124 @@ TEST(Augment, VectorColorKernelsRunHueAndAutoPicksHighwayOnlyOffX86) {
 #elif defined(__aarch64__)
   EXPECT_EQ(auto_color_kernel(), ColorKernel::kHighway);
 #endif
+}
+
+namespace {
+
+// `count` pseudo-random bytes from `seed`.
+std::vector<uint8_t> noise_image(size_t count, uint32_t seed) {
+  std::vector<uint8_t> v(count);
+  for (uint8_t& b : v) b = static_cast<uint8_t>((seed = seed * 1664525u + 1013904223u) >> 24);
+  return v;
+}
+
+}  // namespace
+
+// Each blurred value is a chain of k * k float32 fused multiply-adds; a vector kernel that rounds
+// one product or sum differently (an unfused multiply-add, another tap order), or reads a
+// neighbour's value, moves a float sum by an ulp or more, and over these ~4 million values some
+// sums lie that close to a .5 and round the other way. Widths 1..70 cover the 32- and 4-value
+// blocks and the tails below each (values = 3 * width); 224 the loader's size.
+TEST(Augment, BlurKernelsGiveTheSameBytesAsScalar) {
+  const std::vector<ColorKernel> kernels = vector_color_kernels(fma_kernel_supported);
+  if (kernels.empty()) GTEST_SKIP() << "no vector blur kernel in this build or CPU: only the scalar one runs";
+  AugmentScratch scratch;
+  int cases = 0, changed = 0;
+  for (const int k : {1, 3, 5, 9, 23}) {
+    std::vector<int> widths = {224};
+    for (int w = k / 2 + 1; w <= 70; ++w) widths.push_back(w);
+    for (const double sigma : {0.3, 1.1, 2.0, 6.5}) {
+      for (const int width : widths) {
+        const int height = width == 224 ? 224 : k / 2 + 2;
+        const std::vector<uint8_t> image =
+            noise_image(static_cast<size_t>(height) * width * 3, static_cast<uint32_t>(k * 1000 + width));
+        std::vector<uint8_t> scalar = image;
+        gaussian_blur(scalar.data(), height, width, k, sigma, scratch, ColorKernel::kScalar);
+        changed += scalar != image;
+        for (const ColorKernel kernel : kernels) {
+          std::vector<uint8_t> v = image;
+          gaussian_blur(v.data(), height, width, k, sigma, scratch, kernel);
+          ASSERT_EQ(v, scalar) << name(kernel) << " k " << k << " sigma " << sigma << " " << width << "x" << height;
+        }
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 4 * (71 + 70 + 69 + 67 + 60));
+  EXPECT_EQ(changed, cases - 4 * 71);  // k = 1 is the identity: its one weight is 1
+}
+
+// The warp's points over matrices that rotate, shear and translate (some far enough that points
+// fall outside the image and blend in black), on widths around the 4- and 8-point steps.
+TEST(Augment, WarpKernelsGiveTheSameBytesAsScalar) {
+  const std::vector<ColorKernel> kernels = vector_color_kernels(fma_kernel_supported);
+  if (kernels.empty()) GTEST_SKIP() << "no vector warp kernel in this build or CPU: only the scalar one runs";
+  struct Matrix {
+    double angle, tx, ty, shear_x, shear_y;
+    bool top_left;
+  };
+  const Matrix matrices[] = {
+      {30, 0, 0, 0, 0, false},        {-7.3, 0, 0, 0, 0, false},      {135, 0, 0, 0, 0, true},
+      {0, 0, 0, 16.7, 0, true},       {0, 0, 0, 0, -41.2, true},      {0, 0, 0, 63, 12, false},
+      {0, 2.5, -1.25, 0, 0, false},   {0, 0.3, 0.7, 0, 0, false},     {12, 40.5, -90, 0, 0, false},
+      {0, -300.5, 0, 0, 0, false},    {3, 0, 0, -5, 5, false},        {-179.5, 7, 3, 20, -20, true},
+  };
+  AugmentScratch scratch;
+  std::vector<int> widths = {224, 31, 32, 33, 63, 64, 65};
+  for (int w = 1; w <= 20; ++w) widths.push_back(w);
+  int cases = 0, changed = 0;
+  for (const int width : widths) {
+    for (const int height : {1, 5, 224}) {
+      if (height == 224 && width != 224 && width != 33) continue;
+      const std::vector<uint8_t> image =
+          noise_image(static_cast<size_t>(height) * width * 3, static_cast<uint32_t>(width * 7 + height));
+      for (const Matrix& m : matrices) {
+        std::vector<uint8_t> scalar = image;
+        affine(scalar.data(), height, width, m.angle, m.tx, m.ty, m.shear_x, m.shear_y, m.top_left,
+               InterpolationMode::kBilinear, scratch, ColorKernel::kScalar);
+        changed += scalar != image;
+        for (const ColorKernel kernel : kernels) {
+          std::vector<uint8_t> v = image;
+          affine(v.data(), height, width, m.angle, m.tx, m.ty, m.shear_x, m.shear_y, m.top_left,
+                 InterpolationMode::kBilinear, scratch, kernel);
+          ASSERT_EQ(v, scalar) << name(kernel) << " angle " << m.angle << " translate " << m.tx << "," << m.ty
+                               << " shear " << m.shear_x << "," << m.shear_y << " " << width << "x" << height;
+        }
+        ++cases;
+      }
+      std::vector<uint8_t> scalar = image;
+      rotate(scalar.data(), height, width, 71.5, InterpolationMode::kBilinear, scratch, ColorKernel::kScalar);
+      for (const ColorKernel kernel : kernels) {
+        std::vector<uint8_t> v = image;
+        rotate(v.data(), height, width, 71.5, InterpolationMode::kBilinear, scratch, kernel);
+        ASSERT_EQ(v, scalar) << name(kernel) << " rotate " << width << "x" << height;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 12 * (27 * 2 + 2));
+  EXPECT_GE(changed, cases - 27 * 2);  // a 1-pixel-high image may map onto black or itself
+}
+
+// An unsupported kernel throws in gaussian_blur and affine; aarch64 runs Highway's and x86 with
+// AVX2 and FMA both vector kernels.
+TEST(Augment, BlurAndWarpKernelsThrowWhereUnsupported) {
+  AugmentScratch scratch;
+  std::vector<uint8_t> image = noise_image(9 * 8 * 3, 5);
+  for (const ColorKernel k : {ColorKernel::kHighway, ColorKernel::kAvx2}) {
+    if (fma_kernel_supported(k)) continue;
+    EXPECT_THROW(gaussian_blur(image.data(), 9, 8, 3, 1.0, scratch, k), std::invalid_argument) << name(k);
+    EXPECT_THROW(affine(image.data(), 9, 8, 10, 0, 0, 0, 0, false, InterpolationMode::kBilinear, scratch, k),
+                 std::invalid_argument)
+        << name(k);
+  }
+#if defined(__aarch64__)
+  EXPECT_TRUE(fma_kernel_supported(ColorKernel::kHighway));
+  EXPECT_FALSE(fma_kernel_supported(ColorKernel::kAvx2));
+#elif defined(__x86_64__)
+  const bool fma = gpufeed::cpu::x86_features().avx2 && gpufeed::cpu::x86_features().fma;
+  EXPECT_EQ(fma_kernel_supported(ColorKernel::kAvx2), fma);
+  EXPECT_EQ(fma_kernel_supported(ColorKernel::kHighway), fma);
+#endif
+  EXPECT_TRUE(fma_kernel_supported(ColorKernel::kScalar));
+  EXPECT_TRUE(fma_kernel_supported(ColorKernel::kAuto));
 }

@@ -25,6 +25,7 @@
 #endif
 #include "gpufeed/glibc_libm.h"
 
+#include "augment_hwy.h"
 #include "colour_hwy.h"
 
 namespace gpufeed::transforms {
@@ -225,19 +226,36 @@ __attribute__((target("avx2"))) int64_t gray_sum_avx2(const uint8_t* image, size
 }
 #endif
 
+// `kernel` if `supported`; else std::invalid_argument, `no_avx2` for kAvx2.
+ColorKernel checked_kernel(ColorKernel kernel, bool supported, const char* no_avx2) {
+  if (!supported) {
+    throw std::invalid_argument(kernel == ColorKernel::kAvx2 ? no_avx2
+                                                             : "ColorKernel::kHighway: not in this build or CPU");
+  }
+  return kernel;
+}
+
 // The vector loop a colour kernel runs for `kernel`, then the scalar loop does the pixels the
 // vector one leaves (fewer than its step). kAuto: AVX2 on x86 CPUs with it, Highway elsewhere where
 // built; GPUFEED_RESIZE_KERNEL=scalar makes it scalar and =hwy Highway (an x86 machine then runs
 // aarch64's choice), other values leave it (resize.cpp checks them).
 ColorKernel colour_kernel(ColorKernel kernel) {
+  if (kernel == ColorKernel::kAuto) return auto_color_kernel();
+  return checked_kernel(kernel, color_kernel_supported(kernel), "ColorKernel::kAvx2 on a CPU without AVX2");
+}
+
+// The loop gaussian_blur and the bilinear warp run for `kernel` (fma_kernel_supported in augment.h:
+// their sums need fused multiply-adds, so on x86 kAvx2 and kHighway need FMA too). kAuto:
+// auto_color_kernel()'s choice (GPUFEED_RESIZE_KERNEL included), kScalar where these lack it.
+ColorKernel fma_kernel(ColorKernel kernel) {
   if (kernel != ColorKernel::kAuto) {
-    if (!color_kernel_supported(kernel)) {
-      throw std::invalid_argument(kernel == ColorKernel::kAvx2 ? "ColorKernel::kAvx2 on a CPU without AVX2"
-                                                               : "ColorKernel::kHighway: not in this build or CPU");
-    }
-    return kernel;
+    return checked_kernel(kernel, fma_kernel_supported(kernel), "ColorKernel::kAvx2: no AVX2 and FMA on this CPU");
   }
-  return auto_color_kernel();
+  static const ColorKernel chosen = [] {
+    const ColorKernel k = auto_color_kernel();
+    return fma_kernel_supported(k) ? k : ColorKernel::kScalar;
+  }();
+  return chosen;
 }
 
 void check_factor(const char* what, double factor) {
@@ -275,40 +293,33 @@ std::array<double, 6> inverse_affine_matrix(double cx, double cy, double angle, 
   return m;
 }
 
-// The affine grid of torchvision's _affine_grid in float32: the grid point of output (x, y) is
-// base (x - (W-1)/2, y - (H-1)/2, 1) times theta^T / (W/2, H/2), the bmm's products summed
-// unfused, (bx * a + by * b) + c (ATen's result, checked against _affine_grid's output):
-// gx = (col_x[x] + row_x(y)) + xc, gy = (col_y[x] + row_y(y)) + yc.
-struct AffineGrid {
-  float xb, xc, yb, yc, y0;
-  const float* col_x;  // bx * a per column, computed once (the same float products per pixel)
-  const float* col_y;
+}  // namespace
 
-  AffineGrid(int height, int width, const std::array<double, 6>& matrix) {
-    std::array<float, 6> t{};
-    for (size_t k = 0; k < 6; ++k) t[k] = static_cast<float>(matrix[k]);
-    const float half_w = static_cast<float>(0.5 * width);
-    const float half_h = static_cast<float>(0.5 * height);
-    // rescaled_theta = theta.transpose(1, 2) / [0.5 w, 0.5 h]
-    const float xa = t[0] / half_w, ya = t[3] / half_h;
-    xb = t[1] / half_w, xc = t[2] / half_w;
-    yb = t[4] / half_h, yc = t[5] / half_h;
-    const float x0 = (1.0f - static_cast<float>(width)) * 0.5f;
-    y0 = (1.0f - static_cast<float>(height)) * 0.5f;
-    thread_local std::vector<float> col_xs, col_ys;
-    col_xs.resize(static_cast<size_t>(width));
-    col_ys.resize(static_cast<size_t>(width));
-    for (int x = 0; x < width; ++x) {
-      const float bx = x0 + static_cast<float>(x);
-      col_xs[static_cast<size_t>(x)] = bx * xa;
-      col_ys[static_cast<size_t>(x)] = bx * ya;
-    }
-    col_x = col_xs.data();  // plain pointers: the uint8 stores may alias anything
-    col_y = col_ys.data();
+// AffineGrid (augment_hwy.h, for the Highway warp).
+AffineGrid::AffineGrid(int height, int width, const std::array<double, 6>& matrix) {
+  std::array<float, 6> t{};
+  for (size_t k = 0; k < 6; ++k) t[k] = static_cast<float>(matrix[k]);
+  const float half_w = static_cast<float>(0.5 * width);
+  const float half_h = static_cast<float>(0.5 * height);
+  // rescaled_theta = theta.transpose(1, 2) / [0.5 w, 0.5 h]
+  const float xa = t[0] / half_w, ya = t[3] / half_h;
+  xb = t[1] / half_w, xc = t[2] / half_w;
+  yb = t[4] / half_h, yc = t[5] / half_h;
+  const float x0 = (1.0f - static_cast<float>(width)) * 0.5f;
+  y0 = (1.0f - static_cast<float>(height)) * 0.5f;
+  thread_local std::vector<float> col_xs, col_ys;
+  col_xs.resize(static_cast<size_t>(width));
+  col_ys.resize(static_cast<size_t>(width));
+  for (int x = 0; x < width; ++x) {
+    const float bx = x0 + static_cast<float>(x);
+    col_xs[static_cast<size_t>(x)] = bx * xa;
+    col_ys[static_cast<size_t>(x)] = bx * ya;
   }
-  float row_x(int y) const { return (y0 + static_cast<float>(y)) * xb; }
-  float row_y(int y) const { return (y0 + static_cast<float>(y)) * yb; }
-};
+  col_x = col_xs.data();  // plain pointers: the uint8 stores may alias anything
+  col_y = col_ys.data();
+}
+
+namespace {
 
 // Calls sample(out, gx, gy) for the output pixels x in [x_begin, width) of every row.
 template <typename Sample>
@@ -455,8 +466,11 @@ __attribute__((target("avx2,fma"))) void grid_bilinear_avx2(uint8_t* image, int 
 }
 #endif
 
+// `kernel` as fma_kernel resolves it: AVX2 (8 points per step), Highway (4) or the scalar body
+// (compiled for the FMA instruction where the CPU has it); each runs the body from the column
+// where its vector loop stops.
 void grid_bilinear(uint8_t* image, int height, int width, const std::array<double, 6>& matrix,
-                   AugmentScratch& scratch) {
+                   ColorKernel kernel, AugmentScratch& scratch) {
   const size_t row = static_cast<size_t>(width) * 3, prow = row + 6;
   scratch.copy.assign(prow * (static_cast<size_t>(height) + 2) + 4, 0);  // + 4: the gathers' spare bytes
   for (int y = 0; y < height; ++y) {
@@ -464,18 +478,25 @@ void grid_bilinear(uint8_t* image, int height, int width, const std::array<doubl
   }
   const uint8_t* padded = scratch.copy.data();
   const AffineGrid g(height, width, matrix);
+  const ColorKernel path = fma_kernel(kernel);
+  if (path == ColorKernel::kHighway) {
+    const int done = hwy_augment::grid_bilinear(image, height, width, g, padded);
+    if (done < width) grid_bilinear_body(image, height, width, g, done, padded);
+    return;
+  }
 #if defined(__x86_64__) || defined(__i386__)
+  if (path == ColorKernel::kAvx2) return grid_bilinear_avx2(image, height, width, g, padded);
   static const bool has_fma = gpufeed::cpu::x86_features().fma;
-  static const bool has_avx2 = has_fma && gpufeed::cpu::x86_features().avx2;
-  if (has_avx2) return grid_bilinear_avx2(image, height, width, g, padded);
   if (has_fma) return grid_bilinear_fma(image, height, width, g, padded);
 #endif
   grid_bilinear_body(image, height, width, g, 0, padded);
 }
 
 void grid_sample(uint8_t* image, int height, int width, const std::array<double, 6>& matrix,
-                 InterpolationMode interpolation, AugmentScratch& scratch) {
-  if (interpolation == InterpolationMode::kBilinear) return grid_bilinear(image, height, width, matrix, scratch);
+                 InterpolationMode interpolation, ColorKernel kernel, AugmentScratch& scratch) {
+  if (interpolation == InterpolationMode::kBilinear) {
+    return grid_bilinear(image, height, width, matrix, kernel, scratch);
+  }
   grid_nearest(image, height, width, matrix, scratch);
 }
 
@@ -839,6 +860,14 @@ bool color_kernel_supported(ColorKernel kernel) {
     case ColorKernel::kAuto: case ColorKernel::kScalar: break;
   }
   return true;
+}
+
+bool fma_kernel_supported(ColorKernel kernel) {
+  if (kernel == ColorKernel::kHighway) return hwy_augment::available();
+#if defined(__x86_64__)
+  if (kernel == ColorKernel::kAvx2) return color_kernel_supported(kernel) && gpufeed::cpu::x86_features().fma;
+#endif
+  return color_kernel_supported(kernel);
 }
 
 ColorKernel auto_color_kernel() {
@@ -1220,18 +1249,29 @@ __attribute__((target("avx2,fma"))) void blur_row_fma(const float* padded, size_
   }
 }
 
-bool cpu_has_fma() {
-  static const bool has = gpufeed::cpu::x86_features().avx2 && gpufeed::cpu::x86_features().fma;
-  return has;
-}
 #endif
+
+// One output row for `kernel` as fma_kernel resolves it: AVX2+FMA, Highway (then the scalar loop
+// for the last values) or scalar.
+void blur_row(const float* padded, size_t padded_row, const float* kernel, int k, size_t n_values, float* row,
+              ColorKernel path) {
+  if (path == ColorKernel::kHighway) {
+    const size_t done = hwy_augment::blur_row(padded, padded_row, kernel, k, n_values, row);
+    return blur_row_scalar(padded + done, padded_row, kernel, k, n_values - done, row + done);
+  }
+#if defined(__x86_64__) || defined(__i386__)
+  if (path == ColorKernel::kAvx2) return blur_row_fma(padded, padded_row, kernel, k, n_values, row);
+#endif
+  blur_row_scalar(padded, padded_row, kernel, k, n_values, row);
+}
 
 // torch's reflect padding: -1 -> 1, n -> n - 2.
 inline int reflect(int i, int n) { return i < 0 ? -i : (i >= n ? 2 * n - 2 - i : i); }
 
 }  // namespace
 
-void gaussian_blur(uint8_t* image, int height, int width, int k, double sigma, AugmentScratch& scratch) {
+void gaussian_blur(uint8_t* image, int height, int width, int k, double sigma, AugmentScratch& scratch,
+                   ColorKernel kernel_path) {
   if (k < 1 || k % 2 == 0) {
     throw std::invalid_argument(fmt::format("gaussian_blur: kernel_size should be an odd positive integer, got {}", k));
   }
@@ -1242,6 +1282,7 @@ void gaussian_blur(uint8_t* image, int height, int width, int k, double sigma, A
         "gaussian_blur: kernel_size {} needs an image larger than {} pixels on each side (reflect padding), got {}x{}",
         k, pad, width, height));
   }
+  const ColorKernel path = fma_kernel(kernel_path);
   const std::vector<float> k1 = gaussian_kernel1d(k, sigma);
   // _get_gaussian_kernel2d: kernel1d_y.unsqueeze(-1) * kernel1d_x, float32 products.
   thread_local std::vector<float> kernel;
@@ -1266,15 +1307,7 @@ void gaussian_blur(uint8_t* image, int height, int width, int k, double sigma, A
   float* row = scratch.row.data();
   for (int y = 0; y < height; ++y) {
     const float* top = scratch.padded.data() + static_cast<size_t>(y) * padded_row;
-#if defined(__x86_64__) || defined(__i386__)
-    if (cpu_has_fma()) {
-      blur_row_fma(top, padded_row, kernel.data(), k, n_values, row);
-    } else {
-      blur_row_scalar(top, padded_row, kernel.data(), k, n_values, row);
-    }
-#else
-    blur_row_scalar(top, padded_row, kernel.data(), k, n_values, row);
-#endif
+    blur_row(top, padded_row, kernel.data(), k, n_values, row, path);
     // .round_() (half to even) then .to(torch.uint8); the weights sum to one, so 0..255.
     uint8_t* out = image + static_cast<size_t>(y) * n_values;
     for (size_t n = 0; n < n_values; ++n) out[n] = static_cast<uint8_t>(std::clamp(round_to_int(row[n]), 0, 255));
@@ -1339,7 +1372,7 @@ void invert(uint8_t* image, int height, int width) {
 
 void affine(uint8_t* image, int height, int width, double angle, double translate_x, double translate_y,
             double shear_x, double shear_y, bool center_top_left, InterpolationMode interpolation,
-            AugmentScratch& scratch) {
+            AugmentScratch& scratch, ColorKernel kernel) {
   if (angle == 0 && shear_x == 0 && shear_y == 0 && translate_x == std::trunc(translate_x) &&
       translate_y == std::trunc(translate_y) && std::abs(translate_x) < 1 << 20 && std::abs(translate_y) < 1 << 20) {
     // A whole-pixel translation: the float32 grid lands within rounding of the shifted pixel
@@ -1351,11 +1384,11 @@ void affine(uint8_t* image, int height, int width, double angle, double translat
   const double cx = center_top_left ? 0.0 - width * 0.5 : 0.0;
   const double cy = center_top_left ? 0.0 - height * 0.5 : 0.0;
   grid_sample(image, height, width, inverse_affine_matrix(cx, cy, angle, translate_x, translate_y, shear_x, shear_y),
-              interpolation, scratch);
+              interpolation, kernel, scratch);
 }
 
 void rotate(uint8_t* image, int height, int width, double angle, InterpolationMode interpolation,
-            AugmentScratch& scratch) {
+            AugmentScratch& scratch, ColorKernel kernel) {
   // rotate_image: angle % 360 (Python's modulo), transposes for the right angles, else the affine
   // grid with -angle.
   double a = std::fmod(angle, 360.0);
@@ -1364,7 +1397,7 @@ void rotate(uint8_t* image, int height, int width, double angle, InterpolationMo
   if (a == 180) return rot90(image, height, width, 2, scratch);
   if (height == width && a == 90) return rot90(image, height, width, 1, scratch);
   if (height == width && a == 270) return rot90(image, height, width, 3, scratch);
-  grid_sample(image, height, width, inverse_affine_matrix(0, 0, -a, 0, 0, 0, 0), interpolation, scratch);
+  grid_sample(image, height, width, inverse_affine_matrix(0, 0, -a, 0, 0, 0, 0), interpolation, kernel, scratch);
 }
 
 void apply_augment_op(AugmentOp op, double m, uint8_t* image, int height, int width,

@@ -153,20 +153,23 @@ void adjust_brightness(uint8_t* image, int height, int width, double factor);
 
 /// adjust_sharpness: blend with the rounded 3x3 [1 1 1; 1 5 1; 1 1 1] / 13 blur; borders kept.
 void adjust_sharpness(uint8_t* image, int height, int width, double factor, AugmentScratch& scratch);
-/// Which implementation the colour kernels (adjust_hue, adjust_saturation, adjust_contrast) run.
-/// All give identical bytes (the same float and double operations in the same order, several
-/// pixels per step, no fused multiply-adds; tests/test_augment.cpp compares them on every 24-bit
-/// colour).
+/// Which implementation the colour kernels (adjust_hue, adjust_saturation, adjust_contrast) run,
+/// and gaussian_blur's convolution and the bilinear warp of affine and rotate (there with the
+/// fused multiply-adds they need: fma_kernel_supported). All give identical bytes (the same float
+/// and double operations in the same order, several pixels per step; tests/test_augment.cpp
+/// compares them on every 24-bit colour, and blur and warp on random images).
 enum class ColorKernel {
   kAuto,     ///< auto_color_kernel(): on x86 kAvx2 where the CPU has it, else kScalar; elsewhere
              ///< kHighway where built (aarch64: NEON), else kScalar. GPUFEED_RESIZE_KERNEL=scalar
              ///< (resize.h) makes it kScalar, =hwy kHighway (kScalar where unsupported)
   kScalar,   ///< portable C++
-  kAvx2,     ///< x86 AVX2 (no FMA); std::invalid_argument on a CPU without it
+  kAvx2,     ///< x86 AVX2 (no FMA; blur and warp: AVX2 and FMA); std::invalid_argument on a CPU
+             ///< without it
   kHighway,  ///< Google Highway, 128-bit vectors, one target per build: NEON on aarch64, SSE4 on
-             ///< x86 (CPUs with SSE4.2; kAuto never picks it there); 16 pixels per step.
+             ///< x86 (CPUs with SSE4.2; kAuto never picks it there); 16 pixels per step. The blur
+             ///< and warp's Highway build on x86 is its AVX2 target (fma_kernel_supported).
              ///< std::invalid_argument where this build or CPU lacks it (other architectures; x86
-             ///< without SSE4.2), in all three functions
+             ///< without SSE4.2, or for blur and warp without AVX2 and FMA)
 };
 /// Whether this build and CPU run `kernel`: kAuto and kScalar always; kAvx2 and kHighway as
 /// ColorKernel says (checked once at run time).
@@ -174,6 +177,12 @@ bool color_kernel_supported(ColorKernel kernel);
 /// The kernel kAuto runs in the colour kernels (kAvx2, kHighway or kScalar), fixed at the first
 /// call.
 ColorKernel auto_color_kernel();
+/// Whether gaussian_blur and the bilinear affine and rotate run `kernel` in this build and CPU:
+/// kAuto and kScalar always; kAvx2 on x86 with AVX2 and FMA; kHighway on aarch64 (NEON) and on
+/// x86 with AVX2 and FMA (Highway's AVX2 target with 128-bit vectors: SSE4 has no fused
+/// multiply-add). kAuto runs auto_color_kernel()'s choice where this is true for it, else kScalar
+/// (so NEON on aarch64, AVX2 on x86, GPUFEED_RESIZE_KERNEL=scalar|hwy as for the colour kernels).
+bool fma_kernel_supported(ColorKernel kernel);
 /// adjust_hue: RGB -> HSV -> shift -> RGB in float32 (torchvision's _rgb_to_hsv/_hsv_to_rgb).
 /// factor in [-0.5, 0.5]. `kernel`: the AVX2 loop does 8 pixels per step, Highway's 16, then
 /// the scalar loop the rest (the same operations).
@@ -197,8 +206,11 @@ void rgb_to_grayscale(uint8_t* image, int height, int width);
 /// reflect padding by k / 2, a float32 depthwise convolution, rounded half to even. k odd >= 1,
 /// k / 2 below height and width (torch's reflect padding), sigma > 0; otherwise
 /// std::invalid_argument as torchvision raises. Exact up to the kernel's last bit (see above).
+/// `kernel`: the convolution's loop (fma_kernel_supported; std::invalid_argument where it is
+/// false): AVX2 does 32 values per block, Highway 32 then 4, each value the same fused
+/// multiply-adds in the same order.
 void gaussian_blur(uint8_t* image, int height, int width, int kernel_size, double sigma,
-                   AugmentScratch& scratch);
+                   AugmentScratch& scratch, ColorKernel kernel = ColorKernel::kAuto);
 /// The 1-D kernel gaussian_blur uses (k float32 weights), for tests.
 std::vector<float> gaussian_kernel1d(int kernel_size, double sigma);
 /// autocontrast: per channel, (x - min) / ((max - min) / 255) truncated (float32).
@@ -211,14 +223,16 @@ void invert(uint8_t* image, int height, int width);
 /// fill=None, center) with angle and shears in degrees, translations in pixels, and center = [0, 0]
 /// (the top-left corner, as the auto-augment shears use) when `center_top_left`, else None (the
 /// image centre). Pixels mapped from outside the image are 0 (bilinear blends them in as 0).
+/// `kernel`: the bilinear sampling's loop as gaussian_blur's (AVX2 8 pixels per step, Highway
+/// 4); nearest sampling and whole-pixel shifts have one loop and ignore it.
 void affine(uint8_t* image, int height, int width, double angle, double translate_x, double translate_y,
             double shear_x, double shear_y, bool center_top_left, InterpolationMode interpolation,
-            AugmentScratch& scratch);
+            AugmentScratch& scratch, ColorKernel kernel = ColorKernel::kAuto);
 /// rotate(image, angle, interpolation, expand=False, fill=None) about the centre, angle in
 /// degrees, counter-clockwise; 0/180 (and 90/270 on square images) are exact transposes as in
-/// torchvision.
+/// torchvision. `kernel` as affine's.
 void rotate(uint8_t* image, int height, int width, double angle, InterpolationMode interpolation,
-            AugmentScratch& scratch);
+            AugmentScratch& scratch, ColorKernel kernel = ColorKernel::kAuto);
 
 /// torchvision's _AutoAugmentBase._apply_image_or_video_transform(op, magnitude, interpolation,
 /// fill=None) (fill None: 0, the default of TrivialAugmentWide/RandAugment/AutoAugment).
