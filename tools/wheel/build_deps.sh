@@ -24,6 +24,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 src="$root/build/deps/src"
 work="$root/build/deps/work/$target"
 jobs=${GPUFEED_DEPS_JOBS:-2}
+# setup.sh reads the next line: its .venv gets the same ziglang (tools/qemu_kernels.sh).
 ZIGLANG_VERSION=0.17.1
 mkdir -p "$src" "$work" "$prefix/.stamps"
 
