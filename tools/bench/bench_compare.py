@@ -17,6 +17,9 @@ size, output size and transform for every method:
   floor        `gpufeed bench --mode floor`: libjpeg-turbo doing exactly the decode work of the
                gpufeed run (same plans, DCT scales and crops), files in memory, nothing else
   full         `gpufeed bench --mode full`: whole-image decode of the same files (8/8)
+  before       (--before BUILD) `gpufeed bench` of another build, e.g. the commit before a
+               change, run like the gpufeed rows and interleaved with them: the table adds
+               this build over that one (images/s and CPU time per sample), per transform
 
 The train_aug rows (gpufeed and pytorch only) add the torchvision references' augmentations
 after RandomResizedCrop + flip: TrivialAugmentWide + RandomErasing(p=0.1) (`gpufeed bench
@@ -36,6 +39,7 @@ torchvision's on every file.
 
   .venv/bin/python tools/bench/bench_compare.py --json bench.json
   .venv/bin/python tools/bench/bench_compare.py --threads 2 --rounds 1 --skip dali,libtorch
+  .venv/bin/python tools/bench/bench_compare.py --before ../old/build/release --skip pytorch,dali,libtorch,python
 
 Prints a table; --json writes everything measured. --ffcv then runs tools/bench/bench_ffcv.py (gpufeed
 on its tar shards, beside FFCV 1.0.2 and WebDataset + DataLoader) with the same
@@ -65,7 +69,7 @@ AUGMENT_FLAGS = ["--auto-augment", "ta_wide", "--random-erase", "0.1"]
 
 def transforms_of(method):
     base = ("train",) if method == "full" else TRANSFORMS
-    return base + ((AUGMENTED,) if method in ("gpufeed", "pytorch") else ())
+    return base + ((AUGMENTED,) if method in ("gpufeed", "before", "pytorch") else ())
 
 # --- the baselines, run in a child process: `bench_compare.py --child METHOD ...` --------------------
 
@@ -264,6 +268,7 @@ class Runner:
         self.args = args
         self.gpufeed = pathlib.Path(args.build) / "tools" / "gpufeed"
         self.libtorch = pathlib.Path(args.build) / "tools" / "libtorch_dataloader"
+        self.before = pathlib.Path(args.before) / "tools" / "gpufeed" if args.before else None
 
     def common(self):
         a = self.args
@@ -272,9 +277,9 @@ class Runner:
 
     def measure(self, method, transform, threads):
         a = self.args
-        if method in ("gpufeed", "floor", "full"):
-            mode = {"gpufeed": "loader", "floor": "floor", "full": "full"}[method]
-            cmd = [str(self.gpufeed), "bench", "--mode", mode, "--num-workers", str(threads),
+        if method in ("gpufeed", "before", "floor", "full"):
+            mode = "loader" if method in ("gpufeed", "before") else method
+            cmd = [str(self.before if method == "before" else self.gpufeed), "bench", "--mode", mode, "--num-workers", str(threads),
                    "--transform", "train" if transform == AUGMENTED else transform, "--json",
                    "--seed", "0"] + self.common() + (AUGMENT_FLAGS if transform == AUGMENTED else [])
         elif method == "libtorch":
@@ -391,6 +396,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of everything")
     ap.add_argument("--build", default=str(ROOT / "build" / "release"),
                     help="build folder with tools/gpufeed and tools/libtorch_dataloader")
+    ap.add_argument("--before", help="another build folder whose `gpufeed bench` runs beside this build's "
+                    "(method `before`): this build over it, per transform")
     ap.add_argument("--skip", default="", help="methods to leave out: pytorch,dali,libtorch,...")
     ap.add_argument("--no-quality", action="store_true", help="skip the pixel-difference report")
     ap.add_argument("--json", help="write everything measured here")
@@ -412,7 +419,10 @@ def main():
     runner = Runner(args)
     if not runner.gpufeed.exists():
         sys.exit(f"bench_compare: {runner.gpufeed} is missing: build it first (./setup.sh)")
-    methods = ["gpufeed", "python", "floor", "full", "pytorch", "dali", "libtorch"]
+    methods = ["gpufeed"] + (["before"] if args.before else []) + ["python", "floor", "full", "pytorch", "dali",
+                                                                    "libtorch"]
+    if args.before and not runner.before.exists():
+        sys.exit(f"bench_compare: {runner.before} is missing: build the --before folder's CLI first")
     unavailable = {}
     if "libtorch" not in skip and not runner.libtorch.exists():
         unavailable["libtorch"] = f"{runner.libtorch} is not built"
@@ -468,7 +478,7 @@ def main():
                      for k in rates(m, tf, hi) if k in rates(m, tf, lo)])
     for t in threads:
         for tf in TRANSFORMS:
-            for other in ("python", "pytorch", "dali", "libtorch", "floor"):
+            for other in ("before", "python", "pytorch", "dali", "libtorch", "floor"):
                 if other in methods:
                     summary["ratios"][f"gpufeed/{other}/{tf}/{t}"] = ratio("gpufeed", other, tf, t)
             if "full" in methods:
@@ -485,6 +495,8 @@ def main():
                     summary["ratios"][f"gpufeed/floor_cpu_time/{tf}/{t}"] = cf / cg
     # The augmented row: against PyTorch's, and against gpufeed's own plain train row (per round).
     for t in threads:
+        if "before" in methods:
+            summary["ratios"][f"gpufeed/before/{AUGMENTED}/{t}"] = ratio("gpufeed", "before", AUGMENTED, t)
         if "gpufeed" in methods:
             summary["ratios"][f"gpufeed/gpufeed/{AUGMENTED}_vs_train/{t}"] = ratio("gpufeed", "gpufeed", AUGMENTED, t, "train")
             if "pytorch" in methods:
@@ -558,6 +570,17 @@ def main():
         if k in summary["ratios"]:
             print(f"CPU time per sample, floor/gpufeed ({tf}, {t2} threads): "
                   f"{summary['ratios'][k]:.3f}")
+    if "before" in methods:
+        # This build over --before's, per transform: images/s (per-round ratio, median) and CPU
+        # time per sample (before's over this build's: above 1 means this build spends less).
+        for t in threads:
+            parts = []
+            for tf in transforms_of("gpufeed"):
+                cb = summary["cpu_us_per_sample"].get(f"before/{tf}/{t}")
+                cg = summary["cpu_us_per_sample"].get(f"gpufeed/{tf}/{t}")
+                parts.append(f"{tf} {summary['ratios'].get(f'gpufeed/before/{tf}/{t}', float('nan')):.3f}x"
+                             + (f" (CPU time per sample {cb / cg:.3f}x)" if cb and cg else ""))
+            print(f"this build / --before ({args.before}), {t} threads: " + ", ".join(parts))
     if "quality" in report:
         for tf, q in report["quality"].items():
             print(f"quality {tf}: mean |gpufeed - torchvision| {q['mean']:.3f} "
