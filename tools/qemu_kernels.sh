@@ -18,7 +18,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/build/qemu-kernels}
 # The kernels' sources (and what they call); a kernel in a new file adds it here.
 SOURCES=(loader/transforms/src/resize.cpp loader/transforms/src/resize_hwy.cpp
-         loader/transforms/src/augment.cpp loader/transforms/src/colour_hwy.cpp tests/qemu_kernels.cpp)
+         loader/transforms/src/augment.cpp loader/transforms/src/colour_hwy.cpp
+         loader/transforms/src/augment_hwy.cpp tests/qemu_kernels.cpp)
 # The Release build's flags that the bytes depend on (top-level CMakeLists.txt: no fused
 # multiply-adds; CMake's Release: -O3 -DNDEBUG).
 TARGET=aarch64-linux-musl
